@@ -1,0 +1,202 @@
+// Package dedup defines the per-key state machine that dedupgw enforces and the
+// Store contract that every backend (memstore, boltstore, redisstore) implements.
+//
+// The state machine, per key:
+//
+//	absent ──Claim──▶ processing(owner, lease) ──Commit──▶ processed(window)
+//	   ▲                    │                                   │
+//	   │                    └──Release──▶ failed(attempts, last error)
+//	   └──── lease expired, window expired, Forget ◀────────────┘  (failed is claimable)
+//
+// Claim is atomic: of any number of concurrent claims of an absent, failed or
+// lease-expired key exactly one returns Claimed with a fresh random owner token.
+// Commit and Release compare that token first and return ErrNotOwner when the
+// lease was lost to another claimant, so a late finisher never overwrites the
+// state of the attempt that took over.
+package dedup
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"time"
+)
+
+// State is the persisted state of one key.
+type State string
+
+// The states a Record can be in. An absent key has no Record.
+const (
+	StateProcessing State = "processing"
+	StateProcessed  State = "processed"
+	StateFailed     State = "failed"
+)
+
+// Sentinel errors returned by every Store. Callers test them with errors.Is.
+var (
+	// ErrNotFound is returned by Get when the key is absent or expired.
+	ErrNotFound = errors.New("dedup: key not found")
+	// ErrNotOwner is returned by Commit and Release when the token does not
+	// match the current owner: the lease expired and someone else claimed the
+	// key, or the key was forgotten in the meantime.
+	ErrNotOwner = errors.New("dedup: not the owner of the key")
+	// ErrClosed is returned by operations on a closed Store.
+	ErrClosed = errors.New("dedup: store closed")
+)
+
+// Key identifies one event within one route namespace. Backends store it as
+// Namespace + ":" + ID (plus a backend prefix); a backend may store long or
+// unusual IDs by their SHA-256.
+type Key struct {
+	// Namespace scopes keys so two routes never collide. It defaults to the
+	// route name.
+	Namespace string
+	// ID is the event identity extracted from the delivery, as the provider
+	// sent it.
+	ID string
+}
+
+// String returns "namespace:id", the form sent upstream in the Dedup-Key header.
+func (k Key) String() string { return k.Namespace + ":" + k.ID }
+
+// Response is an upstream answer stored on commit so a duplicate can be
+// answered with it (duplicate_response: replay).
+type Response struct {
+	Status int                 `json:"status"`
+	Header map[string][]string `json:"header,omitempty"`
+	Body   []byte              `json:"body,omitempty"`
+}
+
+// Record is what a Store remembers about one key: the webhook receipt an
+// operator reads through GET /v1/keys/{route}/{key}.
+type Record struct {
+	State State `json:"state"`
+	// FirstSeen is when the key was first claimed. It survives failed attempts.
+	FirstSeen time.Time `json:"first_seen"`
+	// CompletedAt is when the key was committed (processed) or released (failed).
+	// Zero while processing.
+	CompletedAt time.Time `json:"completed_at,omitzero"`
+	// LeaseUntil is when the current claim expires. Zero unless processing.
+	LeaseUntil time.Time `json:"lease_until,omitzero"`
+	// ExpiresAt is when the record is forgotten: the end of the window for a
+	// processed key, the retention of a failed one, the lease for an in-flight one.
+	ExpiresAt time.Time `json:"expires_at"`
+	// Attempts counts successful claims of the key, including the current one.
+	Attempts int `json:"attempts"`
+	// LastStatus is the upstream's last HTTP status, 0 if it never answered.
+	LastStatus int `json:"last_status,omitempty"`
+	// LastError is the last upstream error ("timeout", "connection refused"…),
+	// empty after a 2xx. Never a body or a secret.
+	LastError string `json:"last_error,omitempty"`
+	// BodySHA256 is the hex SHA-256 of the delivery body that was forwarded.
+	BodySHA256 string `json:"body_sha256,omitempty"`
+	// Fingerprint is the hex SHA-256 of the request as the route fingerprints it
+	// (API idempotency). Empty when the route does not fingerprint.
+	Fingerprint string `json:"fingerprint,omitempty"`
+	// Response is the stored upstream response (duplicate_response: replay).
+	Response *Response `json:"-"`
+	// Owner is the token of the current claim. Never exposed to clients.
+	Owner string `json:"-"`
+}
+
+// Outcome is the result of a Claim.
+type Outcome int
+
+const (
+	// Claimed: the caller now owns the key and must Commit or Release it.
+	Claimed Outcome = iota + 1
+	// Duplicate: the key is processed and within its window.
+	Duplicate
+	// InFlight: another claim holds an unexpired lease on the key.
+	InFlight
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Claimed:
+		return "claimed"
+	case Duplicate:
+		return "duplicate"
+	case InFlight:
+		return "in-flight"
+	}
+	return "unknown"
+}
+
+// ClaimOptions parameterise a Claim.
+type ClaimOptions struct {
+	// Lease is how long the claim holds the key. Must be > 0.
+	Lease time.Duration
+	// BodySHA256 and Fingerprint are recorded on the record when claimed.
+	BodySHA256  string
+	Fingerprint string
+}
+
+// ClaimResult reports the outcome of a Claim.
+type ClaimResult struct {
+	Outcome Outcome
+	// Token is the owner token when Outcome is Claimed, empty otherwise.
+	Token string
+	// Record is the key's record after the claim: the new processing record when
+	// Claimed, the existing one for Duplicate and InFlight (Response set when one
+	// was stored).
+	Record Record
+}
+
+// CommitOptions parameterise a Commit.
+type CommitOptions struct {
+	// Window is how long the processed key is remembered. Must be > 0. It is
+	// fixed at commit; later duplicates do not extend it.
+	Window time.Duration
+	// Status is the upstream's 2xx status.
+	Status int
+	// Response, when non-nil, is stored for replay to duplicates.
+	Response *Response
+}
+
+// ReleaseOptions parameterise a Release.
+type ReleaseOptions struct {
+	// Retain is how long the failed record is kept as a receipt. The key is
+	// claimable throughout. Zero means the record is deleted at once.
+	Retain time.Duration
+	// Status is the upstream's status (non-2xx), 0 if it never answered.
+	Status int
+	// Error describes why the attempt failed when there was no status.
+	Error string
+}
+
+// Store is the contract every backend implements. All methods are safe for
+// concurrent use. Expired records (lease, window or retention passed) behave
+// exactly as absent ones.
+type Store interface {
+	// Claim atomically takes key for one attempt if it is absent, failed or its
+	// lease expired; it reports Duplicate for a processed key inside its window
+	// and InFlight for a key whose lease is held.
+	Claim(ctx context.Context, key Key, opts ClaimOptions) (ClaimResult, error)
+	// Commit marks the key processed for opts.Window if token still owns it,
+	// else returns ErrNotOwner and changes nothing.
+	Commit(ctx context.Context, key Key, token string, opts CommitOptions) error
+	// Release marks the key failed (claimable) if token still owns it, else
+	// returns ErrNotOwner and changes nothing.
+	Release(ctx context.Context, key Key, token string, opts ReleaseOptions) error
+	// Get returns the key's record, or ErrNotFound.
+	Get(ctx context.Context, key Key) (Record, error)
+	// Forget deletes the key whatever its state, so the next delivery is
+	// forwarded. It reports whether a record existed.
+	Forget(ctx context.Context, key Key) (bool, error)
+	// Ping reports whether the backend is reachable (readiness).
+	Ping(ctx context.Context) error
+	// Close releases resources and stops background goroutines.
+	Close() error
+}
+
+// Clock returns the current time. Stores take one so tests can move time.
+type Clock func() time.Time
+
+// NewToken returns a random 128-bit owner token, hex encoded.
+func NewToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,80 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+// Policy values accepted by Route's policy fields.
+const (
+	Forward = "forward" // on_missing_key, on_store_error
+	Reject  = "reject"  // on_missing_key, on_store_error, on_in_flight, on_fingerprint_mismatch
+	Wait    = "wait"    // on_in_flight
+	Ack     = "ack"     // duplicate_response, on_fingerprint_mismatch
+	Replay  = "replay"  // duplicate_response
+)
+
+// Config is the plain-data configuration of a Gateway. The command line builds
+// it from the YAML file; tests build it directly.
+type Config struct {
+	// Routes are matched in order of specificity: an exact path beats a
+	// prefix, and a longer prefix beats a shorter one.
+	Routes []Route
+}
+
+// Route is one webhook endpoint. Every field is already defaulted by the
+// caller (the config loader applies the file's defaults: block); New fills in
+// the remaining zero values as documented.
+type Route struct {
+	// Name is unique among routes and used as a metric label.
+	Name string
+	// Path is an exact path ("/webhooks/stripe") or a prefix ending in "/*".
+	Path string
+	// Upstream is the application's base URL (scheme://host[:port][/path]).
+	Upstream string
+	// Namespace scopes keys in the store. Empty means Name.
+	Namespace string
+	// Methods accepted on the route. Empty means POST only; others get 405.
+	Methods []string
+
+	// Window is how long a processed key is remembered. Zero means 24h.
+	Window time.Duration
+	// Lease is how long an in-flight claim holds its key. Zero means 60s.
+	// It must be longer than UpstreamTimeout.
+	Lease time.Duration
+	// UpstreamTimeout bounds one forward, from sending the request to the end
+	// of the response body. Zero means 30s.
+	UpstreamTimeout time.Duration
+	// MaxBodyBytes bounds the request body (413 beyond). Zero means 1 MiB.
+	MaxBodyBytes int64
+
+	// OnMissingKey is Forward (default) or Reject (400).
+	OnMissingKey string
+	// OnStoreError is Forward (default, fail open) or Reject (503).
+	OnStoreError string
+	// OnInFlight is Reject (default, 409) or Wait.
+	OnInFlight string
+	// DuplicateResponse is Ack (default, a small JSON 200) or Replay (the
+	// stored upstream response).
+	DuplicateResponse string
+
+	// OnFingerprintMismatch is Ack (default) or Reject (422) when a key is
+	// reused with a different payload.
+	OnFingerprintMismatch string
+	// FingerprintExclude lists top-level JSON fields left out of the
+	// fingerprint (timestamps).
+	FingerprintExclude []string
+	// MaxReplayBytes bounds a stored response body. Zero means 64 KiB.
+	MaxReplayBytes int64
+	// ReplayHeaders are the response headers stored for replay. Nil means
+	// [Content-Type].
+	ReplayHeaders []string
+	// ClientIdentity, when set, names a request header (Authorization, an API
+	// key header) whose SHA-256 is mixed into the key, so two clients using the
+	// same key never collide.
+	ClientIdentity string
+
+	// Provider configures key extraction and signature verification.
+	Provider providers.Config
+}
