@@ -1,0 +1,427 @@
+// Package redistest starts real Redis servers for tests: a single node
+// (Start), a three-master Cluster (StartCluster) and a master watched by one
+// Sentinel (StartSentinel).
+//
+// Every server runs the redis-server binary found on PATH, binds only to
+// 127.0.0.1 on a free port, keeps its files in t.TempDir(), persists nothing
+// (--save "" --appendonly no) and is killed by t.Cleanup. A test whose machine
+// has no redis-server is skipped, not failed, so packages that use these
+// helpers still pass where Redis is not installed; set
+// DEDUPGW_REQUIRE_REDIS=1 (CI does) to turn the skip into a failure.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startTimeout bounds how long a server, a cluster or a sentinel may take to
+// become ready before the test fails.
+const startTimeout = 15 * time.Second
+
+// Binary returns the path of redis-server, or skips t (fails it when
+// DEDUPGW_REQUIRE_REDIS is set) when there is none on PATH.
+func Binary(t testing.TB) string {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("DEDUPGW_REQUIRE_REDIS") != "" {
+			t.Fatalf("redis-server not found on PATH: %v", err)
+		}
+		t.Skipf("redis-server not found on PATH (apt-get install redis-server): %v", err)
+	}
+	return path
+}
+
+// Server is one redis-server process on a fixed loopback port. Its methods
+// are safe for concurrent use.
+type Server struct {
+	t    testing.TB
+	bin  string
+	dir  string
+	port int
+	conf string   // config file passed first (sentinel), or ""
+	args []string // extra arguments after the common ones
+
+	mu   sync.Mutex
+	proc *process // nil while stopped
+}
+
+// process is one running redis-server and a channel closed when it exits.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Start starts a redis-server on a free 127.0.0.1 port and waits until it
+// answers PING. It is killed when the test ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	return startServer(t, freePort(t, false), nil)
+}
+
+// startServer creates and starts a server on port with extra arguments.
+func startServer(t testing.TB, port int, extra []string) *Server {
+	t.Helper()
+	s := &Server{
+		t:    t,
+		bin:  Binary(t),
+		dir:  t.TempDir(),
+		port: port,
+		args: extra,
+	}
+	t.Cleanup(s.Stop)
+	s.Start()
+	return s
+}
+
+// Addr returns the server's "127.0.0.1:port". It stays the same across Stop
+// and Start.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Port returns the server's TCP port.
+func (s *Server) Port() int { return s.port }
+
+// Dir returns the server's working directory.
+func (s *Server) Dir() string { return s.dir }
+
+// Start starts the server again on the same port after Stop (an outage that
+// ends) and waits until it answers PING. It does nothing if it is running.
+// Data is not kept across Stop and Start: the server persists nothing.
+func (s *Server) Start() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		return
+	}
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(args,
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--save", "",
+		"--appendonly", "no",
+		"--daemonize", "no",
+		"--logfile", "redis.log",
+	)
+	args = append(args, s.args...)
+	cmd := exec.Command(s.bin, args...)
+	cmd.Dir = s.dir
+	out, err := os.OpenFile(filepath.Join(s.dir, "stderr.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		s.t.Fatalf("open redis-server output file: %v", err)
+	}
+	defer out.Close() // the child has its own copy
+	cmd.Stdout, cmd.Stderr = out, out
+	setProcAttr(cmd)
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("start redis-server: %v", err)
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	s.proc = p
+	if err := waitPing(s.Addr(), p.done); err != nil {
+		s.t.Fatalf("redis-server on %s not ready: %v\n%s", s.Addr(), err, s.logTail())
+	}
+}
+
+// Stop kills the server (SIGKILL, like a crash) and waits until it exited.
+// Clients see connection errors until Start. It does nothing if stopped.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return
+	}
+	_ = s.proc.cmd.Process.Kill()
+	<-s.proc.done
+	s.proc = nil
+}
+
+// Restart stops the server and starts it again on the same port.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	s.Start()
+}
+
+// Client returns a new go-redis client for the server, closed when the test
+// ends.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	s.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// logTail returns the end of the server's log for failure messages.
+func (s *Server) logTail() string {
+	var b []byte
+	for _, name := range []string{"stderr.log", "redis.log"} {
+		lb, err := os.ReadFile(filepath.Join(s.dir, name))
+		if err != nil {
+			lb = []byte("(no " + name + ": " + err.Error() + ")\n")
+		}
+		b = append(b, lb...)
+	}
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// waitPing polls addr with PING until it answers PONG, the process exits
+// (exited) or startTimeout passes.
+func waitPing(addr string, exited <-chan struct{}) error {
+	deadline := time.Now().Add(startTimeout)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		if last = ping(addr); last == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			return errors.New("redis-server exited")
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no PONG after %s: %w", startTimeout, last)
+		}
+	}
+}
+
+// ping sends one inline PING over a fresh connection.
+func ping(addr string) error {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Second))
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(line) != "+PONG" {
+		return fmt.Errorf("got %q, want +PONG", strings.TrimSpace(line))
+	}
+	return nil
+}
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago. With
+// bus set, port+10000 (a Cluster node's bus port) was free as well.
+func freePort(t testing.TB, bus bool) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("find a free port: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if !bus {
+			_ = l.Close()
+			return port
+		}
+		if port+10000 > 65535 {
+			_ = l.Close()
+			continue
+		}
+		l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000)))
+		_ = l.Close()
+		if err != nil {
+			continue
+		}
+		_ = l2.Close()
+		return port
+	}
+	t.Fatalf("no free port pair (port, port+10000) after 50 tries")
+	return 0
+}
+
+// Cluster is a Redis Cluster of masters without replicas.
+type Cluster struct {
+	// Nodes are the cluster's masters.
+	Nodes []*Server
+	t     testing.TB
+}
+
+// StartCluster starts n (at least 3) cluster-enabled servers, joins them with
+// `redis-cli --cluster create … --cluster-replicas 0` and waits until every
+// node reports cluster_state:ok and knows all 16384 slots.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	if n < 3 {
+		t.Fatalf("StartCluster: got %d nodes, want at least 3", n)
+	}
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		Binary(t) // skips when redis-server is missing too
+		t.Fatalf("redis-cli not found on PATH: %v", err)
+	}
+	c := &Cluster{t: t}
+	ports := make(map[int]bool)
+	for len(c.Nodes) < n {
+		port := freePort(t, true)
+		if ports[port] || ports[port+10000] || ports[port-10000] {
+			continue
+		}
+		ports[port] = true
+		c.Nodes = append(c.Nodes, startServer(t, port, []string{
+			"--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "2000",
+		}))
+	}
+	args := []string{"--cluster", "create"}
+	args = append(args, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c.waitOK(ctx)
+	return c
+}
+
+// Addrs returns the masters' addresses.
+func (c *Cluster) Addrs() []string {
+	addrs := make([]string, len(c.Nodes))
+	for i, s := range c.Nodes {
+		addrs[i] = s.Addr()
+	}
+	return addrs
+}
+
+// Client returns a new cluster client, closed when the test ends.
+func (c *Cluster) Client() *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	c.t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// waitOK polls every node's CLUSTER INFO until all report cluster_state:ok
+// with all slots assigned and ok, and all nodes know each other.
+func (c *Cluster) waitOK(ctx context.Context) {
+	c.t.Helper()
+	clients := make([]*redis.Client, len(c.Nodes))
+	for i, s := range c.Nodes {
+		clients[i] = redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		defer clients[i].Close()
+	}
+	want := []string{
+		"cluster_state:ok",
+		"cluster_slots_assigned:16384",
+		"cluster_slots_ok:16384",
+		"cluster_known_nodes:" + strconv.Itoa(len(c.Nodes)),
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var last string
+	for {
+		ready := true
+		for _, cl := range clients {
+			info, err := cl.ClusterInfo(ctx).Result()
+			if err != nil {
+				last, ready = err.Error(), false
+				break
+			}
+			for _, w := range want {
+				if !strings.Contains(info, w) {
+					last, ready = info, false
+					break
+				}
+			}
+			if !ready {
+				break
+			}
+		}
+		if ready {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			c.t.Fatalf("cluster not ok after %s; last CLUSTER INFO:\n%s", startTimeout, last)
+		case <-tick.C:
+		}
+	}
+}
+
+// Sentinel is one master watched by one redis-sentinel.
+type Sentinel struct {
+	// Master is the monitored master.
+	Master *Server
+	// Sentinel is the sentinel process (redis-server --sentinel).
+	Sentinel *Server
+	// MasterName is the name the sentinel monitors the master under.
+	MasterName string
+}
+
+// MasterName is the master name StartSentinel uses.
+const MasterName = "dedupgw-test"
+
+// StartSentinel starts a master and a sentinel monitoring it under
+// MasterName, and waits until the sentinel reports the master's address.
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	master := Start(t)
+	port := freePort(t, false)
+	// A sentinel rewrites its configuration file, so it must have one of its
+	// own, writable.
+	conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nsentinel monitor %s 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds %s 5000\n", port, MasterName, master.Port(), MasterName)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sentinel.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatalf("write sentinel.conf: %v", err)
+	}
+	// The config file must be the first argument; the common arguments
+	// Start adds after it agree with the file.
+	sent := &Server{t: t, bin: Binary(t), dir: dir, port: port, conf: path, args: []string{"--sentinel"}}
+	t.Cleanup(sent.Stop)
+	sent.Start()
+
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sent.Addr(), MaxRetries: -1})
+	defer sc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		addr, err := sc.GetMasterAddrByName(ctx, MasterName).Result()
+		if err == nil && len(addr) == 2 && addr[1] == strconv.Itoa(master.Port()) {
+			return &Sentinel{Master: master, Sentinel: sent, MasterName: MasterName}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("sentinel on %s does not know master %s: got %v, %v\n%s",
+				sent.Addr(), MasterName, addr, err, sent.logTail())
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,71 @@
+package redistest_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestServerStopStart(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	addr := s.Addr()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET: got %v, want nil", err)
+	}
+	s.Stop()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatalf("PING while stopped: got nil, want an error")
+	}
+	s.Start()
+	if got := s.Addr(); got != addr {
+		t.Fatalf("Addr after Start: got %s, want %s", got, addr)
+	}
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after Start: got %v, want nil", err)
+	}
+	if err := c.Get(ctx, "k").Err(); err != redis.Nil {
+		t.Fatalf("GET after restart: got %v, want redis.Nil (nothing persisted)", err)
+	}
+}
+
+func TestCluster(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3)
+	c := cl.Client()
+	for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
+		if err := c.Set(ctx, k, k, 0).Err(); err != nil {
+			t.Fatalf("SET %s: got %v, want nil", k, err)
+		}
+	}
+	var shards atomic.Int32 // ForEachMaster calls fn concurrently
+	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		shards.Add(1)
+		return m.Ping(ctx).Err()
+	})
+	if err != nil || shards.Load() != 3 {
+		t.Fatalf("ForEachMaster: got %d masters, err %v; want 3, nil", shards.Load(), err)
+	}
+}
+
+func TestSentinel(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.StartSentinel(t)
+	c := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName:    s.MasterName,
+		SentinelAddrs: []string{s.Sentinel.Addr()},
+	})
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET via sentinel: got %v, want nil", err)
+	}
+	got, err := s.Master.Client().Get(ctx, "k").Result()
+	if err != nil || got != "v" {
+		t.Fatalf("GET on master: got %q, %v; want \"v\", nil", got, err)
+	}
+}
