@@ -1,0 +1,297 @@
+// Command bench is dedupgw's load benchmark (issue 7). It measures, in one run
+// and with one load driver, the upstream app directly, a bare
+// httputil.ReverseProxy (the baseline), nginx when installed, and the dedupgw
+// binary on its memory, bolt and redis backends, each in a process of its own,
+// and prints one Markdown table.
+//
+//	go run ./bench                 # the full run, about 3 minutes
+//	go run ./bench -quick          # about 30 seconds
+//	go run ./bench -targets bare,bolt -workloads unique -rounds 5
+//
+// Rounds are interleaved (A B C A B C …) and the order of targets rotates from
+// round to round, so drift of a shared machine hits every target alike.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the runner's flags.
+type options struct {
+	duration    time.Duration
+	warmup      time.Duration
+	rounds      int
+	concurrency int
+	timeout     time.Duration
+	workloads   []string
+	targets     []string
+	baseline    string
+	dedupgw     string
+	keep        bool
+	args        []string // as given, for the report
+	explicit    map[string]bool
+}
+
+// parseOptions parses the runner's flags; -quick shortens every default the
+// command line did not set.
+func parseOptions(args []string, stderr io.Writer) (*options, error) {
+	o := &options{args: args, explicit: map[string]bool{}}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measured time of one round")
+	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured load before each round")
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds per target and workload, interleaved")
+	fs.IntVar(&o.concurrency, "concurrency", 32, "concurrent senders")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "timeout of one request")
+	workloads := fs.String("workloads", "unique,duplicate,mix", "comma-separated workloads: unique, duplicate, mix")
+	targets := fs.String("targets", strings.Join(allTargets, ","), "comma-separated targets: "+strings.Join(allTargets, ", ")+" (nginx is skipped when not installed)")
+	fs.StringVar(&o.baseline, "baseline", TargetBare, "target the ratio column divides by")
+	fs.StringVar(&o.dedupgw, "dedupgw", "", "dedupgw binary to measure (default: go build ./cmd/dedupgw)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the run's directory (configs, logs, databases)")
+	quick := fs.Bool("quick", false, "a ~30 s run: -duration 1s -warmup 250ms -rounds 1 unless set")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	fs.Visit(func(f *flag.Flag) { o.explicit[f.Name] = true })
+	if *quick {
+		if !o.explicit["duration"] {
+			o.duration = time.Second
+		}
+		if !o.explicit["warmup"] {
+			o.warmup = 250 * time.Millisecond
+		}
+		if !o.explicit["rounds"] {
+			o.rounds = 1
+		}
+	}
+	o.workloads = splitList(*workloads)
+	for _, w := range o.workloads {
+		if w != Unique && w != Duplicate && w != Mix {
+			return nil, fmt.Errorf("unknown workload %q (want unique, duplicate or mix)", w)
+		}
+	}
+	o.targets = nil
+	for _, t := range allTargets { // table order, whatever the flag's order
+		if slices.Contains(splitList(*targets), t) {
+			o.targets = append(o.targets, t)
+		}
+	}
+	for _, t := range splitList(*targets) {
+		if !slices.Contains(allTargets, t) {
+			return nil, fmt.Errorf("unknown target %q (want some of %s)", t, strings.Join(allTargets, ", "))
+		}
+	}
+	switch {
+	case len(o.workloads) == 0:
+		return nil, errors.New("no workloads")
+	case len(o.targets) == 0:
+		return nil, errors.New("no targets")
+	case o.rounds < 1:
+		return nil, fmt.Errorf("-rounds %d: want at least 1", o.rounds)
+	case o.concurrency < 1:
+		return nil, fmt.Errorf("-concurrency %d: want at least 1", o.concurrency)
+	case o.duration <= 0 || o.warmup < 0 || o.timeout <= 0:
+		return nil, errors.New("-duration and -timeout must be positive, -warmup not negative")
+	}
+	return o, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// run is the runner: it parses flags, starts the upstream and the targets,
+// drives the interleaved rounds and prints the table to stdout. Progress and
+// warnings go to stderr.
+func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == roleUpstream || args[0] == roleBareProxy) {
+		return serveRole(args[0], args[1:], stderr)
+	}
+	o, err := parseOptions(args, stderr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	dir, err := os.MkdirTemp("", "dedupgw-bench-")
+	if err != nil {
+		return fmt.Errorf("make run directory: %w", err)
+	}
+	if o.keep {
+		fmt.Fprintln(stderr, "bench: keeping", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	e := &env{dir: dir, self: self, concurrency: o.concurrency}
+	var skipped []string
+	skip := func(t string, why error) {
+		fmt.Fprintf(stderr, "bench: skipping %s: %v\n", t, why)
+		skipped = append(skipped, fmt.Sprintf("%s (%v)", t, firstLine(why)))
+		o.targets = slices.DeleteFunc(o.targets, func(s string) bool { return s == t })
+	}
+	if slices.ContainsFunc(o.targets, isGateway) {
+		e.dedupgw, err = dedupgwBinary(ctx, o.dedupgw, dir, stderr)
+		if err != nil {
+			for _, t := range slices.Clone(o.targets) {
+				if isGateway(t) {
+					skip(t, err)
+				}
+			}
+		}
+	}
+	if slices.Contains(o.targets, TargetNginx) {
+		if e.nginx, err = exec.LookPath("nginx"); err != nil {
+			skip(TargetNginx, errors.New("nginx is not installed"))
+		}
+	}
+
+	up, upURL, err := startUpstream(ctx, e)
+	if err != nil {
+		return fmt.Errorf("start upstream: %w", err)
+	}
+	defer up.Stop()
+	e.upstreamURL = upURL
+
+	var targets []*target
+	defer func() {
+		for _, t := range targets {
+			t.stop()
+		}
+	}()
+	for _, name := range slices.Clone(o.targets) {
+		t, err := startTarget(ctx, e, name)
+		if err != nil {
+			skip(name, err)
+			continue
+		}
+		targets = append(targets, t)
+	}
+	if len(targets) == 0 {
+		return errors.New("no target could be started")
+	}
+
+	total := time.Duration(o.rounds*len(o.workloads)*len(targets)) * (o.warmup + o.duration)
+	fmt.Fprintf(stderr, "bench: %d rounds × %d workloads × %d targets × (%s + %s) ≈ %s\n",
+		o.rounds, len(o.workloads), len(targets), o.warmup, o.duration, total.Round(time.Second))
+
+	ids := newIDSpace()
+	d := newDriver(o.concurrency, o.timeout, ids)
+	defer d.Close()
+	res := newResults(o.workloads, o.targets, o.baseline)
+	started := time.Now().UTC()
+	for r := range o.rounds {
+		for _, w := range o.workloads {
+			for i := range targets {
+				t := targets[(i+r)%len(targets)] // rotate so no target always goes first
+				before, err := d.upstreamCount(ctx, upURL)
+				if err != nil {
+					return err
+				}
+				rr, err := d.run(ctx, round{url: t.url, workload: w, warmup: o.warmup, duration: o.duration})
+				if err != nil {
+					return fmt.Errorf("round %d, %s, %s: %w", r+1, w, t.name, err)
+				}
+				after, err := d.upstreamCount(ctx, upURL)
+				if err != nil {
+					return err
+				}
+				res.cell(w, t.name).add(rr, after-before)
+				fmt.Fprintf(stderr, "round %d/%d %-9s %-18s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  failed %d %s\n",
+					r+1, o.rounds, w, t.label, float64(rr.requests)/rr.elapsed.Seconds(),
+					millis(rr.lat.quantile(0.5)), millis(rr.lat.quantile(0.99)), rr.failures, rr.firstFailure)
+			}
+		}
+	}
+
+	fmt.Fprintf(stdout, "dedupgw load benchmark, %s: `go run ./bench %s`\n\n", started.Format("2006-01-02 15:04 UTC"), strings.Join(o.args, " "))
+	fmt.Fprintf(stdout, "%s; %s %s/%s; %d senders, ~%d B Stripe events; %d × %s measured (+%s warm-up) per target and workload, interleaved.\n\n",
+		machine(), runtime.Version(), runtime.GOOS, runtime.GOARCH, o.concurrency, len(appendEvent(nil, []byte(ids.newID()))),
+		o.rounds, o.duration, o.warmup)
+	res.writeTable(stdout)
+	fmt.Fprintln(stdout)
+	if len(skipped) > 0 {
+		fmt.Fprintf(stdout, "Skipped: %s.\n\n", strings.Join(skipped, "; "))
+	}
+	res.writeGoals(stdout)
+	return nil
+}
+
+// dedupgwBinary returns bin when set, else builds ./cmd/dedupgw of the module
+// the runner is run from into dir.
+func dedupgwBinary(ctx context.Context, bin, dir string, stderr io.Writer) (string, error) {
+	if bin != "" {
+		return bin, nil
+	}
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the module: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("not inside the dedupgw module; pass -dedupgw")
+	}
+	bin = filepath.Join(dir, "dedupgw")
+	fmt.Fprintln(stderr, "bench: go build ./cmd/dedupgw")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/dedupgw")
+	build.Dir = filepath.Dir(gomod)
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/dedupgw: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return bin, nil
+}
+
+// machine describes the CPU the run used.
+func machine() string {
+	model := runtime.GOARCH
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		defer f.Close()
+		s := bufio.NewScanner(f)
+		for s.Scan() {
+			if k, v, ok := strings.Cut(s.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%d CPUs (%s)", runtime.NumCPU(), model)
+}
+
+func firstLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
+}

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Target names accepted by -targets, in the order the table lists them.
+const (
+	TargetUpstream = "upstream" // the upstream app directly: the physical limit
+	TargetBare     = "bare"     // a bare httputil.ReverseProxy: the baseline
+	TargetNginx    = "nginx"    // nginx as a keep-alive reverse proxy, when installed
+	TargetMemory   = "memory"   // dedupgw, store.backend: memory
+	TargetBolt     = "bolt"     // dedupgw, store.backend: bolt
+	TargetRedis    = "redis"    // dedupgw, store.backend: redis
+)
+
+// allTargets lists every target in table order.
+var allTargets = []string{TargetUpstream, TargetBare, TargetNginx, TargetMemory, TargetBolt, TargetRedis}
+
+// webhookPath is where every target receives events: the route of the dedupgw
+// config and a path the upstream and plain proxies pass through.
+const webhookPath = "/webhooks/stripe"
+
+// readyTimeout bounds how long a process may take to start listening.
+const readyTimeout = 15 * time.Second
+
+// target is one system under test, running in its own process(es).
+type target struct {
+	name    string   // as in -targets
+	label   string   // as in the table
+	url     string   // where events are posted
+	gateway bool     // dedupgw: duplicates are answered without the upstream
+	procs   []*child // stopped in reverse order by stop
+}
+
+// stop stops the target's processes, last started first.
+func (t *target) stop() {
+	for i := len(t.procs) - 1; i >= 0; i-- {
+		t.procs[i].Stop()
+	}
+}
+
+// isGateway reports whether the named target is dedupgw.
+func isGateway(name string) bool {
+	return name == TargetMemory || name == TargetBolt || name == TargetRedis
+}
+
+// labelOf returns the table label of a target name.
+func labelOf(name string) string {
+	switch name {
+	case TargetUpstream:
+		return "upstream (direct)"
+	case TargetBare:
+		return "bare ReverseProxy"
+	case TargetNginx:
+		return "nginx"
+	}
+	return "dedupgw " + name
+}
+
+// env is what starting a target needs.
+type env struct {
+	dir         string // the run's temporary directory: configs, logs, databases
+	self        string // the runner's own executable, re-run as upstream and bare proxy
+	dedupgw     string // the dedupgw binary, empty when it could not be built
+	nginx       string // the nginx binary, empty when not installed
+	upstreamURL string // base URL of the upstream app
+	concurrency int
+}
+
+// startUpstream starts the upstream app in its own process and returns it with
+// its base URL.
+func startUpstream(ctx context.Context, e *env) (*child, string, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, "", err
+	}
+	c, err := startChild(ctx, e.dir, "upstream", e.self, roleUpstream, "-listen", addr)
+	if err != nil {
+		return nil, "", err
+	}
+	base := "http://" + addr
+	if err := waitReady(ctx, c, readyTimeout, httpReady(base+countPath, 200)); err != nil {
+		c.Stop()
+		return nil, "", err
+	}
+	return c, base, nil
+}
+
+// startTarget starts the named target and waits until it answers.
+func startTarget(ctx context.Context, e *env, name string) (*target, error) {
+	t := &target{name: name, label: labelOf(name), gateway: isGateway(name)}
+	var err error
+	switch name {
+	case TargetUpstream:
+		t.url = e.upstreamURL + webhookPath
+	case TargetBare:
+		err = startBare(ctx, e, t)
+	case TargetNginx:
+		err = startNginx(ctx, e, t)
+	case TargetMemory, TargetBolt, TargetRedis:
+		err = startDedupgw(ctx, e, t)
+	default:
+		err = fmt.Errorf("unknown target %q (want one of %s)", name, strings.Join(allTargets, ", "))
+	}
+	if err != nil {
+		t.stop()
+		return nil, err
+	}
+	return t, nil
+}
+
+func startBare(ctx context.Context, e *env, t *target) error {
+	addr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	c, err := startChild(ctx, e.dir, "bare", e.self, roleBareProxy,
+		"-listen", addr, "-upstream", e.upstreamURL, "-max-idle", strconv.Itoa(e.concurrency*2))
+	if err != nil {
+		return err
+	}
+	t.procs = append(t.procs, c)
+	t.url = "http://" + addr + webhookPath
+	return waitReady(ctx, c, readyTimeout, tcpReady(addr))
+}
+
+// dedupgwConfig is the config the runner gives dedupgw: one Stripe route with
+// the preset's key (json:id), no signing secret, logs at warn so no target
+// pays for per-request logging.
+const dedupgwConfig = `# written by go run ./bench
+listen: "{{listen}}"
+admin:
+  listen: "{{admin}}"
+log:
+  level: warn
+  format: json
+store:
+  backend: {{backend}}
+  bolt:
+    path: "{{bolt}}"
+  redis:
+    addrs: ["{{redis}}"]
+routes:
+  - name: stripe
+    path: ` + webhookPath + `
+    upstream: "{{upstream}}"
+    provider: stripe
+`
+
+func startDedupgw(ctx context.Context, e *env, t *target) error {
+	if e.dedupgw == "" {
+		return fmt.Errorf("no dedupgw binary")
+	}
+	listen, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	admin, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	redisAddr := "127.0.0.1:6379"
+	if t.name == TargetRedis {
+		r, addr, err := startRedis(ctx, e)
+		if err != nil {
+			return err
+		}
+		t.procs = append(t.procs, r)
+		redisAddr = addr
+	}
+	cfg := strings.NewReplacer(
+		"{{listen}}", listen,
+		"{{admin}}", admin,
+		"{{backend}}", t.name,
+		"{{bolt}}", filepath.Join(e.dir, "dedupgw-bolt.db"),
+		"{{redis}}", redisAddr,
+		"{{upstream}}", e.upstreamURL,
+	).Replace(dedupgwConfig)
+	cfgPath := filepath.Join(e.dir, "dedupgw-"+t.name+".yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return fmt.Errorf("write dedupgw config: %w", err)
+	}
+	c, err := startChild(ctx, e.dir, "dedupgw-"+t.name, e.dedupgw, "serve", "--config", cfgPath)
+	if err != nil {
+		return err
+	}
+	t.procs = append(t.procs, c)
+	t.url = "http://" + listen + webhookPath
+	if err := waitReady(ctx, c, readyTimeout, httpReady("http://"+admin+"/readyz", 200)); err != nil {
+		return err
+	}
+	return waitReady(ctx, c, readyTimeout, tcpReady(listen))
+}
+
+// startRedis starts a redis-server without persistence on a free port.
+func startRedis(ctx context.Context, e *env) (*child, string, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, "", fmt.Errorf("redis target needs redis-server on PATH: %w", err)
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, "", err
+	}
+	_, port, _ := strings.Cut(addr, ":")
+	c, err := startChild(ctx, e.dir, "redis", bin,
+		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", e.dir, "--loglevel", "warning")
+	if err != nil {
+		return nil, "", err
+	}
+	if err := waitReady(ctx, c, readyTimeout, redisReady(addr)); err != nil {
+		c.Stop()
+		return nil, "", err
+	}
+	return c, addr, nil
+}
+
+// nginxConfig is a reverse proxy with keep-alive to the upstream, the way
+// nginx is deployed in front of an app; no access log, like the other targets.
+const nginxConfig = `# written by go run ./bench
+worker_processes auto;
+daemon off;
+pid {{dir}}/nginx.pid;
+error_log {{dir}}/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path {{dir}}/nginx-body;
+  proxy_temp_path {{dir}}/nginx-proxy;
+  fastcgi_temp_path {{dir}}/nginx-fastcgi;
+  uwsgi_temp_path {{dir}}/nginx-uwsgi;
+  scgi_temp_path {{dir}}/nginx-scgi;
+  keepalive_requests 1000000;
+  upstream app {
+    server {{upstream}};
+    keepalive {{keepalive}};
+    keepalive_requests 1000000;
+  }
+  server {
+    listen {{listen}};
+    location / {
+      proxy_pass http://app;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $host;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto $scheme;
+    }
+  }
+}
+`
+
+func startNginx(ctx context.Context, e *env, t *target) error {
+	if e.nginx == "" {
+		return fmt.Errorf("nginx is not on PATH")
+	}
+	listen, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	cfg := strings.NewReplacer(
+		"{{dir}}", e.dir,
+		"{{upstream}}", strings.TrimPrefix(e.upstreamURL, "http://"),
+		"{{keepalive}}", strconv.Itoa(e.concurrency*2),
+		"{{listen}}", listen,
+	).Replace(nginxConfig)
+	cfgPath := filepath.Join(e.dir, "nginx.conf")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return fmt.Errorf("write nginx config: %w", err)
+	}
+	c, err := startChild(ctx, e.dir, "nginx", e.nginx, "-e", "stderr", "-p", e.dir, "-c", cfgPath)
+	if err != nil {
+		return err
+	}
+	t.procs = append(t.procs, c)
+	t.url = "http://" + listen + webhookPath
+	return waitReady(ctx, c, readyTimeout, tcpReady(listen))
+}
