@@ -8,6 +8,7 @@ package providers
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 )
@@ -92,3 +93,144 @@ type Provider struct {
 
 // KeyFunc returns the first non-empty key from a route's sources, or ErrNoKey.
 type KeyFunc func(r *http.Request, body []byte) (string, error)
+
+// New builds a route's Provider from plain configuration. It is the one place
+// that knows the closed set of providers.
+//
+//   - An empty cfg.Provider means Generic; an unknown name is an error.
+//   - Keys come from the provider's preset (see PresetKeys) unless cfg.Keys
+//     is set; Generic has no preset and needs cfg.Keys.
+//   - With no secrets, Verifier is nil. Any empty secret is an error, never a
+//     skipped check (it is usually an unset environment variable).
+//   - A zero Tolerance means DefaultTolerance; a negative one is an error. A
+//     nil Now means time.Now.
+//   - RequestID is never nil; it returns the provider's delivery ID header
+//     (X-GitHub-Delivery, X-Shopify-Webhook-Id, webhook-id or svix-id) and ""
+//     for providers that send none.
+//
+// Errors name the offending field as written in a route ("provider: …",
+// "keys[1]: …", "secrets[0] is empty …", "signature.algorithm: …",
+// "tolerance: …") and never contain a secret.
+func New(cfg Config) (*Provider, error) {
+	name := cfg.Provider
+	if name == "" {
+		name = Generic
+	}
+	if cfg.Tolerance < 0 {
+		return nil, fmt.Errorf("tolerance: must not be negative, got %s", cfg.Tolerance)
+	}
+	c := clock{now: cfg.Now, tolerance: cfg.Tolerance}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	if c.tolerance == 0 {
+		c.tolerance = DefaultTolerance
+	}
+	for i, s := range cfg.Secrets {
+		if s == "" {
+			return nil, fmt.Errorf("secrets[%d] is empty (unset environment variable?)", i)
+		}
+	}
+	hasSecrets := len(cfg.Secrets) > 0
+
+	p := &Provider{Name: name, RequestID: noRequestID}
+	var verifier Verifier
+	switch name {
+	case Stripe:
+		if hasSecrets {
+			verifier = &stripeVerifier{secrets: secretBytes(cfg.Secrets), clock: c}
+		}
+	case Shopify:
+		p.RequestID = headerRequestID(shopifyWebhookIDHeader)
+		if hasSecrets {
+			verifier = &shopifyVerifier{secrets: secretBytes(cfg.Secrets)}
+		}
+	case GitHub:
+		p.RequestID = headerRequestID(githubDeliveryHeader)
+		if hasSecrets {
+			verifier = &githubVerifier{secrets: secretBytes(cfg.Secrets)}
+		}
+	case StandardWebhooks:
+		p.RequestID = headerRequestID(webhookIDHeader, svixIDHeader)
+		if hasSecrets {
+			v, err := newStandardWebhooksVerifier(cfg.Secrets, c)
+			if err != nil {
+				return nil, err
+			}
+			verifier = v
+		}
+	case Slack:
+		if hasSecrets {
+			verifier = &slackVerifier{secrets: secretBytes(cfg.Secrets), clock: c}
+		}
+	case Generic:
+		if len(cfg.Keys) == 0 {
+			return nil, fmt.Errorf("keys: the generic provider needs a keys: list")
+		}
+		v, err := newGenericVerifier(cfg.Signature, cfg.Secrets, c)
+		if err != nil {
+			return nil, err
+		}
+		if hasSecrets {
+			verifier = v
+		}
+	default:
+		return nil, fmt.Errorf("provider: unknown provider %q (want stripe, shopify, github, standard-webhooks, slack or generic)", cfg.Provider)
+	}
+	keys := cfg.Keys
+	if len(keys) == 0 {
+		keys = PresetKeys(name)
+	}
+	key, err := ParseKeys(keys)
+	if err != nil {
+		return nil, err
+	}
+	p.Key = key
+	p.Verifier = verifier
+	return p, nil
+}
+
+// Validate reports whether New would accept cfg, with the same errors.
+func (cfg Config) Validate() error {
+	_, err := New(cfg)
+	return err
+}
+
+// PresetKeys returns a copy of a provider's preset key sources, or nil for
+// Generic and unknown names:
+//
+//   - stripe: json:id
+//   - shopify: header:X-Shopify-Event-Id, then header:X-Shopify-Webhook-Id
+//   - github: header:X-GitHub-Delivery
+//   - standard-webhooks: header:webhook-id, then header:svix-id
+//   - slack: json:event_id
+func PresetKeys(provider string) []string {
+	switch provider {
+	case Stripe:
+		return []string{"json:id"}
+	case Shopify:
+		return []string{"header:" + shopifyEventIDHeader, "header:" + shopifyWebhookIDHeader}
+	case GitHub:
+		return []string{"header:" + githubDeliveryHeader}
+	case StandardWebhooks:
+		return []string{"header:" + webhookIDHeader, "header:" + svixIDHeader}
+	case Slack:
+		return []string{"json:event_id"}
+	default:
+		return nil
+	}
+}
+
+func noRequestID(*http.Request) string { return "" }
+
+// headerRequestID returns the first non-empty of the named headers.
+func headerRequestID(names ...string) func(*http.Request) string {
+	return func(r *http.Request) string {
+		for _, n := range names {
+			if v := r.Header.Get(n); v != "" {
+				return v
+			}
+		}
+		return ""
+	}
+}

@@ -1,0 +1,138 @@
+package providers
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// KeySourceError reports an invalid entry of a route's keys: list. Its message
+// names the entry ("keys[1]: unknown source \"foo:bar\""), so a config loader
+// can prefix it with the route: fmt.Errorf("routes[%d].%w", i, err).
+type KeySourceError struct {
+	// Index is the entry's position in the list.
+	Index int
+	// Source is the entry as written.
+	Source string
+	// Reason says what is wrong with it.
+	Reason string
+}
+
+func (e *KeySourceError) Error() string {
+	return fmt.Sprintf("keys[%d]: %s %q", e.Index, e.Reason, e.Source)
+}
+
+// ValidateKeys checks a route's keys: list without building it. It returns nil
+// for a valid list (an empty list is valid here; New requires keys only for
+// the generic provider) and otherwise a *KeySourceError for the first bad entry.
+func ValidateKeys(keys []string) error {
+	for i, k := range keys {
+		if _, err := parseKeySource(k); err != nil {
+			return &KeySourceError{Index: i, Source: k, Reason: err.Error()}
+		}
+	}
+	return nil
+}
+
+// ParseKeys turns an ordered list of key sources into a KeyFunc:
+//
+//   - "header:NAME": the request header NAME (case-insensitive);
+//   - "json:PATH": the value at a dotted path in the JSON body (see LookupJSON:
+//     strings as-is, numbers as written; null, booleans, objects and arrays are
+//     absent);
+//   - "query:NAME": the URL query parameter NAME;
+//   - "body": BodyKey(body), the hex SHA-256 of the canonical JSON body (raw
+//     bytes when not JSON). An empty body is absent.
+//
+// The KeyFunc returns the first non-empty value; an empty value counts as
+// absent. When every source is absent it returns an error wrapping ErrNoKey.
+// ParseKeys fails with a *KeySourceError for an invalid entry, and with an
+// error for an empty list.
+func ParseKeys(keys []string) (KeyFunc, error) {
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("keys: at least one key source is required")
+	}
+	sources := make([]keySource, len(keys))
+	for i, k := range keys {
+		s, err := parseKeySource(k)
+		if err != nil {
+			return nil, &KeySourceError{Index: i, Source: k, Reason: err.Error()}
+		}
+		sources[i] = s
+	}
+	desc := strings.Join(keys, ", ")
+	return func(r *http.Request, body []byte) (string, error) {
+		for _, s := range sources {
+			if v := s(r, body); v != "" {
+				return v, nil
+			}
+		}
+		return "", fmt.Errorf("%w (tried %s)", ErrNoKey, desc)
+	}, nil
+}
+
+// keySource extracts one candidate key; "" means absent.
+type keySource func(r *http.Request, body []byte) string
+
+func parseKeySource(s string) (keySource, error) {
+	if s == "body" {
+		return func(_ *http.Request, body []byte) string {
+			if len(body) == 0 {
+				return ""
+			}
+			return BodyKey(body)
+		}, nil
+	}
+	kind, arg, ok := strings.Cut(s, ":")
+	if !ok {
+		return nil, fmt.Errorf("unknown source")
+	}
+	switch kind {
+	case "header":
+		if !validHeaderName(arg) {
+			return nil, fmt.Errorf("invalid header name in source")
+		}
+		name := http.CanonicalHeaderKey(arg)
+		return func(r *http.Request, _ []byte) string {
+			return r.Header.Get(name)
+		}, nil
+	case "query":
+		if arg == "" {
+			return nil, fmt.Errorf("empty query parameter name in source")
+		}
+		return func(r *http.Request, _ []byte) string {
+			if r.URL == nil {
+				return ""
+			}
+			return r.URL.Query().Get(arg)
+		}, nil
+	case "json":
+		p, err := parseJSONPath(arg)
+		if err != nil {
+			return nil, fmt.Errorf("invalid json path (want dotted names like data.object.id) in source")
+		}
+		return func(_ *http.Request, body []byte) string {
+			v, _, _ := p.lookup(body)
+			return v
+		}, nil
+	default:
+		return nil, fmt.Errorf("unknown source")
+	}
+}
+
+// validHeaderName reports whether name is a non-empty RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}

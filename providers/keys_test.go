@@ -1,0 +1,94 @@
+package providers
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestParseKeys(t *testing.T) {
+	bodyJSON := `{"id":"evt_1","data":{"object":{"id":"obj_1"}},"n":42,"empty":"","flag":true}`
+	tests := []struct {
+		name    string
+		keys    []string
+		url     string
+		headers map[string]string
+		body    string
+		want    string
+		wantErr error
+	}{
+		{"header", []string{"header:Idempotency-Key"}, "/", map[string]string{"Idempotency-Key": "k1"}, "", "k1", nil},
+		{"header case-insensitive", []string{"header:x-github-delivery"}, "/", map[string]string{"X-GitHub-Delivery": "d1"}, "", "d1", nil},
+		{"json", []string{"json:data.object.id"}, "/", nil, bodyJSON, "obj_1", nil},
+		{"json number", []string{"json:n"}, "/", nil, bodyJSON, "42", nil},
+		{"query", []string{"query:event"}, "/?event=q1", nil, "", "q1", nil},
+		{"first non-empty wins", []string{"header:X-Id", "json:id", "body"}, "/", map[string]string{"X-Id": "h1"}, bodyJSON, "h1", nil},
+		{"empty header is absent", []string{"header:X-Id", "json:id"}, "/", map[string]string{"X-Id": ""}, bodyJSON, "evt_1", nil},
+		{"empty json string is absent", []string{"json:empty", "query:e"}, "/?e=q", nil, bodyJSON, "q", nil},
+		{"json bool is absent", []string{"json:flag", "json:id"}, "/", nil, bodyJSON, "evt_1", nil},
+		{"empty query is absent", []string{"query:e", "json:id"}, "/?e=", nil, bodyJSON, "evt_1", nil},
+		{"body", []string{"body"}, "/", nil, `{"b":1,"a":2}`, BodyKey([]byte(`{"a":2,"b":1}`)), nil},
+		{"body non-json", []string{"body"}, "/", nil, "a=1&b=2", BodyKey([]byte("a=1&b=2")), nil},
+		{"empty body is absent", []string{"body"}, "/", nil, "", "", ErrNoKey},
+		{"none found", []string{"header:X-Id", "json:id", "query:id"}, "/", nil, `{}`, "", ErrNoKey},
+		{"json on non-json body", []string{"json:id"}, "/", nil, `id=1`, "", ErrNoKey},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			kf, err := ParseKeys(tt.keys)
+			if err != nil {
+				t.Fatalf("ParseKeys(%q): got %v, want nil", tt.keys, err)
+			}
+			r := httptest.NewRequest(http.MethodPost, tt.url, strings.NewReader(tt.body))
+			for k, v := range tt.headers {
+				r.Header.Set(k, v)
+			}
+			got, err := kf(r, []byte(tt.body))
+			if got != tt.want || !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
+				t.Errorf("key: got (%q, %v), want (%q, %v)", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestParseKeysErrors(t *testing.T) {
+	tests := []struct {
+		keys []string
+		want string
+	}{
+		{[]string{"header:X-Id", "foo:bar"}, `keys[1]: unknown source "foo:bar"`},
+		{[]string{"bodyx"}, `keys[0]: unknown source "bodyx"`},
+		{[]string{"Header:X-Id"}, `keys[0]: unknown source "Header:X-Id"`},
+		{[]string{"header:"}, `keys[0]: invalid header name in source "header:"`},
+		{[]string{"header:X Id"}, `keys[0]: invalid header name in source "header:X Id"`},
+		{[]string{"query:"}, `keys[0]: empty query parameter name in source "query:"`},
+		{[]string{"json:"}, `keys[0]: invalid json path (want dotted names like data.object.id) in source "json:"`},
+		{[]string{"json:a..b"}, `keys[0]: invalid json path (want dotted names like data.object.id) in source "json:a..b"`},
+		{[]string{""}, `keys[0]: unknown source ""`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			_, err := ParseKeys(tt.keys)
+			var kse *KeySourceError
+			if !errors.As(err, &kse) || err.Error() != tt.want {
+				t.Fatalf("ParseKeys(%q): got %v, want %s", tt.keys, err, tt.want)
+			}
+			if err := ValidateKeys(tt.keys); err == nil || err.Error() != tt.want {
+				t.Errorf("ValidateKeys(%q): got %v, want %s", tt.keys, err, tt.want)
+			}
+			wrapped := fmt.Errorf("routes[%d].%w", 2, err)
+			if !strings.HasPrefix(wrapped.Error(), "routes[2].keys[") {
+				t.Errorf("wrapped: got %q, want prefix routes[2].keys[", wrapped)
+			}
+		})
+	}
+	if _, err := ParseKeys(nil); err == nil {
+		t.Errorf("ParseKeys(nil): got nil error, want one")
+	}
+	if err := ValidateKeys(nil); err != nil {
+		t.Errorf("ValidateKeys(nil): got %v, want nil", err)
+	}
+}

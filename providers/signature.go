@@ -1,0 +1,70 @@
+package providers
+
+import (
+	"crypto/hmac"
+	"fmt"
+	"hash"
+	"time"
+)
+
+// DefaultTolerance is the signed-timestamp tolerance used when a route sets none.
+const DefaultTolerance = 300 * time.Second
+
+// maxTimestampDigits bounds a Unix timestamp header; more digits is malformed.
+const maxTimestampDigits = 12
+
+// clock checks signed timestamps against a tolerance, both ways.
+type clock struct {
+	now       func() time.Time
+	tolerance time.Duration
+}
+
+// check returns an error wrapping ErrStale when ts (Unix seconds) is further
+// than the tolerance from now, in the past or in the future.
+func (c clock) check(ts int64) error {
+	// Seconds, not Durations: a 12-digit timestamp would overflow nanoseconds.
+	diff := c.now().Unix() - ts
+	tol := int64(c.tolerance / time.Second)
+	switch {
+	case diff > tol:
+		return fmt.Errorf("%w: timestamp is %ds old (tolerance %s)", ErrStale, diff, c.tolerance)
+	case -diff > tol:
+		return fmt.Errorf("%w: timestamp is %ds in the future (tolerance %s)", ErrStale, -diff, c.tolerance)
+	}
+	return nil
+}
+
+// parseUnix parses a Unix timestamp in seconds: 1 to 12 ASCII digits, nothing
+// else. The bound keeps the arithmetic in check far from overflow.
+func parseUnix(s string) (int64, bool) {
+	if s == "" || len(s) > maxTimestampDigits {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
+
+// secretBytes returns the configured secrets as raw HMAC keys.
+func secretBytes(secrets []string) [][]byte {
+	keys := make([][]byte, len(secrets))
+	for i, s := range secrets {
+		keys[i] = []byte(s)
+	}
+	return keys
+}
+
+// macOf returns the HMAC of the concatenated parts under key.
+func macOf(h func() hash.Hash, key []byte, parts ...[]byte) []byte {
+	m := hmac.New(h, key)
+	for _, p := range parts {
+		m.Write(p)
+	}
+	return m.Sum(nil)
+}
