@@ -1,0 +1,167 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/dedupgw/dedupgw/dedup"
+)
+
+// readyTimeout bounds the store ping behind /readyz.
+const readyTimeout = 2 * time.Second
+
+// AdminOptions configure the admin handler.
+type AdminOptions struct {
+	// Token, when non-empty, is required on /v1/* as
+	// "Authorization: Bearer <token>" (compared in constant time). Empty means
+	// /v1/* is open: keep the admin listener on loopback then.
+	Token string
+	// Gatherer is served on /metrics. Nil means the Gateway's own Gatherer;
+	// when that is nil too, /metrics answers 404.
+	Gatherer prometheus.Gatherer
+}
+
+// keyRecord is the JSON body of GET /v1/keys/{route}/{key}: the stored
+// record (never its owner token or stored response) plus where it lives.
+type keyRecord struct {
+	Route     string `json:"route"`
+	Namespace string `json:"namespace"`
+	Key       string `json:"key"`
+	dedup.Record
+}
+
+// NewAdmin returns the admin handler:
+//
+//	GET    /healthz                  200 while the process serves
+//	GET    /readyz                   200 when store.Ping answers within 2s, else 503
+//	GET    /metrics                  Prometheus exposition of opts.Gatherer
+//	GET    /v1/keys/{route}/{key...} the key's record as JSON; 404 if absent or the route is unknown
+//	DELETE /v1/keys/{route}/{key...} forget the key (204); 404 if absent
+//
+// Keys may contain "/". Routes are looked up in g's current routes, so keys
+// are found under the route's namespace. Store operations are measured in
+// g's store metrics.
+func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
+	a := &admin{
+		g:     g,
+		store: &instrumentedStore{next: store, m: g.metrics, backend: g.backend},
+		log:   g.log.Named("admin"),
+	}
+	if opts.Token != "" {
+		sum := sha256.Sum256([]byte(opts.Token))
+		a.tokenSum = sum[:]
+	}
+	gatherer := opts.Gatherer
+	if gatherer == nil {
+		gatherer = g.Gatherer()
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, "application/json", map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", a.ready)
+	if gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{
+			ErrorLog: zap.NewStdLog(a.log),
+		}))
+	}
+	mux.Handle("GET /v1/keys/{route}/{key...}", a.auth(http.HandlerFunc(a.getKey)))
+	mux.Handle("DELETE /v1/keys/{route}/{key...}", a.auth(http.HandlerFunc(a.forgetKey)))
+	return mux
+}
+
+type admin struct {
+	g        *Gateway
+	store    dedup.Store
+	log      *zap.Logger
+	tokenSum []byte // SHA-256 of the token; nil when /v1 is open
+}
+
+func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+	defer cancel()
+	if err := a.store.Ping(ctx); err != nil {
+		a.log.Warn("not ready: store unreachable", zap.Error(err))
+		writeProblem(w, probNotReady.with("", "the dedup store did not answer a ping"), 0)
+		return
+	}
+	writeJSON(w, http.StatusOK, "application/json", map[string]string{"status": "ready"})
+}
+
+// auth requires the bearer token when one is configured. Both sides are
+// hashed first so the comparison takes the same time whatever the length.
+func (a *admin) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.tokenSum != nil {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			sum := sha256.Sum256([]byte(got))
+			if !ok || subtle.ConstantTimeCompare(sum[:], a.tokenSum) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="dedupgw"`)
+				writeProblem(w, probUnauthorized, 0)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// key resolves the path's route and key; it answers 404 itself for an
+// unknown route.
+func (a *admin) key(w http.ResponseWriter, r *http.Request) (*route, dedup.Key, bool) {
+	name, id := r.PathValue("route"), r.PathValue("key")
+	rt := a.g.routes.Load().byName[name]
+	if rt == nil {
+		writeProblem(w, probUnknownRoute.with(name, "no route has this name"), 0)
+		return nil, dedup.Key{}, false
+	}
+	if id == "" {
+		writeProblem(w, probKeyNotFound.with(name, "the key is empty"), 0)
+		return nil, dedup.Key{}, false
+	}
+	return rt, dedup.Key{Namespace: rt.Namespace, ID: id}, true
+}
+
+func (a *admin) getKey(w http.ResponseWriter, r *http.Request) {
+	rt, key, ok := a.key(w, r)
+	if !ok {
+		return
+	}
+	rec, err := a.store.Get(r.Context(), key)
+	switch {
+	case errors.Is(err, dedup.ErrNotFound):
+		writeProblem(w, probKeyNotFound.with(rt.Name, "the store has no record of this key"), 0)
+	case err != nil:
+		a.log.Warn("keys API: get failed", zap.String("route", rt.Name), zap.Error(err))
+		writeProblem(w, probAdminStore.with(rt.Name, "the dedup store did not answer"), probRetryLaterSec)
+	default:
+		writeJSON(w, http.StatusOK, "application/json", keyRecord{Route: rt.Name, Namespace: key.Namespace, Key: key.ID, Record: rec})
+	}
+}
+
+func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
+	rt, key, ok := a.key(w, r)
+	if !ok {
+		return
+	}
+	existed, err := a.store.Forget(r.Context(), key)
+	switch {
+	case err != nil:
+		a.log.Warn("keys API: forget failed", zap.String("route", rt.Name), zap.Error(err))
+		writeProblem(w, probAdminStore.with(rt.Name, "the dedup store did not answer"), probRetryLaterSec)
+	case !existed:
+		writeProblem(w, probKeyNotFound.with(rt.Name, "the store has no record of this key"), 0)
+	default:
+		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), zap.String("key", key.ID))
+		w.WriteHeader(http.StatusNoContent)
+	}
+}

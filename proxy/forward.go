@@ -1,0 +1,260 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/dedupgw/dedupgw/dedup"
+)
+
+// deliveryCtxKey carries the *delivery from ServeHTTP to the ReverseProxy's
+// Rewrite, ModifyResponse and ErrorHandler, which all run on the serving
+// goroutine.
+type deliveryCtxKey struct{}
+
+func deliveryFrom(ctx context.Context) *delivery {
+	d, _ := ctx.Value(deliveryCtxKey{}).(*delivery)
+	return d
+}
+
+// newReverseProxy builds rt's reverse proxy. The outbound request goes to
+// rt.target joined with the inbound path, with X-Forwarded-For (appended to the
+// sender's chain), X-Forwarded-Host/Proto, and Dedup-Key when the delivery is
+// keyed. The sender's own Dedup-Key header never reaches the upstream.
+func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
+	target := rt.target
+	errLog, err := zap.NewStdLogAt(rt.log, zap.WarnLevel)
+	if err != nil { // only for invalid levels
+		errLog = zap.NewStdLog(rt.log)
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			if xff, ok := pr.In.Header["X-Forwarded-For"]; ok && len(xff) > 0 {
+				pr.Out.Header["X-Forwarded-For"] = xff
+			}
+			pr.SetXForwarded()
+			pr.Out.Header.Del(HeaderDedupKey)
+			if d := deliveryFrom(pr.In.Context()); d != nil && d.keyed {
+				pr.Out.Header.Set(HeaderDedupKey, d.key.String())
+			}
+		},
+		Transport:      g.transport,
+		ModifyResponse: g.modifyResponse,
+		ErrorHandler:   g.errorHandler,
+		ErrorLog:       errLog,
+	}
+}
+
+// forward sends the buffered body to rt's upstream and streams the answer
+// back with Dedup-Status set to status. The upstream call runs under the
+// route's upstream_timeout and is not cancelled when the sender hangs up (so
+// the claim is always settled by what the upstream did), only when the
+// gateway is closed. A claimed key is committed or released in
+// modifyResponse or errorHandler, before anything reaches the sender.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, status string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), d.rt.UpstreamTimeout)
+	defer cancel()
+	stop := context.AfterFunc(g.ctx, cancel)
+	defer stop()
+	ctx = context.WithValue(ctx, deliveryCtxKey{}, d)
+
+	out := r.WithContext(ctx)
+	out.ContentLength = int64(len(body))
+	out.TransferEncoding = nil
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	if len(body) == 0 {
+		out.Body = http.NoBody
+	}
+
+	w.Header().Set(HeaderDedupStatus, status)
+	gauge := g.metrics.inFlight.WithLabelValues(d.rt.Name)
+	gauge.Inc()
+	defer gauge.Dec()
+	defer func() {
+		// The ReverseProxy calls modifyResponse or errorHandler on every path;
+		// this is a guard so a claim is never left to its lease.
+		if d.token != "" && !d.settled {
+			g.release(ctx, d, reasonUpstreamError, 0, "no answer")
+		}
+	}()
+	d.forwarded = true
+	d.fwdStart = time.Now()
+	d.rt.proxy.ServeHTTP(w, out)
+}
+
+// modifyResponse settles the claim from the upstream's status line, before
+// the response headers reach the sender: a 2xx commits (storing the response
+// on duplicate_response: replay routes), anything else releases. A commit
+// error is logged; the upstream's 2xx is still returned, because the event
+// was processed.
+func (g *Gateway) modifyResponse(resp *http.Response) error {
+	d := deliveryFrom(resp.Request.Context())
+	if d == nil {
+		return nil
+	}
+	resp.Header.Del(HeaderDedupStatus)
+	d.upstreamStatus = resp.StatusCode
+	g.metrics.upstream.WithLabelValues(d.rt.Name, codeClass(resp.StatusCode)).Observe(time.Since(d.fwdStart).Seconds())
+	if d.token == "" {
+		return nil
+	}
+	ctx := resp.Request.Context()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		g.release(ctx, d, reasonUpstreamStatus, resp.StatusCode, "")
+		return nil
+	}
+	var stored *dedup.Response
+	if d.rt.DuplicateResponse == Replay {
+		stored = g.captureResponse(d, resp)
+	}
+	g.commit(ctx, d, resp.StatusCode, stored)
+	return nil
+}
+
+// captureResponse reads up to max_replay_bytes of a 2xx body for replay and
+// puts the bytes back in front of the rest of the body. It returns nil when
+// the body is larger (the duplicates are then acked) or unreadable.
+func (g *Gateway) captureResponse(d *delivery, resp *http.Response) *dedup.Response {
+	limit := d.rt.MaxReplayBytes
+	buf, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	resp.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(buf), resp.Body), Closer: resp.Body}
+	if err != nil {
+		return nil
+	}
+	if int64(len(buf)) > limit {
+		g.metrics.replayTooLarge.WithLabelValues(d.rt.Name).Inc()
+		return nil
+	}
+	h := make(map[string][]string, len(d.rt.ReplayHeaders))
+	for _, name := range d.rt.ReplayHeaders {
+		if v := resp.Header.Values(name); len(v) > 0 {
+			h[http.CanonicalHeaderKey(name)] = append([]string(nil), v...)
+		}
+	}
+	return &dedup.Response{Status: resp.StatusCode, Header: h, Body: buf}
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// errorHandler answers a forward the upstream never answered: 504 when the
+// route's upstream_timeout passed, 503 when the gateway is shutting down, 502
+// otherwise. A claimed key is released first.
+func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	d := deliveryFrom(r.Context())
+	if d == nil { // not a gateway request; cannot happen
+		writeProblem(w, probBadGateway, 0)
+		return
+	}
+	g.metrics.upstream.WithLabelValues(d.rt.Name, "error").Observe(time.Since(d.fwdStart).Seconds())
+
+	var (
+		reason string
+		prob   problem
+		retry  int
+		text   string
+	)
+	switch {
+	case g.ctx.Err() != nil:
+		reason, prob, retry, text = reasonShutdown, probShuttingDown.with(d.rt.Name, "the gateway is shutting down; retry the delivery"), probRetryLaterSec, "shutdown"
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded):
+		reason, prob, text = reasonTimeout, probTimeout.with(d.rt.Name, fmt.Sprintf("the upstream did not answer within %s", d.rt.UpstreamTimeout)), "timeout"
+	default:
+		reason, prob, text = reasonUpstreamError, probBadGateway.with(d.rt.Name, "the upstream could not be reached"), upstreamErrorText(err)
+	}
+	d.upstreamErr = text
+	d.rt.log.Warn("upstream failed", zap.String("key", d.key.ID), zap.String("reason", reason), zap.Error(err))
+	if d.token != "" {
+		g.release(r.Context(), d, reason, 0, text)
+	}
+	d.answer = prob.Status
+	writeProblem(w, prob, retry)
+}
+
+// upstreamErrorText is the short, secret-free description of a failed
+// forward stored as the record's LastError.
+func upstreamErrorText(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed"
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return "dns: " + dnsErr.Err
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return "connect timeout"
+	}
+	var urlErr *url.Error
+	if errors.As(err, &urlErr) {
+		err = urlErr.Err
+	}
+	return err.Error()
+}
+
+// commit marks d's key processed. It runs under its own timeout on a context
+// the sender cannot cancel.
+func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored *dedup.Response) {
+	d.settled = true
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
+	defer cancel()
+	g.warnLateFinish(d, "commit")
+	err := g.store.Commit(ctx, d.key, d.token, dedup.CommitOptions{Window: d.rt.Window, Status: status, Response: stored})
+	switch {
+	case err == nil:
+	case errors.Is(err, dedup.ErrNotOwner):
+		d.rt.log.Warn("lease lost before commit: the upstream processed the event, but another delivery holds or took the key",
+			zap.String("key", d.key.ID), zap.String("request_id", d.requestID))
+	default:
+		d.rt.log.Error("commit failed after the upstream's 2xx: the key stays processing until its lease ends, then a retry is forwarded again",
+			zap.String("key", d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
+	}
+}
+
+// release marks d's key failed (claimable) and counts the reason.
+func (g *Gateway) release(parent context.Context, d *delivery, reason string, status int, text string) {
+	d.settled = true
+	g.metrics.releases.WithLabelValues(d.rt.Name, reason).Inc()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
+	defer cancel()
+	g.warnLateFinish(d, "release")
+	err := g.store.Release(ctx, d.key, d.token, dedup.ReleaseOptions{Retain: d.rt.Window, Status: status, Error: text})
+	switch {
+	case err == nil:
+	case errors.Is(err, dedup.ErrNotOwner):
+		d.rt.log.Warn("lease lost before release: another delivery holds or took the key",
+			zap.String("key", d.key.ID), zap.String("request_id", d.requestID))
+	default:
+		d.rt.log.Error("release failed: the key stays processing until its lease ends",
+			zap.String("key", d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
+	}
+}
+
+// warnLateFinish logs when a claim is settled after its lease ended, so
+// another delivery may have been forwarded meanwhile.
+func (g *Gateway) warnLateFinish(d *delivery, op string) {
+	if !d.leaseUntil.IsZero() && g.now().After(d.leaseUntil) {
+		d.rt.log.Warn("lease expired before "+op+": a duplicate may have been forwarded meanwhile",
+			zap.String("key", d.key.ID), zap.Time("lease_until", d.leaseUntil))
+	}
+}

@@ -1,0 +1,221 @@
+// Package proxy is the dedupgw gateway: an http.Handler that finds each
+// webhook delivery's route and key, claims the key in a dedup.Store, forwards
+// only the first delivery of each event to the route's upstream, and commits
+// or releases the claim before the sender gets its answer. It also provides
+// the admin handler (health, readiness, metrics and the keys API).
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+// Options carry a Gateway's collaborators. The zero value is usable.
+type Options struct {
+	// Logger receives one line per delivery and warnings. Nil means zap.NewNop().
+	Logger *zap.Logger
+	// Registerer receives the gateway's metrics. Nil means a fresh
+	// prometheus.NewRegistry() (never the default registry), exposed by Gatherer.
+	Registerer prometheus.Registerer
+	// Backend is the store backend's name ("bolt", "redis", "memory"), used as
+	// the backend label of the store metrics. Empty means "unknown".
+	Backend string
+	// Version is reported by dedupgw_build_info. Empty means "unknown".
+	Version string
+	// Now is the clock for Retry-After and wait deadlines. Nil means time.Now.
+	Now func() time.Time
+	// Transport forwards requests upstream. Nil means a tuned *http.Transport
+	// (many idle connections per host, not net/http's default 2) that Close
+	// shuts down.
+	Transport http.RoundTripper
+	// StoreTimeout bounds each store operation (claim, commit, release, get).
+	// Commit and release run under it even after the sender hung up. Zero
+	// means 5s.
+	StoreTimeout time.Duration
+}
+
+const defaultStoreTimeout = 5 * time.Second
+
+// Gateway is the deduplicating reverse proxy. It is an http.Handler; its
+// routes can be swapped with Reload while it serves.
+type Gateway struct {
+	log          *zap.Logger
+	store        dedup.Store // instrumented
+	metrics      *metrics
+	gatherer     prometheus.Gatherer // nil unless New made the registry
+	backend      string
+	now          func() time.Time
+	transport    http.RoundTripper
+	ownTransport *http.Transport
+	storeTimeout time.Duration
+	newProvider  newProviderFunc
+
+	routes   atomic.Pointer[routeTable]
+	reloadMu sync.Mutex
+
+	// ctx is cancelled by Close: it wakes waiters and cancels forwards still
+	// running (their claims are released with reason shutdown).
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu      sync.RWMutex // guards closed against active.Add
+	closed  bool
+	active  sync.WaitGroup // deliveries being served
+	closeMu sync.Once
+}
+
+// New validates cfg, fills defaults, builds each route's provider and reverse
+// proxy, and returns a Gateway serving cfg's routes with store. Every problem
+// in cfg is reported in one error, each naming its key ("routes[1].path: …").
+// The store stays the caller's: Close does not close it.
+func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
+	if store == nil {
+		return nil, errors.New("proxy: store is nil")
+	}
+	g := &Gateway{
+		log:          opts.Logger,
+		backend:      opts.Backend,
+		now:          opts.Now,
+		transport:    opts.Transport,
+		storeTimeout: opts.StoreTimeout,
+		newProvider:  providers.New,
+	}
+	if g.log == nil {
+		g.log = zap.NewNop()
+	}
+	g.log = g.log.Named("proxy")
+	if g.backend == "" {
+		g.backend = "unknown"
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	if g.storeTimeout <= 0 {
+		g.storeTimeout = defaultStoreTimeout
+	}
+	if g.transport == nil {
+		g.ownTransport = newTransport()
+		g.transport = g.ownTransport
+	}
+
+	t, err := g.build(cfg)
+	if err != nil {
+		return nil, err
+	}
+
+	reg := opts.Registerer
+	if reg == nil {
+		r := prometheus.NewRegistry()
+		reg, g.gatherer = r, r
+	} else if ga, ok := reg.(prometheus.Gatherer); ok {
+		g.gatherer = ga
+	}
+	g.metrics = newMetrics(reg)
+	g.metrics.init(opts.Version, g.backend)
+	for _, rt := range t.all {
+		g.metrics.initRoute(rt.Name)
+	}
+	g.store = &instrumentedStore{next: store, m: g.metrics, backend: g.backend}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.routes.Store(t)
+	return g, nil
+}
+
+// build validates cfg and returns a complete route table.
+func (g *Gateway) build(cfg Config) (*routeTable, error) {
+	t, err := buildRoutes(cfg, g.newProvider, g.now)
+	if err != nil {
+		return nil, err
+	}
+	for _, rt := range t.all {
+		rt.log = g.log.With(zap.String("route", rt.Name))
+		rt.proxy = g.newReverseProxy(rt)
+	}
+	return t, nil
+}
+
+// Gatherer returns the registry New created when Options.Registerer was nil,
+// or the Registerer itself when it is also a Gatherer; else nil.
+func (g *Gateway) Gatherer() prometheus.Gatherer { return g.gatherer }
+
+// Reload validates cfg and atomically replaces the routes. Deliveries already
+// being served finish on the routes they started with. An invalid cfg returns
+// an error naming its keys and the current routes keep serving. Reloads are
+// counted in dedupgw_config_reloads_total{result}.
+func (g *Gateway) Reload(cfg Config) error {
+	g.reloadMu.Lock()
+	defer g.reloadMu.Unlock()
+	t, err := g.build(cfg)
+	if err != nil {
+		g.metrics.reloads.WithLabelValues("failure").Inc()
+		return fmt.Errorf("reload: %w", err)
+	}
+	for _, rt := range t.all {
+		g.metrics.initRoute(rt.Name)
+	}
+	g.routes.Store(t)
+	g.metrics.reloads.WithLabelValues("success").Inc()
+	g.log.Info("routes reloaded", zap.Int("routes", len(t.all)))
+	return nil
+}
+
+// Close stops the gateway: deliveries arriving afterwards get 503, waiters
+// (on_in_flight: wait) are woken and answered 409, forwards still running are
+// cancelled and their claims released with reason shutdown. Close returns
+// once every delivery has finished its commit or release. It does not close
+// the store. Call it after http.Server.Shutdown, or when Shutdown's deadline
+// passed. Close is idempotent.
+func (g *Gateway) Close() error {
+	g.closeMu.Do(func() {
+		g.mu.Lock()
+		g.closed = true
+		g.mu.Unlock()
+		g.cancel()
+		g.active.Wait()
+		if g.ownTransport != nil {
+			g.ownTransport.CloseIdleConnections()
+		}
+	})
+	return nil
+}
+
+// enter registers a delivery; it reports false once the gateway is closed.
+func (g *Gateway) enter() bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if g.closed {
+		return false
+	}
+	g.active.Add(1)
+	return true
+}
+
+// newTransport is the default upstream transport: the upstream is usually
+// one application on the same host or pod, so keep many idle connections.
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy: nil, // the upstream is the local application: never an HTTP_PROXY
+		DialContext: (&net.Dialer{
+			Timeout:   5 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: 1 * time.Second,
+	}
+}

@@ -1,0 +1,334 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+// Polling of on_in_flight: wait starts at waitMinBackoff and doubles up to
+// waitMaxBackoff.
+const (
+	waitMinBackoff = 5 * time.Millisecond
+	waitMaxBackoff = 200 * time.Millisecond
+)
+
+// maxAPIKeyLen bounds keys on routes with on_missing_key: reject.
+const maxAPIKeyLen = 255
+
+// delivery is the state of one request on a matched route. It is only used
+// by the goroutine serving the request.
+type delivery struct {
+	rt        *route
+	start     time.Time
+	requestID string
+
+	key   dedup.Key
+	keyed bool
+	// token is the owner token while this delivery holds the claim.
+	token      string
+	leaseUntil time.Time
+	// settled is set once the claim was committed or released.
+	settled bool
+
+	forwarded      bool
+	fwdStart       time.Time
+	upstreamStatus int
+	upstreamErr    string
+
+	outcome string // metric outcome; empty when not counted
+	answer  int    // status the gateway wrote itself; 0 when the upstream's
+}
+
+// ServeHTTP handles one delivery: match the route, check the method, read the
+// body (bounded), verify the signature, extract the key, claim it, and then
+// forward, answer as a duplicate or in flight, or apply the route's
+// on_missing_key / on_store_error policy. See DESIGN.md "What each delivery
+// gets". Every answer on a matched route carries Dedup-Status.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rt := g.routes.Load().match(r.URL.Path)
+	if rt == nil {
+		writeProblem(w, probNoRoute.with("", "no route is configured for this path"), 0)
+		return
+	}
+	if !g.enter() {
+		w.Header().Set(HeaderDedupStatus, statusRejected)
+		writeProblem(w, probShuttingDown.with(rt.Name, "the gateway is shutting down; retry the delivery"), probRetryLaterSec)
+		return
+	}
+	defer g.active.Done()
+
+	d := &delivery{rt: rt, start: time.Now()}
+	defer g.finish(d)
+
+	if !rt.allows(r.Method) {
+		w.Header().Set("Allow", strings.Join(rt.methods, ", "))
+		g.reject(w, d, "", probMethod.with(rt.Name, fmt.Sprintf("this route accepts %s", strings.Join(rt.methods, ", "))))
+		return
+	}
+
+	body, err := readBody(w, r, rt.MaxBodyBytes)
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			g.reject(w, d, outcomeRejectedBody, probBodyTooLarge.with(rt.Name, fmt.Sprintf("the body exceeds max_body_bytes (%d)", rt.MaxBodyBytes)))
+			return
+		}
+		g.reject(w, d, outcomeRejectedBody, probBodyUnread.with(rt.Name, "the request body could not be read"))
+		return
+	}
+	g.metrics.bodyBytes.WithLabelValues(rt.Name).Observe(float64(len(body)))
+
+	if rt.provider.RequestID != nil {
+		d.requestID = rt.provider.RequestID(r)
+	}
+	if v := rt.provider.Verifier; v != nil {
+		if err := v.Verify(r, body); err != nil {
+			rt.log.Warn("signature rejected", zap.String("request_id", d.requestID), zap.Error(err))
+			g.reject(w, d, outcomeRejectedSignature, probSignature.with(rt.Name, "the delivery's signature is missing, does not match a configured secret, or its timestamp is outside the tolerance"))
+			return
+		}
+	}
+
+	id, err := rt.provider.Key(r, body)
+	if err != nil || id == "" {
+		if err != nil && !errors.Is(err, providers.ErrNoKey) {
+			rt.log.Debug("key extraction failed", zap.String("request_id", d.requestID), zap.Error(err))
+		}
+		if rt.OnMissingKey == Reject {
+			g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, "no key in the request; expected "+expectedKey(rt)))
+			return
+		}
+		d.outcome = outcomeUnkeyed
+		g.forward(w, r, d, body, statusUnkeyed)
+		return
+	}
+	if rt.OnMissingKey == Reject && !validAPIKey(id) {
+		g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, fmt.Sprintf("the key must be 1 to %d printable ASCII characters; expected %s", maxAPIKeyLen, expectedKey(rt))))
+		return
+	}
+	d.key = dedup.Key{Namespace: rt.Namespace, ID: id}
+	d.keyed = true
+
+	sum := sha256.Sum256(body)
+	bodySHA := hex.EncodeToString(sum[:])
+	res, err := g.claim(r.Context(), d, bodySHA)
+	if err != nil {
+		g.storeError(w, r, d, body, err)
+		return
+	}
+	g.decide(w, r, d, body, bodySHA, res)
+}
+
+// decide acts on a claim's outcome.
+func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, bodySHA string, res dedup.ClaimResult) {
+	switch res.Outcome {
+	case dedup.Claimed:
+		d.outcome = outcomeForwarded
+		g.forward(w, r, d, body, statusForwarded)
+	case dedup.Duplicate:
+		d.outcome = outcomeDuplicate
+		writeDuplicate(w, d.rt, d.key, res.Record)
+	case dedup.InFlight:
+		if d.rt.OnInFlight == Wait {
+			g.wait(w, r, d, body, bodySHA, res.Record)
+			return
+		}
+		g.inFlight(w, d, res.Record)
+	default:
+		g.storeError(w, r, d, body, fmt.Errorf("claim: unknown outcome %d", res.Outcome))
+	}
+}
+
+// claim claims d's key on a context the sender cannot cancel, so a claim the
+// store made is never lost to a hang-up. It records the token when claimed.
+func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (dedup.ClaimResult, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
+	defer cancel()
+	res, err := g.store.Claim(ctx, d.key, dedup.ClaimOptions{Lease: d.rt.Lease, BodySHA256: bodySHA})
+	if err != nil {
+		return res, fmt.Errorf("claim %s: %w", d.key, err)
+	}
+	if res.Outcome == dedup.Claimed {
+		d.token = res.Token
+		d.leaseUntil = res.Record.LeaseUntil
+	}
+	return res, nil
+}
+
+// wait holds a duplicate of an in-flight delivery (on_in_flight: wait) by
+// polling the store, so it works across replicas sharing one store: the
+// first attempt's success answers this one as a duplicate, its failure lets
+// this one claim the key and be forwarded, and a lease's worth of waiting (or
+// Close, or the sender hanging up) ends in 409.
+func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, bodySHA string, rec dedup.Record) {
+	deadline := g.now().Add(d.rt.Lease)
+	if !rec.LeaseUntil.IsZero() && rec.LeaseUntil.Before(deadline) {
+		deadline = rec.LeaseUntil
+	}
+	backoff := waitMinBackoff
+	timer := time.NewTimer(backoff)
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+		case <-r.Context().Done():
+			g.inFlight(w, d, rec)
+			return
+		case <-g.ctx.Done():
+			g.inFlight(w, d, rec)
+			return
+		}
+
+		ctx, cancel := context.WithTimeout(r.Context(), g.storeTimeout)
+		cur, err := g.store.Get(ctx, d.key)
+		cancel()
+		switch {
+		case err == nil && cur.State == dedup.StateProcessed:
+			d.outcome = outcomeDuplicate
+			writeDuplicate(w, d.rt, d.key, cur)
+			return
+		case err == nil && cur.State == dedup.StateProcessing:
+			rec = cur
+		case errors.Is(err, dedup.ErrNotFound) || (err == nil && cur.State == dedup.StateFailed):
+			res, err := g.claim(r.Context(), d, bodySHA)
+			if err != nil {
+				d.rt.log.Debug("claim while waiting failed", zap.String("key", d.key.ID), zap.Error(err))
+				break
+			}
+			if res.Outcome != dedup.InFlight {
+				g.decide(w, r, d, body, bodySHA, res)
+				return
+			}
+			rec = res.Record
+		default:
+			d.rt.log.Debug("store read while waiting failed", zap.String("key", d.key.ID), zap.Error(err))
+		}
+
+		now := g.now()
+		if !now.Before(deadline) {
+			g.inFlight(w, d, rec)
+			return
+		}
+		backoff = min(2*backoff, waitMaxBackoff)
+		timer.Reset(min(backoff, deadline.Sub(now)))
+	}
+}
+
+// inFlight answers 409 with Retry-After until the holder's lease ends.
+func (g *Gateway) inFlight(w http.ResponseWriter, d *delivery, rec dedup.Record) {
+	d.outcome = outcomeInFlight
+	d.answer = http.StatusConflict
+	w.Header().Set(HeaderDedupStatus, statusInFlight)
+	writeProblem(w, probInFlight.with(d.rt.Name, "another delivery of this event is being forwarded; retry after it finished"),
+		retryAfterSeconds(g.now(), rec.LeaseUntil, d.rt.Lease))
+}
+
+// storeError applies on_store_error after a failed claim: forward without a
+// claim (fail open, Dedup-Status: store-error) or 503 with Retry-After.
+func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, err error) {
+	d.outcome = outcomeStoreError
+	if d.rt.OnStoreError == Reject {
+		d.rt.log.Warn("store unavailable: delivery rejected", zap.String("key", d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
+		d.answer = http.StatusServiceUnavailable
+		w.Header().Set(HeaderDedupStatus, statusStoreError)
+		writeProblem(w, probStoreError.with(d.rt.Name, "the dedup store is unavailable; retry the delivery"), probRetryLaterSec)
+		return
+	}
+	d.rt.log.Warn("store unavailable: forwarding without deduplication (fail open)", zap.String("key", d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
+	g.forward(w, r, d, body, statusStoreError)
+}
+
+// reject answers a delivery the gateway refuses with Dedup-Status: rejected.
+// An empty outcome is not counted.
+func (g *Gateway) reject(w http.ResponseWriter, d *delivery, outcome string, p problem) {
+	d.outcome = outcome
+	d.answer = p.Status
+	w.Header().Set(HeaderDedupStatus, statusRejected)
+	writeProblem(w, p, 0)
+}
+
+// finish counts the delivery and writes its log line.
+func (g *Gateway) finish(d *delivery) {
+	if d.outcome != "" {
+		g.metrics.deliveries.WithLabelValues(d.rt.Name, d.outcome).Inc()
+	}
+	status := d.answer
+	if status == 0 {
+		status = d.upstreamStatus
+	}
+	fields := []zap.Field{
+		zap.String("outcome", d.outcome),
+		zap.Int("status", status),
+		zap.Float64("duration_ms", float64(time.Since(d.start).Microseconds())/1000),
+	}
+	if d.keyed {
+		fields = append(fields, zap.String("key", d.key.ID))
+	}
+	if d.requestID != "" {
+		fields = append(fields, zap.String("request_id", d.requestID))
+	}
+	if d.forwarded {
+		fields = append(fields, zap.Int("upstream_status", d.upstreamStatus))
+		if d.upstreamErr != "" {
+			fields = append(fields, zap.String("upstream_error", d.upstreamErr))
+		}
+	}
+	d.rt.log.Info("delivery", fields...)
+}
+
+// readBody reads the whole body, at most limit bytes; beyond that it returns
+// an *http.MaxBytesError.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		return nil, fmt.Errorf("read body: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// validAPIKey reports whether key is acceptable on an API idempotency route:
+// 1 to 255 printable ASCII characters.
+func validAPIKey(key string) bool {
+	if len(key) == 0 || len(key) > maxAPIKeyLen {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// expectedKey describes where rt looks for its key, for a 400's detail.
+func expectedKey(rt *route) string {
+	if len(rt.Provider.Keys) > 0 {
+		return "a non-empty value from " + strings.Join(rt.Provider.Keys, ", then ")
+	}
+	name := rt.provider.Name
+	if name == "" {
+		name = rt.Provider.Provider
+	}
+	return "the " + name + " provider's event ID"
+}

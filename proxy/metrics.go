@@ -1,0 +1,249 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/dedupgw/dedupgw/dedup"
+)
+
+// Delivery outcomes, the values of dedupgw_deliveries_total's outcome label.
+const (
+	outcomeForwarded           = "forwarded"
+	outcomeDuplicate           = "duplicate"
+	outcomeInFlight            = "in_flight"
+	outcomeUnkeyed             = "unkeyed"
+	outcomeRejectedSignature   = "rejected_signature"
+	outcomeRejectedBody        = "rejected_body"
+	outcomeRejectedKey         = "rejected_key"
+	outcomeRejectedFingerprint = "rejected_fingerprint"
+	outcomeStoreError          = "store_error"
+)
+
+var outcomes = []string{
+	outcomeForwarded, outcomeDuplicate, outcomeInFlight, outcomeUnkeyed,
+	outcomeRejectedSignature, outcomeRejectedBody, outcomeRejectedKey,
+	outcomeRejectedFingerprint, outcomeStoreError,
+}
+
+// Release reasons, the values of dedupgw_releases_total's reason label.
+const (
+	reasonUpstreamStatus = "upstream_status"
+	reasonUpstreamError  = "upstream_error"
+	reasonTimeout        = "timeout"
+	reasonShutdown       = "shutdown"
+)
+
+var reasons = []string{reasonUpstreamStatus, reasonUpstreamError, reasonTimeout, reasonShutdown}
+
+// Code classes of dedupgw_upstream_duration_seconds; "error" when the upstream
+// never answered.
+var codeClasses = []string{"2xx", "3xx", "4xx", "5xx", "error"}
+
+// Store operations, the values of the op label of the store metrics.
+const (
+	opClaim   = "claim"
+	opCommit  = "commit"
+	opRelease = "release"
+	opGet     = "get"
+	opForget  = "forget"
+	opPing    = "ping"
+)
+
+var storeOps = []string{opClaim, opCommit, opRelease, opGet, opForget, opPing}
+
+// metrics holds every collector of one Gateway. It is registered on the
+// Registerer the Gateway was given, never on the default registry.
+type metrics struct {
+	deliveries     *prometheus.CounterVec
+	upstream       *prometheus.HistogramVec
+	storeDuration  *prometheus.HistogramVec
+	storeErrors    *prometheus.CounterVec
+	releases       *prometheus.CounterVec
+	buildInfo      *prometheus.GaugeVec
+	inFlight       *prometheus.GaugeVec
+	bodyBytes      *prometheus.HistogramVec
+	reloads        *prometheus.CounterVec
+	replayTooLarge *prometheus.CounterVec
+}
+
+// newMetrics creates and registers the gateway's collectors on reg. It panics,
+// as promauto does, when reg already holds collectors of the same names.
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	return &metrics{
+		deliveries: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dedupgw",
+			Name:      "deliveries_total",
+			Help:      "Deliveries received on a route, by what the gateway did with them.",
+		}, []string{"route", "outcome"}),
+		upstream: f.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "dedupgw",
+			Name:      "upstream_duration_seconds",
+			Help:      "Time from forwarding a delivery to the upstream's response headers, by status class (error: no answer).",
+			Buckets:   []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"route", "code_class"}),
+		storeDuration: f.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "dedupgw",
+			Name:      "store_operation_duration_seconds",
+			Help:      "Duration of dedup store operations.",
+			Buckets:   prometheus.ExponentialBuckets(0.0001, 2.5, 12),
+		}, []string{"backend", "op"}),
+		storeErrors: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dedupgw",
+			Name:      "store_errors_total",
+			Help:      "Dedup store operations that failed (not found and lost leases are not errors).",
+		}, []string{"backend", "op"}),
+		releases: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dedupgw",
+			Name:      "releases_total",
+			Help:      "Claims released to failed (claimable) after a forward that did not succeed, by reason.",
+		}, []string{"route", "reason"}),
+		buildInfo: f.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "dedupgw",
+			Name:      "build_info",
+			Help:      "Always 1; labelled with the dedupgw version and the Go version that built it.",
+		}, []string{"version", "goversion"}),
+		inFlight: f.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "dedupgw",
+			Name:      "in_flight",
+			Help:      "Deliveries this process is forwarding to the upstream right now.",
+		}, []string{"route"}),
+		bodyBytes: f.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "dedupgw",
+			Name:      "body_bytes",
+			Help:      "Size of accepted delivery bodies.",
+			Buckets:   prometheus.ExponentialBuckets(256, 4, 9), // 256 B .. 16 MiB
+		}, []string{"route"}),
+		reloads: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dedupgw",
+			Name:      "config_reloads_total",
+			Help:      "Route configuration reloads, by result (success, failure).",
+		}, []string{"result"}),
+		replayTooLarge: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dedupgw",
+			Name:      "replay_too_large_total",
+			Help:      "Successful responses on duplicate_response: replay routes too large to store; their duplicates are acked instead.",
+		}, []string{"route"}),
+	}
+}
+
+// init sets build info and creates the fixed-label series so they read 0
+// before the first event.
+func (m *metrics) init(version, backend string) {
+	if version == "" {
+		version = "unknown"
+	}
+	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	for _, op := range storeOps {
+		m.storeDuration.WithLabelValues(backend, op)
+		m.storeErrors.WithLabelValues(backend, op)
+	}
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("failure")
+}
+
+// initRoute creates every series of one route so it exists at 0.
+func (m *metrics) initRoute(name string) {
+	for _, o := range outcomes {
+		m.deliveries.WithLabelValues(name, o)
+	}
+	for _, c := range codeClasses {
+		m.upstream.WithLabelValues(name, c)
+	}
+	for _, r := range reasons {
+		m.releases.WithLabelValues(name, r)
+	}
+	m.inFlight.WithLabelValues(name)
+	m.bodyBytes.WithLabelValues(name)
+	m.replayTooLarge.WithLabelValues(name)
+}
+
+// codeClass maps an HTTP status to the code_class label.
+func codeClass(status int) string {
+	switch {
+	case status >= 200 && status < 300:
+		return "2xx"
+	case status >= 300 && status < 400:
+		return "3xx"
+	case status >= 400 && status < 500:
+		return "4xx"
+	case status >= 500 && status < 600:
+		return "5xx"
+	}
+	return "error"
+}
+
+// instrumentedStore wraps a dedup.Store and records the duration and errors of
+// every operation. ErrNotFound and ErrNotOwner are answers, not errors.
+type instrumentedStore struct {
+	next    dedup.Store
+	m       *metrics
+	backend string
+}
+
+var _ dedup.Store = (*instrumentedStore)(nil)
+
+func (s *instrumentedStore) observe(op string, start time.Time, err error) {
+	s.m.storeDuration.WithLabelValues(s.backend, op).Observe(time.Since(start).Seconds())
+	if err != nil && !errors.Is(err, dedup.ErrNotFound) && !errors.Is(err, dedup.ErrNotOwner) {
+		s.m.storeErrors.WithLabelValues(s.backend, op).Inc()
+	}
+}
+
+// Claim implements dedup.Store.
+func (s *instrumentedStore) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOptions) (dedup.ClaimResult, error) {
+	start := time.Now()
+	res, err := s.next.Claim(ctx, key, opts)
+	s.observe(opClaim, start, err)
+	return res, err
+}
+
+// Commit implements dedup.Store.
+func (s *instrumentedStore) Commit(ctx context.Context, key dedup.Key, token string, opts dedup.CommitOptions) error {
+	start := time.Now()
+	err := s.next.Commit(ctx, key, token, opts)
+	s.observe(opCommit, start, err)
+	return err
+}
+
+// Release implements dedup.Store.
+func (s *instrumentedStore) Release(ctx context.Context, key dedup.Key, token string, opts dedup.ReleaseOptions) error {
+	start := time.Now()
+	err := s.next.Release(ctx, key, token, opts)
+	s.observe(opRelease, start, err)
+	return err
+}
+
+// Get implements dedup.Store.
+func (s *instrumentedStore) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
+	start := time.Now()
+	rec, err := s.next.Get(ctx, key)
+	s.observe(opGet, start, err)
+	return rec, err
+}
+
+// Forget implements dedup.Store.
+func (s *instrumentedStore) Forget(ctx context.Context, key dedup.Key) (bool, error) {
+	start := time.Now()
+	ok, err := s.next.Forget(ctx, key)
+	s.observe(opForget, start, err)
+	return ok, err
+}
+
+// Ping implements dedup.Store.
+func (s *instrumentedStore) Ping(ctx context.Context) error {
+	start := time.Now()
+	err := s.next.Ping(ctx)
+	s.observe(opPing, start, err)
+	return err
+}
+
+// Close implements dedup.Store by closing the wrapped store. The Gateway never
+// calls it: the store belongs to the caller.
+func (s *instrumentedStore) Close() error { return s.next.Close() }

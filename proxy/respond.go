@@ -1,0 +1,145 @@
+package proxy
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/dedupgw/dedupgw/dedup"
+)
+
+// Header names the gateway reads or writes.
+const (
+	// HeaderDedupStatus tells the sender what the gateway did with a delivery:
+	// forwarded, duplicate, in-flight, unkeyed, rejected or store-error.
+	HeaderDedupStatus = "Dedup-Status"
+	// HeaderDedupKey carries "<namespace>:<key>" to the upstream, which may use
+	// it as its own idempotency key. A sender's own Dedup-Key is dropped.
+	HeaderDedupKey = "Dedup-Key"
+)
+
+// Values of the Dedup-Status header.
+const (
+	statusForwarded  = "forwarded"
+	statusDuplicate  = "duplicate"
+	statusInFlight   = "in-flight"
+	statusUnkeyed    = "unkeyed"
+	statusRejected   = "rejected"
+	statusStoreError = "store-error"
+)
+
+// problemTypePrefix prefixes the type URI of every problem the gateway writes.
+const problemTypePrefix = "urn:dedupgw:problem:"
+
+// problem is an RFC 9457 problem details object.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// Route names the matched route, when there is one.
+	Route string `json:"route,omitempty"`
+	// RetryAfter repeats the Retry-After header in seconds, when sent.
+	RetryAfter int `json:"retry_after,omitempty"`
+}
+
+// The problems the gateway answers with. Each kind has a fixed status and title.
+var (
+	probNoRoute       = problem{Type: problemTypePrefix + "no-route", Title: "No route for this path", Status: http.StatusNotFound}
+	probMethod        = problem{Type: problemTypePrefix + "method-not-allowed", Title: "Method not allowed on this route", Status: http.StatusMethodNotAllowed}
+	probBodyTooLarge  = problem{Type: problemTypePrefix + "body-too-large", Title: "Request body too large", Status: http.StatusRequestEntityTooLarge}
+	probBodyUnread    = problem{Type: problemTypePrefix + "body-unreadable", Title: "Request body could not be read", Status: http.StatusBadRequest}
+	probSignature     = problem{Type: problemTypePrefix + "invalid-signature", Title: "Signature missing, invalid or stale", Status: http.StatusUnauthorized}
+	probMissingKey    = problem{Type: problemTypePrefix + "missing-key", Title: "Idempotency key missing or invalid", Status: http.StatusBadRequest}
+	probInFlight      = problem{Type: problemTypePrefix + "in-flight", Title: "A delivery with this key is being processed", Status: http.StatusConflict}
+	probStoreError    = problem{Type: problemTypePrefix + "store-unavailable", Title: "Dedup store unavailable", Status: http.StatusServiceUnavailable}
+	probBadGateway    = problem{Type: problemTypePrefix + "upstream-unreachable", Title: "Upstream unreachable", Status: http.StatusBadGateway}
+	probTimeout       = problem{Type: problemTypePrefix + "upstream-timeout", Title: "Upstream timed out", Status: http.StatusGatewayTimeout}
+	probShuttingDown  = problem{Type: problemTypePrefix + "shutting-down", Title: "Gateway shutting down", Status: http.StatusServiceUnavailable}
+	probKeyNotFound   = problem{Type: problemTypePrefix + "key-not-found", Title: "Key not found", Status: http.StatusNotFound}
+	probUnknownRoute  = problem{Type: problemTypePrefix + "unknown-route", Title: "Unknown route", Status: http.StatusNotFound}
+	probUnauthorized  = problem{Type: problemTypePrefix + "unauthorized", Title: "Missing or wrong bearer token", Status: http.StatusUnauthorized}
+	probAdminStore    = problem{Type: problemTypePrefix + "store-unavailable", Title: "Dedup store unavailable", Status: http.StatusServiceUnavailable}
+	probNotReady      = problem{Type: problemTypePrefix + "not-ready", Title: "Dedup store unreachable", Status: http.StatusServiceUnavailable}
+	probRetryLaterSec = 5 // Retry-After for store errors and shutdown
+)
+
+// with returns a copy of p carrying detail and route.
+func (p problem) with(route, detail string) problem {
+	p.Route = route
+	p.Detail = detail
+	return p
+}
+
+// writeProblem writes p as application/problem+json. A positive retryAfter
+// also sets the Retry-After header (seconds).
+func writeProblem(w http.ResponseWriter, p problem, retryAfter int) {
+	h := w.Header()
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+		p.RetryAfter = retryAfter
+	}
+	writeJSON(w, p.Status, "application/problem+json", p)
+}
+
+// writeJSON writes v as JSON with status and content type.
+func writeJSON(w http.ResponseWriter, status int, contentType string, v any) {
+	b, err := json.Marshal(v)
+	if err != nil { // only plain data is written here; cannot happen
+		status = http.StatusInternalServerError
+		b = []byte(`{"status":"error"}`)
+	}
+	b = append(b, '\n')
+	h := w.Header()
+	h.Set("Content-Type", contentType)
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(b) // the sender may be gone; nothing left to do
+}
+
+// duplicateBody is the 200 answer to a duplicate on duplicate_response: ack.
+type duplicateBody struct {
+	Status    string    `json:"status"`
+	Route     string    `json:"route"`
+	Key       string    `json:"key"`
+	FirstSeen time.Time `json:"first_seen"`
+}
+
+// writeDuplicate answers a duplicate: the stored upstream response when the
+// route replays and one was stored, else the small JSON acknowledgement.
+func writeDuplicate(w http.ResponseWriter, rt *route, key dedup.Key, rec dedup.Record) {
+	w.Header().Set(HeaderDedupStatus, statusDuplicate)
+	if rt.DuplicateResponse == Replay && rec.Response != nil && rec.Response.Status >= 200 && rec.Response.Status < 300 {
+		h := w.Header()
+		for name, vals := range rec.Response.Header {
+			h[http.CanonicalHeaderKey(name)] = append([]string(nil), vals...)
+		}
+		h.Set("Content-Length", strconv.Itoa(len(rec.Response.Body)))
+		w.WriteHeader(rec.Response.Status)
+		_, _ = w.Write(rec.Response.Body)
+		return
+	}
+	writeJSON(w, http.StatusOK, "application/json", duplicateBody{
+		Status:    "duplicate",
+		Route:     rt.Name,
+		Key:       key.ID,
+		FirstSeen: rec.FirstSeen.UTC(),
+	})
+}
+
+// retryAfterSeconds is the Retry-After for a key whose lease ends at until:
+// the whole seconds left, at least 1.
+func retryAfterSeconds(now, until time.Time, lease time.Duration) int {
+	left := lease
+	if !until.IsZero() {
+		left = until.Sub(now)
+	}
+	s := int(math.Ceil(left.Seconds()))
+	if s < 1 {
+		return 1
+	}
+	return s
+}

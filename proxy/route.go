@@ -1,0 +1,272 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+// Built-in defaults for zero Route fields, as Route's field docs state.
+const (
+	defaultWindow          = 24 * time.Hour
+	defaultLease           = 60 * time.Second
+	defaultUpstreamTimeout = 30 * time.Second
+	defaultMaxBodyBytes    = 1 << 20
+	defaultMaxReplayBytes  = 64 << 10
+)
+
+// route is a validated, defaulted Route ready to serve.
+type route struct {
+	Route
+	index    int
+	target   *url.URL
+	methods  []string
+	prefix   string // "/hooks/" for "/hooks/*", empty for exact routes
+	provider *providers.Provider
+	proxy    *httputil.ReverseProxy
+	log      *zap.Logger
+}
+
+// label names the route in validation errors: "routes[1] (stripe)".
+func (rt *route) label() string { return routeLabel(rt.index, rt.Name) }
+
+func routeLabel(i int, name string) string {
+	if name == "" {
+		return fmt.Sprintf("routes[%d]", i)
+	}
+	return fmt.Sprintf("routes[%d] (%s)", i, name)
+}
+
+// allows reports whether the route accepts method.
+func (rt *route) allows(method string) bool { return slices.Contains(rt.methods, method) }
+
+// routeTable is one immutable generation of routes. Reload swaps whole tables.
+type routeTable struct {
+	all      []*route
+	exact    map[string]*route
+	prefixes []*route // longest prefix first
+	byName   map[string]*route
+}
+
+// match returns the route for path: an exact route first, then the longest
+// matching prefix route, or nil. A prefix route "/hooks/*" matches "/hooks"
+// and every path below "/hooks/".
+func (t *routeTable) match(path string) *route {
+	if rt, ok := t.exact[path]; ok {
+		return rt
+	}
+	for _, rt := range t.prefixes {
+		if strings.HasPrefix(path, rt.prefix) || path == strings.TrimSuffix(rt.prefix, "/") {
+			return rt
+		}
+	}
+	return nil
+}
+
+// newProviderFunc builds a route's provider (providers.New).
+type newProviderFunc func(providers.Config) (*providers.Provider, error)
+
+// buildRoutes validates cfg, fills defaults and builds every route's
+// provider. All problems are reported at once, each naming its config key.
+// The routes' proxies are attached by the caller.
+func buildRoutes(cfg Config, newProvider newProviderFunc, now func() time.Time) (*routeTable, error) {
+	t := &routeTable{
+		exact:  make(map[string]*route),
+		byName: make(map[string]*route),
+	}
+	var errs []error
+	if len(cfg.Routes) == 0 {
+		errs = append(errs, errors.New("routes: at least one route is required"))
+	}
+	paths := make(map[string]int)
+	for i, r := range cfg.Routes {
+		rt, rerrs := buildRoute(i, r, newProvider, now)
+		errs = append(errs, rerrs...)
+		if rt == nil {
+			continue
+		}
+		if rt.Name != "" {
+			if j, dup := t.byName[rt.Name]; dup {
+				errs = append(errs, fmt.Errorf("routes[%d].name: %q is already used by routes[%d]", i, rt.Name, j.index))
+			} else {
+				t.byName[rt.Name] = rt
+			}
+		}
+		if rt.Path != "" {
+			if j, dup := paths[rt.Path]; dup {
+				errs = append(errs, fmt.Errorf("routes[%d].path: %q is already used by routes[%d]", i, rt.Path, j))
+			} else {
+				paths[rt.Path] = i
+			}
+		}
+		t.all = append(t.all, rt)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	for _, rt := range t.all {
+		if rt.prefix == "" {
+			t.exact[rt.Path] = rt
+		} else {
+			t.prefixes = append(t.prefixes, rt)
+		}
+	}
+	slices.SortStableFunc(t.prefixes, func(a, b *route) int { return len(b.prefix) - len(a.prefix) })
+	return t, nil
+}
+
+// buildRoute validates and defaults one route. It returns the route (possibly
+// incomplete) together with every problem found.
+func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Time) (*route, []error) {
+	var errs []error
+	key := func(field string) string { return fmt.Sprintf("routes[%d].%s", i, field) }
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key(field), fmt.Sprintf(format, args...)))
+	}
+	rt := &route{Route: r, index: i}
+
+	switch {
+	case r.Name == "":
+		bad("name", "is required")
+	case !validName(r.Name):
+		bad("name", "%q may hold only letters, digits, '-', '_' and '.'", r.Name)
+	}
+
+	switch {
+	case r.Path == "":
+		bad("path", "is required")
+	case !strings.HasPrefix(r.Path, "/"):
+		bad("path", "%q must start with /", r.Path)
+	case strings.HasSuffix(r.Path, "/*"):
+		rt.prefix = strings.TrimSuffix(r.Path, "*")
+		if strings.Contains(rt.prefix, "*") {
+			bad("path", "%q may hold '*' only as a final \"/*\"", r.Path)
+		}
+	case strings.Contains(r.Path, "*"):
+		bad("path", "%q may hold '*' only as a final \"/*\"", r.Path)
+	}
+
+	if r.Upstream == "" {
+		bad("upstream", "is required")
+	} else if u, err := url.Parse(r.Upstream); err != nil {
+		bad("upstream", "%q is not a URL: %v", r.Upstream, err)
+	} else if u.Scheme != "http" && u.Scheme != "https" {
+		bad("upstream", "%q must be an http:// or https:// URL", r.Upstream)
+	} else if u.Host == "" {
+		bad("upstream", "%q has no host", r.Upstream)
+	} else if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		bad("upstream", "%q may not carry a query, fragment or user info", r.Upstream)
+	} else {
+		rt.target = u
+	}
+
+	if rt.Namespace == "" {
+		rt.Namespace = r.Name
+	}
+	if len(r.Methods) == 0 {
+		rt.methods = []string{http.MethodPost}
+	}
+	for j, m := range r.Methods {
+		m = strings.ToUpper(strings.TrimSpace(m))
+		if m == "" || strings.ContainsFunc(m, func(c rune) bool { return c < 'A' || c > 'Z' }) {
+			bad(fmt.Sprintf("methods[%d]", j), "%q is not an HTTP method", r.Methods[j])
+			continue
+		}
+		rt.methods = append(rt.methods, m)
+	}
+
+	durations := []struct {
+		field string
+		v     *time.Duration
+		def   time.Duration
+	}{
+		{"window", &rt.Window, defaultWindow},
+		{"lease", &rt.Lease, defaultLease},
+		{"upstream_timeout", &rt.UpstreamTimeout, defaultUpstreamTimeout},
+	}
+	for _, d := range durations {
+		switch {
+		case *d.v < 0:
+			bad(d.field, "(%s) must not be negative", *d.v)
+		case *d.v == 0:
+			*d.v = d.def
+		}
+	}
+	if rt.Lease > 0 && rt.UpstreamTimeout > 0 && rt.Lease <= rt.UpstreamTimeout {
+		errs = append(errs, fmt.Errorf("%s: lease (%s) must be longer than upstream_timeout (%s)",
+			routeLabel(i, r.Name), rt.Lease, rt.UpstreamTimeout))
+	}
+
+	switch {
+	case r.MaxBodyBytes < 0:
+		bad("max_body_bytes", "(%d) must not be negative", r.MaxBodyBytes)
+	case r.MaxBodyBytes == 0:
+		rt.MaxBodyBytes = defaultMaxBodyBytes
+	}
+	switch {
+	case r.MaxReplayBytes < 0:
+		bad("max_replay_bytes", "(%d) must not be negative", r.MaxReplayBytes)
+	case r.MaxReplayBytes == 0:
+		rt.MaxReplayBytes = defaultMaxReplayBytes
+	}
+	if r.ReplayHeaders == nil {
+		rt.ReplayHeaders = []string{"Content-Type"}
+	}
+
+	policies := []struct {
+		field   string
+		v       *string
+		allowed []string
+	}{
+		{"on_missing_key", &rt.OnMissingKey, []string{Forward, Reject}},
+		{"on_store_error", &rt.OnStoreError, []string{Forward, Reject}},
+		{"on_in_flight", &rt.OnInFlight, []string{Reject, Wait}},
+		{"duplicate_response", &rt.DuplicateResponse, []string{Ack, Replay}},
+		{"on_fingerprint_mismatch", &rt.OnFingerprintMismatch, []string{Ack, Reject}},
+	}
+	for _, p := range policies {
+		if *p.v == "" {
+			*p.v = p.allowed[0]
+			continue
+		}
+		if !slices.Contains(p.allowed, *p.v) {
+			bad(p.field, "%q must be one of %s", *p.v, strings.Join(p.allowed, ", "))
+		}
+	}
+
+	pcfg := r.Provider
+	if pcfg.Now == nil {
+		pcfg.Now = now
+	}
+	p, err := newProvider(pcfg)
+	if err != nil {
+		// providers.New names the field it rejects ("keys[1]: …",
+		// "secrets[0] is empty …"), so prefix only the route.
+		errs = append(errs, fmt.Errorf("routes[%d].%w", i, err))
+	} else {
+		rt.provider = p
+	}
+	return rt, errs
+}
+
+// validName reports whether a route name is safe as a metric label value and
+// as a path segment of the keys API.
+func validName(s string) bool {
+	for _, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
+		default:
+			return false
+		}
+	}
+	return s != "" && s != "." && s != ".."
+}
