@@ -1,0 +1,140 @@
+package chaos
+
+import (
+	"bufio"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// echoServer answers each line with the same line until the client closes.
+func echoServer(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln
+}
+
+func TestDelayProxy(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	ln := echoServer(t)
+	defer ln.Close()
+	p, err := NewDelayProxy(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	tests := []struct {
+		name    string
+		delay   time.Duration
+		atLeast time.Duration
+	}{
+		{"no delay", 0, 0},
+		// One chunk each way: the round trip pays the delay twice.
+		{"100ms per chunk", 100 * time.Millisecond, 200 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p.SetDelay(tt.delay)
+			c, err := net.Dial("tcp", p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			start := time.Now()
+			if _, err := c.Write([]byte("ping\n")); err != nil {
+				t.Fatal(err)
+			}
+			got, err := bufio.NewReader(c).ReadString('\n')
+			took := time.Since(start)
+			if err != nil {
+				t.Fatalf("read echo: %v", err)
+			}
+			if got != "ping\n" {
+				t.Errorf("got %q, want %q", got, "ping\n")
+			}
+			if took < tt.atLeast {
+				t.Errorf("round trip took %s, want at least %s", took, tt.atLeast)
+			}
+		})
+	}
+}
+
+func TestDelayProxyTargetDown(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewDelayProxy(net.JoinHostPort("127.0.0.1", itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := c.Read(make([]byte, 1))
+	if err == nil || n != 0 {
+		t.Errorf("got %d bytes, err %v from a proxy whose target is down, want 0 bytes and the connection closed", n, err)
+	}
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Errorf("got a read timeout, want the proxy to close the connection at once")
+	}
+}
+
+func TestDelayProxyCloseEndsConnections(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	ln := echoServer(t)
+	defer ln.Close()
+	p, err := NewDelayProxy(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p.SetDelay(time.Hour) // a relay stuck in its delay must still stop on Close
+	if _, err := c.Write([]byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return within 5s with a relay waiting on its delay")
+	}
+}
