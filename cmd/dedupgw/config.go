@@ -1,0 +1,678 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/viper"
+
+	"github.com/dedupgw/dedupgw/providers"
+	"github.com/dedupgw/dedupgw/proxy"
+)
+
+// File is the configuration file, as plain data. Load fills it from YAML,
+// expands ${VAR} references and applies DEDUPGW_* overrides; Validate checks
+// it; GatewayConfig turns it into the proxy's configuration with every
+// default applied. The `config` tags are the YAML keys.
+type File struct {
+	// Listen is the gateway's address. Empty means ":8080".
+	Listen string `config:"listen"`
+	// Admin configures the admin listener.
+	Admin Admin `config:"admin"`
+	// Log configures the logger.
+	Log Log `config:"log"`
+	// Store selects and configures the dedup backend.
+	Store Store `config:"store"`
+	// Defaults are inherited by every route; nil fields mean the built-in
+	// defaults (see builtinPolicy).
+	Defaults Policy `config:"defaults"`
+	// Routes are the webhook endpoints. At least one is required.
+	Routes []Route `config:"routes"`
+
+	// unset maps a value's key path to the environment variables its ${VAR}
+	// references named but the environment did not set, so Validate can say
+	// why a value is empty.
+	unset map[string][]string
+}
+
+// Admin configures the admin listener (/healthz, /readyz, /metrics, /v1/keys).
+type Admin struct {
+	// Listen is the admin address. Empty means "127.0.0.1:9090".
+	Listen string `config:"listen"`
+	// Token, when set, is required as "Authorization: Bearer <token>" on /v1/*.
+	Token string `config:"token"`
+	// Insecure allows a non-loopback Listen without a Token.
+	Insecure bool `config:"insecure"`
+}
+
+// Log configures the logger.
+type Log struct {
+	// Level is debug, info, warn or error. Empty means info.
+	Level string `config:"level"`
+	// Format is json or console. Empty means json.
+	Format string `config:"format"`
+}
+
+// Store selects the dedup backend.
+type Store struct {
+	// Backend is bolt, redis or memory. Empty means bolt.
+	Backend string `config:"backend"`
+	// Bolt configures backend bolt.
+	Bolt Bolt `config:"bolt"`
+	// Redis configures backend redis.
+	Redis Redis `config:"redis"`
+}
+
+// Bolt configures the embedded bbolt backend.
+type Bolt struct {
+	// Path is the database file. Empty means "dedupgw.db".
+	Path string `config:"path"`
+}
+
+// Redis configures the Redis backend. Zero timeouts and pool size mean the
+// backend's defaults.
+type Redis struct {
+	// Addrs: one is a single node, several a Cluster, and with MasterName the
+	// Sentinel addresses. Empty means ["127.0.0.1:6379"].
+	Addrs      []string `config:"addrs"`
+	MasterName string   `config:"master_name"`
+	Username   string   `config:"username"`
+	Password   string   `config:"password"`
+	DB         int      `config:"db"`
+	TLS        bool     `config:"tls"`
+	// KeyPrefix is prepended to every key. Empty means "dedupgw:".
+	KeyPrefix    string        `config:"key_prefix"`
+	DialTimeout  time.Duration `config:"dial_timeout"`
+	ReadTimeout  time.Duration `config:"read_timeout"`
+	WriteTimeout time.Duration `config:"write_timeout"`
+	PoolSize     int           `config:"pool_size"`
+}
+
+// Policy holds the keys that the defaults: block sets for every route and a
+// route may override. A nil field is not set at this level.
+type Policy struct {
+	Window                *time.Duration `config:"window"`
+	Lease                 *time.Duration `config:"lease"`
+	UpstreamTimeout       *time.Duration `config:"upstream_timeout"`
+	MaxBodyBytes          *int64         `config:"max_body_bytes"`
+	OnMissingKey          *string        `config:"on_missing_key"`
+	OnStoreError          *string        `config:"on_store_error"`
+	OnInFlight            *string        `config:"on_in_flight"`
+	DuplicateResponse     *string        `config:"duplicate_response"`
+	OnFingerprintMismatch *string        `config:"on_fingerprint_mismatch"`
+	MaxReplayBytes        *int64         `config:"max_replay_bytes"`
+	// ReplayHeaders is nil when not set; an empty list stores no headers.
+	ReplayHeaders []string `config:"replay_headers"`
+}
+
+// Route is one routes: entry.
+type Route struct {
+	Name     string `config:"name"`
+	Path     string `config:"path"`
+	Upstream string `config:"upstream"`
+	// Namespace scopes keys. Empty means Name.
+	Namespace string `config:"namespace"`
+	// Provider is one of the providers package's names. Empty means generic.
+	Provider string `config:"provider"`
+	// Keys overrides the provider preset's key sources.
+	Keys []string `config:"keys"`
+	// Secrets enable signature verification; several allow rotation.
+	Secrets []string `config:"secrets"`
+	// Tolerance is the signature timestamp tolerance. Zero means 300s.
+	Tolerance time.Duration `config:"tolerance"`
+	// Methods accepted. Empty means POST.
+	Methods []string `config:"methods"`
+	// Signature configures the generic provider's HMAC check.
+	Signature Signature `config:"signature"`
+	// FingerprintExclude lists top-level JSON fields left out of the
+	// fingerprint (API idempotency).
+	FingerprintExclude []string `config:"fingerprint_exclude"`
+	// ClientIdentity names a header whose hash scopes keys per client.
+	ClientIdentity string `config:"client_identity"`
+	// Policy overrides the defaults: block for this route.
+	Policy `config:",squash"`
+}
+
+// Signature is the generic provider's signature scheme; see
+// providers.GenericSignature for what empty fields mean.
+type Signature struct {
+	Header          string `config:"header"`
+	Algorithm       string `config:"algorithm"`
+	Encoding        string `config:"encoding"`
+	Prefix          string `config:"prefix"`
+	TimestampHeader string `config:"timestamp_header"`
+	Template        string `config:"template"`
+}
+
+// Built-in values used where neither the file nor the environment sets one.
+const (
+	defaultListen      = ":8080"
+	defaultAdminListen = "127.0.0.1:9090"
+	defaultLogLevel    = "info"
+	defaultLogFormat   = "json"
+	defaultBackend     = "bolt"
+	defaultBoltPath    = "dedupgw.db"
+	defaultRedisAddr   = "127.0.0.1:6379"
+	defaultKeyPrefix   = "dedupgw:"
+	defaultTolerance   = 300 * time.Second
+)
+
+// builtinPolicy returns the defaults that apply when neither the route nor
+// the defaults: block sets a key.
+func builtinPolicy() Policy {
+	return Policy{
+		Window:                ptr(24 * time.Hour),
+		Lease:                 ptr(60 * time.Second),
+		UpstreamTimeout:       ptr(30 * time.Second),
+		MaxBodyBytes:          ptr[int64](1 << 20),
+		OnMissingKey:          ptr(proxy.Forward),
+		OnStoreError:          ptr(proxy.Forward),
+		OnInFlight:            ptr(proxy.Reject),
+		DuplicateResponse:     ptr(proxy.Ack),
+		OnFingerprintMismatch: ptr(proxy.Ack),
+		MaxReplayBytes:        ptr[int64](64 << 10),
+		ReplayHeaders:         []string{"Content-Type"},
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// over returns p with every field that o sets taken from o.
+func (p Policy) over(o Policy) Policy {
+	pick := func(dst, src reflect.Value) {
+		for i := range dst.NumField() {
+			if !src.Field(i).IsNil() {
+				dst.Field(i).Set(src.Field(i))
+			}
+		}
+	}
+	pick(reflect.ValueOf(&p).Elem(), reflect.ValueOf(o))
+	return p
+}
+
+// effective returns route i's policy with the file defaults and the built-in
+// defaults applied. Every field is set.
+func (f *File) effective(i int) Policy {
+	return builtinPolicy().over(f.Defaults).over(f.Routes[i].Policy)
+}
+
+// Problem is one thing wrong with a configuration, named by its key path
+// ("routes[1].lease").
+type Problem struct {
+	Key string
+	Msg string
+}
+
+func (p Problem) String() string { return p.Key + ": " + p.Msg }
+
+// Problems lists everything wrong with a configuration. It is the error type
+// of Load and Validate; the validate command prints one per line.
+type Problems []Problem
+
+func (ps Problems) Error() string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return "invalid config: " + strings.Join(s, "; ")
+}
+
+func (ps *Problems) add(key, format string, args ...any) {
+	*ps = append(*ps, Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
+}
+
+// errOrNil returns ps as an error, or nil when it is empty.
+func (ps Problems) errOrNil() error {
+	if len(ps) == 0 {
+		return nil
+	}
+	return ps
+}
+
+// EnvPrefix starts the names of the environment variables that override
+// scalar keys: store.redis.addrs is DEDUPGW_STORE_REDIS_ADDRS.
+const EnvPrefix = "DEDUPGW_"
+
+// Load reads the YAML configuration file at path. String values are expanded
+// after parsing, one value at a time, so "${VAR}" is replaced by the variable's
+// value from env (unset means empty) and can never add YAML structure. Then
+// every scalar key outside routes: can be overridden by its DEDUPGW_* variable
+// (list keys take a comma-separated list). Unknown keys and values of the
+// wrong type are reported as Problems naming the key; the returned File is then
+// still usable for Validate, with the faulty values left unset. Any other
+// error (unreadable file, YAML syntax) returns a nil File. env nil means no
+// environment.
+func Load(path string, env func(string) (string, bool)) (*File, error) {
+	if env == nil {
+		env = func(string) (string, bool) { return "", false }
+	}
+	v := viper.New()
+	v.SetConfigFile(path)
+	v.SetConfigType("yaml")
+	if err := v.ReadInConfig(); err != nil {
+		return nil, fmt.Errorf("read config %s: %w", path, err)
+	}
+	raw := v.AllSettings()
+
+	f := &File{unset: map[string][]string{}}
+	for key, val := range raw {
+		raw[key] = expandValue(val, key, env, f.unset)
+	}
+	for _, o := range envOverrides() {
+		s, ok := env(o.env)
+		if !ok {
+			continue
+		}
+		var val any = s
+		if o.list {
+			val = splitList(s)
+		}
+		setPath(raw, o.path, val)
+	}
+
+	var ps Problems
+	decode(raw, reflect.ValueOf(f).Elem(), "", &ps)
+	f.applyDefaults()
+	return f, ps.errOrNil()
+}
+
+// applyDefaults fills the empty top-level keys with their built-in values.
+// Route-level defaults are applied by GatewayConfig.
+func (f *File) applyDefaults() {
+	set := func(s *string, def string) {
+		if *s == "" {
+			*s = def
+		}
+	}
+	set(&f.Listen, defaultListen)
+	set(&f.Admin.Listen, defaultAdminListen)
+	set(&f.Log.Level, defaultLogLevel)
+	set(&f.Log.Format, defaultLogFormat)
+	set(&f.Store.Backend, defaultBackend)
+	set(&f.Store.Bolt.Path, defaultBoltPath)
+	set(&f.Store.Redis.KeyPrefix, defaultKeyPrefix)
+	if len(f.Store.Redis.Addrs) == 0 {
+		f.Store.Redis.Addrs = []string{defaultRedisAddr}
+	}
+}
+
+// GatewayConfig returns the proxy configuration: every route with the
+// defaults: block and the built-in defaults applied, so no field is left to
+// the proxy's own zero-value defaults. Call it on a File that passed Validate.
+func (f *File) GatewayConfig() proxy.Config {
+	cfg := proxy.Config{Routes: make([]proxy.Route, 0, len(f.Routes))}
+	for i, r := range f.Routes {
+		p := f.effective(i)
+		ns := r.Namespace
+		if ns == "" {
+			ns = r.Name
+		}
+		methods := r.Methods
+		if len(methods) == 0 {
+			methods = []string{"POST"}
+		}
+		provider := r.Provider
+		if provider == "" {
+			provider = providers.Generic
+		}
+		tol := r.Tolerance
+		if tol == 0 {
+			tol = defaultTolerance
+		}
+		cfg.Routes = append(cfg.Routes, proxy.Route{
+			Name:                  r.Name,
+			Path:                  r.Path,
+			Upstream:              r.Upstream,
+			Namespace:             ns,
+			Methods:               slices.Clone(methods),
+			Window:                *p.Window,
+			Lease:                 *p.Lease,
+			UpstreamTimeout:       *p.UpstreamTimeout,
+			MaxBodyBytes:          *p.MaxBodyBytes,
+			OnMissingKey:          *p.OnMissingKey,
+			OnStoreError:          *p.OnStoreError,
+			OnInFlight:            *p.OnInFlight,
+			DuplicateResponse:     *p.DuplicateResponse,
+			OnFingerprintMismatch: *p.OnFingerprintMismatch,
+			FingerprintExclude:    slices.Clone(r.FingerprintExclude),
+			MaxReplayBytes:        *p.MaxReplayBytes,
+			ReplayHeaders:         append([]string{}, p.ReplayHeaders...),
+			ClientIdentity:        r.ClientIdentity,
+			Provider: providers.Config{
+				Provider:  provider,
+				Keys:      slices.Clone(r.Keys),
+				Secrets:   slices.Clone(r.Secrets),
+				Tolerance: tol,
+				Signature: providers.GenericSignature(r.Signature),
+			},
+		})
+	}
+	return cfg
+}
+
+// maxUpstreamTimeout returns the longest effective upstream_timeout, which
+// bounds how long a graceful shutdown waits for in-flight deliveries.
+func (f *File) maxUpstreamTimeout() time.Duration {
+	longest := *builtinPolicy().over(f.Defaults).UpstreamTimeout
+	for i := range f.Routes {
+		longest = max(longest, *f.effective(i).UpstreamTimeout)
+	}
+	return longest
+}
+
+// expandValue replaces ${VAR} in every string inside val. path is val's key
+// path; unset records the variables that env did not set, by path.
+func expandValue(val any, path string, env func(string) (string, bool), unset map[string][]string) any {
+	switch v := val.(type) {
+	case string:
+		s, missing := expand(v, env)
+		if len(missing) > 0 {
+			unset[path] = missing
+		}
+		return s
+	case map[string]any:
+		for k, e := range v {
+			v[k] = expandValue(e, path+"."+k, env, unset)
+		}
+		return v
+	case []any:
+		for i, e := range v {
+			v[i] = expandValue(e, fmt.Sprintf("%s[%d]", path, i), env, unset)
+		}
+		return v
+	}
+	return val
+}
+
+// expand replaces each ${NAME} in s by env(NAME), an unset variable by the
+// empty string, and returns the names of the unset variables. A "$" not
+// followed by "{NAME}" is kept as written, so secrets may contain "$".
+func expand(s string, env func(string) (string, bool)) (string, []string) {
+	var b strings.Builder
+	var missing []string
+	for {
+		i := strings.Index(s, "${")
+		if i < 0 {
+			b.WriteString(s)
+			return b.String(), missing
+		}
+		j := strings.IndexByte(s[i:], '}')
+		name := ""
+		if j > 0 {
+			name = s[i+2 : i+j]
+		}
+		if !validEnvName(name) {
+			b.WriteString(s[:i+2])
+			s = s[i+2:]
+			continue
+		}
+		b.WriteString(s[:i])
+		if val, ok := env(name); ok {
+			b.WriteString(val)
+		} else {
+			missing = append(missing, name)
+		}
+		s = s[i+j+1:]
+	}
+}
+
+func validEnvName(s string) bool {
+	if s == "" || (s[0] >= '0' && s[0] <= '9') {
+		return false
+	}
+	for _, c := range s {
+		if !(c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// envOverride is one DEDUPGW_* variable and the key it overrides.
+type envOverride struct {
+	env  string
+	path []string
+	list bool
+}
+
+// envOverrides lists the overridable keys, derived from File's scalar and
+// string-list fields outside routes: so a new key gets its variable for free.
+func envOverrides() []envOverride {
+	var out []envOverride
+	var walk func(t reflect.Type, path []string)
+	walk = func(t reflect.Type, path []string) {
+		for i := range t.NumField() {
+			sf := t.Field(i)
+			name, _, _ := strings.Cut(sf.Tag.Get("config"), ",")
+			if !sf.IsExported() || name == "" {
+				continue
+			}
+			p := append(slices.Clone(path), name)
+			ft := sf.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			switch {
+			case ft.Kind() == reflect.Struct && ft != durationType:
+				walk(ft, p)
+			case ft.Kind() == reflect.Slice && ft.Elem().Kind() != reflect.String:
+				// routes: not a scalar key
+			default:
+				out = append(out, envOverride{
+					env:  EnvPrefix + strings.ToUpper(strings.Join(p, "_")),
+					path: p,
+					list: ft.Kind() == reflect.Slice,
+				})
+			}
+		}
+	}
+	walk(reflect.TypeFor[File](), nil)
+	return out
+}
+
+func splitList(s string) []any {
+	var out []any
+	for _, e := range strings.Split(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// setPath sets raw[path[0]][path[1]]… = val, creating maps on the way and
+// replacing a non-map value in the way.
+func setPath(raw map[string]any, path []string, val any) {
+	for _, k := range path[:len(path)-1] {
+		next, ok := raw[k].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			raw[k] = next
+		}
+		raw = next
+	}
+	raw[path[len(path)-1]] = val
+}
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// decode stores raw (as parsed from YAML) into v, reporting unknown keys and
+// values of the wrong type by key path. A value that fails to decode leaves v
+// unchanged.
+func decode(raw any, v reflect.Value, path string, ps *Problems) {
+	if raw == nil {
+		return
+	}
+	t := v.Type()
+	switch {
+	case t == durationType:
+		d, err := toDuration(raw)
+		if err != nil {
+			ps.add(path, "%v", err)
+			return
+		}
+		v.SetInt(int64(d))
+	case t.Kind() == reflect.Pointer:
+		e := reflect.New(t.Elem())
+		n := len(*ps)
+		decode(raw, e.Elem(), path, ps)
+		if len(*ps) == n {
+			v.Set(e)
+		}
+	case t.Kind() == reflect.Struct:
+		m, ok := raw.(map[string]any)
+		if !ok {
+			ps.add(path, "want a mapping of keys, got %s", describe(raw))
+			return
+		}
+		fields := fieldsOf(v)
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			key := k
+			if path != "" {
+				key = path + "." + k
+			}
+			fv, ok := fields[strings.ToLower(k)]
+			if !ok {
+				ps.add(key, "unknown key")
+				continue
+			}
+			decode(m[k], fv, key, ps)
+		}
+	case t.Kind() == reflect.Slice:
+		list, ok := raw.([]any)
+		if !ok {
+			if s, isStr := raw.(string); isStr && t.Elem().Kind() == reflect.String {
+				list = splitList(s) // a comma list from the environment
+			} else {
+				ps.add(path, "want a list, got %s", describe(raw))
+				return
+			}
+		}
+		out := reflect.MakeSlice(t, len(list), len(list))
+		n := len(*ps)
+		for i, e := range list {
+			decode(e, out.Index(i), fmt.Sprintf("%s[%d]", path, i), ps)
+		}
+		// A list of routes is kept with its faulty entries partly decoded, so
+		// their other problems are reported too; a list of scalars is all or
+		// nothing.
+		if len(*ps) == n || t.Elem().Kind() == reflect.Struct {
+			v.Set(out)
+		}
+	case t.Kind() == reflect.String:
+		switch x := raw.(type) {
+		case string:
+			v.SetString(x)
+		case int, int64, uint64, bool:
+			v.SetString(fmt.Sprint(x))
+		case float64:
+			v.SetString(strconv.FormatFloat(x, 'f', -1, 64))
+		default:
+			ps.add(path, "want a string, got %s", describe(raw))
+		}
+	case t.Kind() == reflect.Bool:
+		switch x := raw.(type) {
+		case bool:
+			v.SetBool(x)
+		case string:
+			b, err := strconv.ParseBool(x)
+			if err != nil {
+				ps.add(path, "invalid boolean %q (want true or false)", x)
+				return
+			}
+			v.SetBool(b)
+		default:
+			ps.add(path, "want true or false, got %s", describe(raw))
+		}
+	case t.Kind() == reflect.Int || t.Kind() == reflect.Int64:
+		n, err := toInt(raw)
+		if err != nil {
+			ps.add(path, "%v", err)
+			return
+		}
+		v.SetInt(n)
+	default:
+		panic(fmt.Sprintf("config: no decoder for %s at %s", t, path))
+	}
+}
+
+// fieldsOf maps the config tag names of struct v's fields, including the
+// fields of ",squash" embedded structs, to the fields.
+func fieldsOf(v reflect.Value) map[string]reflect.Value {
+	out := map[string]reflect.Value{}
+	for i := range v.NumField() {
+		sf := v.Type().Field(i)
+		name, opt, _ := strings.Cut(sf.Tag.Get("config"), ",")
+		switch {
+		case opt == "squash":
+			for k, fv := range fieldsOf(v.Field(i)) {
+				out[k] = fv
+			}
+		case name != "" && sf.IsExported():
+			out[name] = v.Field(i)
+		}
+	}
+	return out
+}
+
+func toDuration(raw any) (time.Duration, error) {
+	switch x := raw.(type) {
+	case string:
+		d, err := time.ParseDuration(strings.TrimSpace(x))
+		if err != nil {
+			return 0, fmt.Errorf("invalid duration %q (want e.g. \"300ms\", \"30s\", \"24h\")", x)
+		}
+		return d, nil
+	case int:
+		if x == 0 {
+			return 0, nil
+		}
+	}
+	return 0, fmt.Errorf("invalid duration %v (want a number with a unit, e.g. \"%vs\")", raw, raw)
+}
+
+func toInt(raw any) (int64, error) {
+	switch x := raw.(type) {
+	case int:
+		return int64(x), nil
+	case int64:
+		return x, nil
+	case uint64:
+		if x <= math.MaxInt64 {
+			return int64(x), nil
+		}
+	case float64:
+		if x == math.Trunc(x) && math.Abs(x) < 1<<53 {
+			return int64(x), nil
+		}
+	case string:
+		n, err := strconv.ParseInt(strings.TrimSpace(x), 10, 64)
+		if err == nil {
+			return n, nil
+		}
+		return 0, fmt.Errorf("invalid integer %q", x)
+	}
+	return 0, fmt.Errorf("want an integer, got %s", describe(raw))
+}
+
+func describe(raw any) string {
+	switch x := raw.(type) {
+	case map[string]any:
+		return "a mapping"
+	case []any:
+		return "a list"
+	case string:
+		return strconv.Quote(x)
+	}
+	return fmt.Sprint(raw)
+}

@@ -1,0 +1,661 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dedupgw/dedupgw/providers"
+	"github.com/dedupgw/dedupgw/proxy"
+)
+
+// minimal is a valid configuration that tests extend.
+const minimal = `
+routes:
+  - name: orders
+    path: /hooks/orders
+    upstream: http://127.0.0.1:3000
+    provider: generic
+    keys: ["header:Idempotency-Key"]
+`
+
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func envMap(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := m[k]
+		return v, ok
+	}
+}
+
+// loadText loads text with env and validates it, returning every problem as
+// "key: message" lines.
+func loadText(t *testing.T, text string, env map[string]string) (*File, []string) {
+	t.Helper()
+	f, err := Load(writeConfig(t, text), envMap(env))
+	var ps Problems
+	if err != nil && !errors.As(err, &ps) {
+		t.Fatalf("Load: %v", err)
+	}
+	if verr := f.Validate(); verr != nil {
+		var vps Problems
+		if !errors.As(verr, &vps) {
+			t.Fatalf("Validate returned %T, want Problems", verr)
+		}
+		ps = append(ps, vps...)
+	}
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	return f, out
+}
+
+func TestLoadMinimalDefaults(t *testing.T) {
+	f, problems := loadText(t, minimal, nil)
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"listen", f.Listen, ":8080"},
+		{"admin.listen", f.Admin.Listen, "127.0.0.1:9090"},
+		{"log.level", f.Log.Level, "info"},
+		{"log.format", f.Log.Format, "json"},
+		{"store.backend", f.Store.Backend, "bolt"},
+		{"store.bolt.path", f.Store.Bolt.Path, "dedupgw.db"},
+		{"store.redis.addrs", f.Store.Redis.Addrs, []string{"127.0.0.1:6379"}},
+		{"store.redis.key_prefix", f.Store.Redis.KeyPrefix, "dedupgw:"},
+	}
+	for _, c := range checks {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+
+	got := f.GatewayConfig()
+	want := proxy.Config{Routes: []proxy.Route{{
+		Name:                  "orders",
+		Path:                  "/hooks/orders",
+		Upstream:              "http://127.0.0.1:3000",
+		Namespace:             "orders",
+		Methods:               []string{"POST"},
+		Window:                24 * time.Hour,
+		Lease:                 60 * time.Second,
+		UpstreamTimeout:       30 * time.Second,
+		MaxBodyBytes:          1 << 20,
+		OnMissingKey:          "forward",
+		OnStoreError:          "forward",
+		OnInFlight:            "reject",
+		DuplicateResponse:     "ack",
+		OnFingerprintMismatch: "ack",
+		MaxReplayBytes:        65536,
+		ReplayHeaders:         []string{"Content-Type"},
+		Provider: providers.Config{
+			Provider:  "generic",
+			Keys:      []string{"header:Idempotency-Key"},
+			Tolerance: 300 * time.Second,
+		},
+	}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("GatewayConfig:\ngot  %+v\nwant %+v", got, want)
+	}
+}
+
+func TestGatewayConfigInheritance(t *testing.T) {
+	text := `
+defaults:
+  window: 1h
+  lease: 2m
+  upstream_timeout: 90s
+  max_body_bytes: 2048
+  on_missing_key: reject
+  on_store_error: reject
+  on_in_flight: wait
+  duplicate_response: replay
+  on_fingerprint_mismatch: reject
+  max_replay_bytes: 100
+  replay_headers: [Content-Type, X-Request-Id]
+routes:
+  - name: a
+    path: /a
+    upstream: https://app.internal/base
+    provider: stripe
+  - name: b
+    path: /b/*
+    upstream: http://127.0.0.1:3000
+    provider: github
+    namespace: shared
+    methods: [POST, PUT]
+    window: 5m
+    lease: 10s
+    upstream_timeout: 5s
+    max_body_bytes: 10
+    on_missing_key: forward
+    on_store_error: forward
+    on_in_flight: reject
+    duplicate_response: ack
+    on_fingerprint_mismatch: ack
+    max_replay_bytes: 0
+    replay_headers: []
+    tolerance: 1m
+    secrets: [s1, s2]
+    keys: [body]
+    fingerprint_exclude: [created]
+    client_identity: Authorization
+`
+	f, problems := loadText(t, text, nil)
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	routes := f.GatewayConfig().Routes
+	a, b := routes[0], routes[1]
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"a.Window", a.Window, time.Hour},
+		{"a.Lease", a.Lease, 2 * time.Minute},
+		{"a.UpstreamTimeout", a.UpstreamTimeout, 90 * time.Second},
+		{"a.MaxBodyBytes", a.MaxBodyBytes, int64(2048)},
+		{"a.OnMissingKey", a.OnMissingKey, "reject"},
+		{"a.OnStoreError", a.OnStoreError, "reject"},
+		{"a.OnInFlight", a.OnInFlight, "wait"},
+		{"a.DuplicateResponse", a.DuplicateResponse, "replay"},
+		{"a.OnFingerprintMismatch", a.OnFingerprintMismatch, "reject"},
+		{"a.MaxReplayBytes", a.MaxReplayBytes, int64(100)},
+		{"a.ReplayHeaders", a.ReplayHeaders, []string{"Content-Type", "X-Request-Id"}},
+		{"a.Provider.Provider", a.Provider.Provider, "stripe"},
+		{"a.Provider.Keys", a.Provider.Keys, []string(nil)},
+		{"b.Namespace", b.Namespace, "shared"},
+		{"b.Methods", b.Methods, []string{"POST", "PUT"}},
+		{"b.Window", b.Window, 5 * time.Minute},
+		{"b.Lease", b.Lease, 10 * time.Second},
+		{"b.UpstreamTimeout", b.UpstreamTimeout, 5 * time.Second},
+		{"b.MaxBodyBytes", b.MaxBodyBytes, int64(10)},
+		{"b.OnMissingKey", b.OnMissingKey, "forward"},
+		{"b.OnStoreError", b.OnStoreError, "forward"},
+		{"b.OnInFlight", b.OnInFlight, "reject"},
+		{"b.DuplicateResponse", b.DuplicateResponse, "ack"},
+		{"b.OnFingerprintMismatch", b.OnFingerprintMismatch, "ack"},
+		{"b.MaxReplayBytes", b.MaxReplayBytes, int64(0)},
+		{"b.ReplayHeaders", b.ReplayHeaders, []string{}},
+		{"b.Provider.Tolerance", b.Provider.Tolerance, time.Minute},
+		{"b.Provider.Secrets", b.Provider.Secrets, []string{"s1", "s2"}},
+		{"b.Provider.Keys", b.Provider.Keys, []string{"body"}},
+		{"b.FingerprintExclude", b.FingerprintExclude, []string{"created"}},
+		{"b.ClientIdentity", b.ClientIdentity, "Authorization"},
+	}
+	for _, tt := range tests {
+		if !reflect.DeepEqual(tt.got, tt.want) {
+			t.Errorf("%s: got %#v, want %#v", tt.name, tt.got, tt.want)
+		}
+	}
+	if got, want := f.maxUpstreamTimeout(), 90*time.Second; got != want {
+		t.Errorf("maxUpstreamTimeout: got %v, want %v", got, want)
+	}
+}
+
+func TestLoadFullSchema(t *testing.T) {
+	text := `
+listen: "127.0.0.1:8081"
+admin:
+  listen: "0.0.0.0:9091"
+  token: tok
+  insecure: false
+log:
+  level: debug
+  format: console
+store:
+  backend: redis
+  bolt:
+    path: /var/lib/dedupgw.db
+  redis:
+    addrs: ["r1:6379", "r2:6379"]
+    master_name: mymaster
+    username: u
+    password: p
+    db: 2
+    tls: true
+    key_prefix: "x:"
+    dial_timeout: 1s
+    read_timeout: 2s
+    write_timeout: 3s
+    pool_size: 20
+` + minimal + `
+    signature:
+      header: X-Sig
+      algorithm: sha512
+      encoding: base64
+      prefix: "v1="
+      timestamp_header: X-Ts
+      template: "{timestamp}.{body}"
+`
+	f, problems := loadText(t, text, nil)
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	wantStore := Store{Backend: "redis", Bolt: Bolt{Path: "/var/lib/dedupgw.db"}, Redis: Redis{
+		Addrs: []string{"r1:6379", "r2:6379"}, MasterName: "mymaster", Username: "u", Password: "p",
+		DB: 2, TLS: true, KeyPrefix: "x:", DialTimeout: time.Second, ReadTimeout: 2 * time.Second,
+		WriteTimeout: 3 * time.Second, PoolSize: 20,
+	}}
+	if !reflect.DeepEqual(f.Store, wantStore) {
+		t.Errorf("store: got %+v, want %+v", f.Store, wantStore)
+	}
+	if got, want := f.Admin, (Admin{Listen: "0.0.0.0:9091", Token: "tok"}); got != want {
+		t.Errorf("admin: got %+v, want %+v", got, want)
+	}
+	if got, want := f.Log, (Log{Level: "debug", Format: "console"}); got != want {
+		t.Errorf("log: got %+v, want %+v", got, want)
+	}
+	wantSig := providers.GenericSignature{Header: "X-Sig", Algorithm: "sha512", Encoding: "base64",
+		Prefix: "v1=", TimestampHeader: "X-Ts", Template: "{timestamp}.{body}"}
+	if got := f.GatewayConfig().Routes[0].Provider.Signature; got != wantSig {
+		t.Errorf("signature: got %+v, want %+v", got, wantSig)
+	}
+}
+
+func TestEnvExpansion(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		env  map[string]string
+		want string
+		miss []string
+	}{
+		{"plain", "abc", nil, "abc", nil},
+		{"whole", "${A}", map[string]string{"A": "x"}, "x", nil},
+		{"embedded", "pre-${A}-${B}-post", map[string]string{"A": "1", "B": "2"}, "pre-1-2-post", nil},
+		{"unset is empty", "${NOPE}", nil, "", []string{"NOPE"}},
+		{"set but empty", "${E}", map[string]string{"E": ""}, "", nil},
+		{"dollar kept", "a$b$$c", nil, "a$b$$c", nil},
+		{"bare $VAR not expanded", "$A", map[string]string{"A": "x"}, "$A", nil},
+		{"unterminated", "x${A", map[string]string{"A": "x"}, "x${A", nil},
+		{"invalid name", "${A-B}", nil, "${A-B}", nil},
+		{"value not re-expanded", "${A}", map[string]string{"A": "${B}", "B": "no"}, "${B}", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, miss := expand(tt.in, envMap(tt.env))
+			if got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+			if !slices.Equal(miss, tt.miss) {
+				t.Errorf("missing: got %q, want %q", miss, tt.miss)
+			}
+		})
+	}
+}
+
+func TestLoadExpandsAfterParsing(t *testing.T) {
+	text := minimal + `    secrets: ["${SECRET}", "lit-${N}"]
+    window: "${WIN}"
+    max_body_bytes: "${MAX}"
+`
+	// An environment value that looks like YAML stays one string.
+	env := map[string]string{"SECRET": "a: b\n- c\n", "N": "1", "WIN": "90s", "MAX": "77"}
+	f, problems := loadText(t, text, env)
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	r := f.GatewayConfig().Routes[0]
+	if got, want := r.Provider.Secrets, []string{"a: b\n- c\n", "lit-1"}; !slices.Equal(got, want) {
+		t.Errorf("secrets: got %q, want %q", got, want)
+	}
+	if got, want := r.Window, 90*time.Second; got != want {
+		t.Errorf("window: got %v, want %v", got, want)
+	}
+	if got, want := r.MaxBodyBytes, int64(77); got != want {
+		t.Errorf("max_body_bytes: got %v, want %v", got, want)
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	env := map[string]string{
+		"DEDUPGW_LISTEN":                    "127.0.0.1:1",
+		"DEDUPGW_ADMIN_LISTEN":              "127.0.0.1:2",
+		"DEDUPGW_ADMIN_TOKEN":               "t0k",
+		"DEDUPGW_ADMIN_INSECURE":            "true",
+		"DEDUPGW_LOG_LEVEL":                 "warn",
+		"DEDUPGW_LOG_FORMAT":                "console",
+		"DEDUPGW_STORE_BACKEND":             "redis",
+		"DEDUPGW_STORE_BOLT_PATH":           "/tmp/x.db",
+		"DEDUPGW_STORE_REDIS_ADDRS":         "a:6379, b:6379",
+		"DEDUPGW_STORE_REDIS_PASSWORD":      "pw",
+		"DEDUPGW_STORE_REDIS_DB":            "3",
+		"DEDUPGW_STORE_REDIS_MASTER_NAME":   "m",
+		"DEDUPGW_STORE_REDIS_TLS":           "1",
+		"DEDUPGW_STORE_REDIS_DIAL_TIMEOUT":  "4s",
+		"DEDUPGW_STORE_REDIS_POOL_SIZE":     "9",
+		"DEDUPGW_DEFAULTS_WINDOW":           "2h",
+		"DEDUPGW_DEFAULTS_ON_STORE_ERROR":   "reject",
+		"DEDUPGW_DEFAULTS_REPLAY_HEADERS":   "Content-Type,Etag",
+		"DEDUPGW_DEFAULTS_UPSTREAM_TIMEOUT": "10s",
+	}
+	// The file sets some of these; the environment wins.
+	text := `
+listen: ":9999"
+log:
+  level: debug
+store:
+  backend: bolt
+  redis:
+    addrs: [z:1]
+` + minimal
+	f, problems := loadText(t, text, env)
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	r := f.GatewayConfig().Routes[0]
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"listen", f.Listen, "127.0.0.1:1"},
+		{"admin.listen", f.Admin.Listen, "127.0.0.1:2"},
+		{"admin.token", f.Admin.Token, "t0k"},
+		{"admin.insecure", f.Admin.Insecure, true},
+		{"log.level", f.Log.Level, "warn"},
+		{"log.format", f.Log.Format, "console"},
+		{"store.backend", f.Store.Backend, "redis"},
+		{"store.bolt.path", f.Store.Bolt.Path, "/tmp/x.db"},
+		{"store.redis.addrs", f.Store.Redis.Addrs, []string{"a:6379", "b:6379"}},
+		{"store.redis.password", f.Store.Redis.Password, "pw"},
+		{"store.redis.db", f.Store.Redis.DB, 3},
+		{"store.redis.master_name", f.Store.Redis.MasterName, "m"},
+		{"store.redis.tls", f.Store.Redis.TLS, true},
+		{"store.redis.dial_timeout", f.Store.Redis.DialTimeout, 4 * time.Second},
+		{"store.redis.pool_size", f.Store.Redis.PoolSize, 9},
+		{"window", r.Window, 2 * time.Hour},
+		{"on_store_error", r.OnStoreError, "reject"},
+		{"replay_headers", r.ReplayHeaders, []string{"Content-Type", "Etag"}},
+		{"upstream_timeout", r.UpstreamTimeout, 10 * time.Second},
+	}
+	for _, tt := range tests {
+		if !reflect.DeepEqual(tt.got, tt.want) {
+			t.Errorf("%s: got %#v, want %#v", tt.name, tt.got, tt.want)
+		}
+	}
+}
+
+func TestEnvOverrideNames(t *testing.T) {
+	var names []string
+	for _, o := range envOverrides() {
+		names = append(names, o.env)
+	}
+	for _, want := range []string{
+		"DEDUPGW_LISTEN", "DEDUPGW_ADMIN_LISTEN", "DEDUPGW_ADMIN_TOKEN", "DEDUPGW_ADMIN_INSECURE",
+		"DEDUPGW_LOG_LEVEL", "DEDUPGW_LOG_FORMAT", "DEDUPGW_STORE_BACKEND", "DEDUPGW_STORE_BOLT_PATH",
+		"DEDUPGW_STORE_REDIS_ADDRS", "DEDUPGW_STORE_REDIS_MASTER_NAME", "DEDUPGW_STORE_REDIS_USERNAME",
+		"DEDUPGW_STORE_REDIS_PASSWORD", "DEDUPGW_STORE_REDIS_DB", "DEDUPGW_STORE_REDIS_TLS",
+		"DEDUPGW_STORE_REDIS_KEY_PREFIX", "DEDUPGW_STORE_REDIS_DIAL_TIMEOUT",
+		"DEDUPGW_STORE_REDIS_READ_TIMEOUT", "DEDUPGW_STORE_REDIS_WRITE_TIMEOUT",
+		"DEDUPGW_STORE_REDIS_POOL_SIZE", "DEDUPGW_DEFAULTS_WINDOW", "DEDUPGW_DEFAULTS_LEASE",
+		"DEDUPGW_DEFAULTS_MAX_REPLAY_BYTES",
+	} {
+		if !slices.Contains(names, want) {
+			t.Errorf("env overrides: got %q, want it to contain %s", names, want)
+		}
+	}
+	for _, n := range names {
+		if strings.Contains(n, "ROUTES") {
+			t.Errorf("env overrides: got %s, want no routes keys", n)
+		}
+	}
+}
+
+// TestProblems lists one configuration per rule and the problem it must give.
+func TestProblems(t *testing.T) {
+	route := func(extra string) string { return minimal + extra }
+	tests := []struct {
+		name string
+		text string
+		env  map[string]string
+		want []string
+	}{
+		{"unknown top-level key", "lisen: x\n" + minimal, nil, []string{"lisen: unknown key"}},
+		{"unknown nested key", "store:\n  redis:\n    adrs: [x]\n" + minimal, nil, []string{"store.redis.adrs: unknown key"}},
+		{"unknown route key", minimal + `  - name: b
+    path: /b
+    upstream: http://x
+    keys: [body]
+    windw: 1h
+`, nil, []string{"routes[1].windw: unknown key"}},
+		{"unknown signature key", route("    signature:\n      algo: sha1\n"), nil, []string{"routes[0].signature.algo: unknown key"}},
+		{"bad duration", "defaults:\n  lease: 5x\n" + minimal, nil, []string{`defaults.lease: invalid duration "5x" (want e.g. "300ms", "30s", "24h")`}},
+		{"duration without unit", route("    window: 60\n"), nil, []string{`routes[0].window: invalid duration 60 (want a number with a unit, e.g. "60s")`}},
+		{"bad integer", route("    max_body_bytes: lots\n"), nil, []string{`routes[0].max_body_bytes: invalid integer "lots"`}},
+		{"bad bool", "admin:\n  insecure: maybe\n" + minimal, nil, []string{`admin.insecure: invalid boolean "maybe" (want true or false)`}},
+		{"list where scalar", "listen: [a]\n" + minimal, nil, []string{"listen: want a string, got a list"}},
+		{"scalar where map", "store: redis\n" + minimal, nil, []string{`store: want a mapping of keys, got "redis"`}},
+		{"unknown backend", "store:\n  backend: mongo\n" + minimal, nil, []string{`store.backend: unknown backend "mongo" (want bolt, redis or memory)`}},
+		{"bad env override", minimal, map[string]string{"DEDUPGW_STORE_REDIS_DB": "x"}, []string{`store.redis.db: invalid integer "x"`}},
+		{"redis bad addr", "store:\n  backend: redis\n  redis:\n    addrs: [nohost]\n" + minimal, nil, []string{`store.redis.addrs[0]: invalid address "nohost" (want host:port, e.g. "127.0.0.1:9090")`}},
+		{"redis negative", "store:\n  backend: redis\n  redis:\n    db: -1\n    pool_size: -2\n    read_timeout: -1s\n" + minimal, nil, []string{
+			"store.redis.db: must not be negative, got -1",
+			"store.redis.pool_size: must not be negative, got -2",
+			"store.redis.read_timeout: must not be negative, got -1s",
+		}},
+		{"cluster db", "store:\n  backend: redis\n  redis:\n    addrs: [a:1, b:2]\n    db: 1\n" + minimal, nil, []string{"store.redis.db: a Redis Cluster (several addrs) has only db 0"}},
+		{"empty bolt path", "store:\n  bolt:\n    path: ${DB_PATH}\n" + minimal, nil, nil}, // empty means the default
+		{"window zero", "defaults:\n  window: 0s\n" + minimal, nil, []string{"defaults.window: must be greater than 0, got 0s"}},
+		{"lease negative", route("    lease: -1s\n"), nil, []string{
+			"routes[0].lease: must be greater than 0, got -1s",
+			"routes[0].lease: -1s must be longer than upstream_timeout 30s",
+		}},
+		{"max body zero", route("    max_body_bytes: 0\n"), nil, []string{"routes[0].max_body_bytes: must be greater than 0, got 0"}},
+		{"max replay negative", "defaults:\n  max_replay_bytes: -1\n" + minimal, nil, []string{"defaults.max_replay_bytes: must not be negative, got -1"}},
+		{"lease not above timeout (defaults)", "defaults:\n  lease: 30s\n" + minimal, nil, []string{"defaults.lease: 30s must be longer than upstream_timeout 30s"}},
+		{"lease not above timeout (route)", route("    upstream_timeout: 2m\n"), nil, []string{"routes[0].lease: 1m0s must be longer than upstream_timeout 2m0s"}},
+		{"lease above timeout after defaults", "defaults:\n  upstream_timeout: 90s\n  lease: 2m\n" + route("    upstream_timeout: 100s\n"), nil, nil},
+		{"lease from route vs timeout from defaults", "defaults:\n  upstream_timeout: 5s\n" + route("    lease: 5s\n"), nil, []string{"routes[0].lease: 5s must be longer than upstream_timeout 5s"}},
+		{"bad policies", route(`    on_missing_key: drop
+    on_store_error: wait
+    on_in_flight: forward
+    duplicate_response: replay-all
+    on_fingerprint_mismatch: forward
+`), nil, []string{
+			`routes[0].on_missing_key: invalid value "drop" (want forward or reject)`,
+			`routes[0].on_store_error: invalid value "wait" (want forward or reject)`,
+			`routes[0].on_in_flight: invalid value "forward" (want reject or wait)`,
+			`routes[0].duplicate_response: invalid value "replay-all" (want ack or replay)`,
+			`routes[0].on_fingerprint_mismatch: invalid value "forward" (want ack or reject)`,
+		}},
+		{"bad default policy", "defaults:\n  on_in_flight: queue\n" + minimal, nil, []string{`defaults.on_in_flight: invalid value "queue" (want reject or wait)`}},
+		{"no routes", "listen: \":1\"\n", nil, []string{"routes: at least one route is required"}},
+		{"duplicate names and paths", minimal + `  - name: orders
+    path: /hooks/orders
+    upstream: http://x
+    keys: [body]
+`, nil, []string{
+			`routes[1].name: duplicate route name "orders" (also routes[0])`,
+			`routes[1].path: duplicate path "/hooks/orders" (also routes[0])`,
+		}},
+		{"missing name path upstream", "routes:\n  - provider: stripe\n", nil, []string{
+			"routes[0].name: must not be empty",
+			"routes[0].path: must not be empty",
+			"routes[0].upstream: must not be empty",
+		}},
+		{"bad name", "routes:\n  - name: a/b\n    path: /a\n    upstream: http://x\n    provider: stripe\n", nil, []string{
+			`routes[0].name: invalid name "a/b" (letters, digits, '_', '.', '-'; it appears in URLs and metric labels)`,
+		}},
+		{"path without slash", "routes:\n  - name: a\n    path: hooks\n    upstream: http://x\n    provider: stripe\n", nil, []string{`routes[0].path: must start with "/", got "hooks"`}},
+		{"path with star inside", "routes:\n  - name: a\n    path: /a/*/b\n    upstream: http://x\n    provider: stripe\n", nil, []string{`routes[0].path: "*" is only allowed as a final "/*" (a prefix), got "/a/*/b"`}},
+		{"path with query", "routes:\n  - name: a\n    path: /a?x=1\n    upstream: http://x\n    provider: stripe\n", nil, []string{`routes[0].path: must be a plain path without query, fragment or spaces, got "/a?x=1"`}},
+		{"bad upstream", "routes:\n  - name: a\n    path: /a\n    upstream: ftp://x\n    provider: stripe\n  - name: b\n    path: /b\n    upstream: localhost:3000\n    provider: stripe\n", nil, []string{
+			`routes[0].upstream: invalid upstream URL "ftp://x" (want http://host[:port][/path] or https://…)`,
+			`routes[1].upstream: invalid upstream URL "localhost:3000" (want http://host[:port][/path] or https://…)`,
+		}},
+		{"upstream with query", "routes:\n  - name: a\n    path: /a\n    upstream: http://x/?a=b\n    provider: stripe\n", nil, []string{`routes[0].upstream: upstream URL "http://x/?a=b" must not have a query or fragment`}},
+		{"namespace with colon", route("    namespace: a:b\n"), nil, []string{`routes[0].namespace: must not contain ':' (it separates namespace and key), got "a:b"`}},
+		{"unknown provider", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: paypal\n", nil, []string{
+			`routes[0].provider: unknown provider "paypal" (want stripe, shopify, github, standard-webhooks, slack or generic)`,
+		}},
+		{"generic without keys", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: generic\n", nil, []string{
+			`routes[0].keys: provider generic needs keys (e.g. ["header:Idempotency-Key", "body"])`,
+		}},
+		{"no provider means generic", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n", nil, []string{
+			`routes[0].keys: provider generic needs keys (e.g. ["header:Idempotency-Key", "body"])`,
+		}},
+		{"bad keys", strings.Replace(minimal, `keys: ["header:Idempotency-Key"]`, "", 1) + (`    keys: ["header:", "json:a..b", "query:", "cookie:x", "bodyy", "header:Bad Name"]
+`), nil, []string{
+			`routes[0].keys[0]: invalid header name in "header:"`,
+			`routes[0].keys[1]: invalid JSON path in "json:a..b" (want dotted names, e.g. json:data.object.id)`,
+			`routes[0].keys[2]: empty query parameter name in "query:"`,
+			`routes[0].keys[3]: unknown key source "cookie:x" (want header:NAME, json:PATH, query:NAME or body)`,
+			`routes[0].keys[4]: invalid key source "bodyy" (want header:NAME, json:PATH, query:NAME or body)`,
+			`routes[0].keys[5]: invalid header name in "header:Bad Name"`,
+		}},
+		{"empty secret from unset var", route("    secrets: [\"${STRIPE_WEBHOOK_SECRET}\", \"\"]\n"), nil, []string{
+			"routes[0].secrets[0]: must not be empty (environment variable STRIPE_WEBHOOK_SECRET is not set)",
+			"routes[0].secrets[1]: must not be empty",
+		}},
+		{"secret set", route("    secrets: [\"${S}\"]\n"), map[string]string{"S": "whsec"}, nil},
+		{"negative tolerance", route("    tolerance: -5s\n"), nil, []string{"routes[0].tolerance: must not be negative, got -5s"}},
+		{"bad methods", route("    methods: [post, \"GET X\"]\n"), nil, []string{
+			`routes[0].methods[0]: invalid method "post" (want upper case, e.g. POST)`,
+			`routes[0].methods[1]: invalid method "GET X" (want upper case, e.g. POST)`,
+		}},
+		{"bad signature", route(`    signature:
+      algorithm: md5
+      encoding: base32
+      header: "X Sig"
+      template: "{timestamp}.{body}"
+`), nil, []string{
+			`routes[0].signature.algorithm: invalid value "md5" (want sha1, sha256 or sha512)`,
+			`routes[0].signature.encoding: invalid value "base32" (want hex or base64)`,
+			`routes[0].signature.header: invalid header name "X Sig"`,
+			`routes[0].signature.template: uses {timestamp} but signature.timestamp_header is not set`,
+		}},
+		{"signature on stripe", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: stripe\n    signature:\n      header: X-Sig\n", nil, []string{
+			"routes[0].signature: only provider generic takes a signature block; stripe has its own scheme",
+		}},
+		{"bad client identity and replay header", route("    client_identity: \"a b\"\n    replay_headers: [\"\"]\n    fingerprint_exclude: [\"\"]\n"), nil, []string{
+			`routes[0].fingerprint_exclude[0]: empty field name`,
+			`routes[0].client_identity: invalid header name "a b"`,
+			`routes[0].replay_headers[0]: invalid header name ""`,
+		}},
+		{"bad listen", "listen: 8080\n" + minimal, nil, []string{`listen: invalid address "8080" (want host:port, e.g. "127.0.0.1:9090")`}},
+		{"admin public without token", "admin:\n  listen: \":9090\"\n" + minimal, nil, []string{
+			`admin.listen: ":9090" is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one)`,
+		}},
+		{"admin public with token", "admin:\n  listen: \"0.0.0.0:9090\"\n  token: ${T}\n" + minimal, map[string]string{"T": "x"}, nil},
+		{"admin public token unset", "admin:\n  listen: \"0.0.0.0:9090\"\n  token: ${T}\n" + minimal, nil, []string{
+			`admin.listen: "0.0.0.0:9090" is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one)`,
+		}},
+		{"admin public insecure", "admin:\n  listen: \"[::]:9090\"\n  insecure: true\n" + minimal, nil, nil},
+		{"admin localhost", "admin:\n  listen: \"localhost:9090\"\n" + minimal, nil, nil},
+		{"admin ipv6 loopback", "admin:\n  listen: \"[::1]:9090\"\n" + minimal, nil, nil},
+		{"bad log", "log:\n  level: trace\n  format: xml\n" + minimal, nil, []string{
+			`log.level: invalid value "trace" (want debug, info, warn or error)`,
+			`log.format: invalid value "xml" (want json or console)`,
+		}},
+		{"every problem at once", `
+lisen: x
+defaults:
+  lease: 5x
+store:
+  backend: mongo
+routes:
+  - name: a
+    path: a
+    upstream: http://x
+    provider: paypal
+  - name: a
+    path: /b
+    upstream: http://x
+    keys: [body]
+    window: 0s
+`, nil, []string{
+			"defaults.lease: invalid duration \"5x\" (want e.g. \"300ms\", \"30s\", \"24h\")",
+			"lisen: unknown key",
+			`store.backend: unknown backend "mongo" (want bolt, redis or memory)`,
+			`routes[0].path: must start with "/", got "a"`,
+			`routes[0].provider: unknown provider "paypal" (want stripe, shopify, github, standard-webhooks, slack or generic)`,
+			`routes[1].name: duplicate route name "a" (also routes[0])`,
+			"routes[1].window: must be greater than 0, got 0s",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, got := loadText(t, tt.text, tt.env)
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("got problems\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(tt.want, "\n  "))
+			}
+		})
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		path string
+		want string
+	}{
+		{"missing file", filepath.Join(t.TempDir(), "nope.yaml"), "read config"},
+		{"yaml syntax", writeConfig(t, "routes: [\n  - name: x\n"), "read config"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := Load(tt.path, nil)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got error %v, want one containing %q", err, tt.want)
+			}
+			if f != nil {
+				t.Errorf("got file %+v, want nil", f)
+			}
+			var ps Problems
+			if errors.As(err, &ps) {
+				t.Errorf("got Problems %v, want a plain error", ps)
+			}
+		})
+	}
+}
+
+func TestProblemsError(t *testing.T) {
+	ps := Problems{{Key: "a", Msg: "bad"}, {Key: "b.c", Msg: "worse"}}
+	if got, want := ps.Error(), "invalid config: a: bad; b.c: worse"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if err := (Problems{}).errOrNil(); err != nil {
+		t.Errorf("got %v, want nil", err)
+	}
+}
+
+func FuzzLoad(f *testing.F) {
+	f.Add(minimal)
+	f.Add("defaults:\n  lease: 5x\n")
+	f.Add("routes:\n  - {name: a, path: /a, upstream: 'http://x', keys: ['${X}']}\n")
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, text string) {
+		path := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := Load(path, envMap(map[string]string{"X": "y"}))
+		if cfg == nil {
+			if err == nil {
+				t.Fatal("got nil file and nil error")
+			}
+			return
+		}
+		if cfg.Validate() == nil && err == nil {
+			_ = cfg.GatewayConfig() // must not panic on a valid file
+		}
+	})
+}

@@ -1,0 +1,331 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/dedupgw/dedupgw/providers"
+	"github.com/dedupgw/dedupgw/proxy"
+)
+
+// Validate checks every rule that the contract states for a configuration and
+// returns all the problems it finds as Problems, each named by its key, or
+// nil. Values that Load could not decode are left unset and are not reported
+// twice.
+func (f *File) Validate() error {
+	var ps Problems
+	f.checkAddr(&ps, "listen", f.Listen)
+	if f.checkAddr(&ps, "admin.listen", f.Admin.Listen) &&
+		f.Admin.Token == "" && !f.Admin.Insecure && !isLoopback(f.Admin.Listen) {
+		ps.add("admin.listen", "%q is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one)", f.Admin.Listen)
+	}
+	oneOf(&ps, "log.level", f.Log.Level, "debug", "info", "warn", "error")
+	oneOf(&ps, "log.format", f.Log.Format, "json", "console")
+	f.checkStore(&ps)
+
+	checkPolicy(&ps, "defaults", f.Defaults)
+	def := builtinPolicy().over(f.Defaults)
+	if *def.Lease <= *def.UpstreamTimeout && (f.Defaults.Lease != nil || f.Defaults.UpstreamTimeout != nil) {
+		ps.add("defaults.lease", "%v must be longer than upstream_timeout %v", *def.Lease, *def.UpstreamTimeout)
+	}
+
+	if len(f.Routes) == 0 {
+		ps.add("routes", "at least one route is required")
+	}
+	names := map[string]int{}
+	paths := map[string]int{}
+	for i, r := range f.Routes {
+		key := fmt.Sprintf("routes[%d]", i)
+		f.checkRoute(&ps, key, r)
+		if r.Name != "" {
+			if j, dup := names[r.Name]; dup {
+				ps.add(key+".name", "duplicate route name %q (also routes[%d])", r.Name, j)
+			} else {
+				names[r.Name] = i
+			}
+		}
+		if r.Path != "" {
+			if j, dup := paths[r.Path]; dup {
+				ps.add(key+".path", "duplicate path %q (also routes[%d])", r.Path, j)
+			} else {
+				paths[r.Path] = i
+			}
+		}
+		checkPolicy(&ps, key, r.Policy)
+		if r.Lease != nil || r.UpstreamTimeout != nil {
+			p := f.effective(i)
+			if *p.Lease <= *p.UpstreamTimeout {
+				ps.add(key+".lease", "%v must be longer than upstream_timeout %v", *p.Lease, *p.UpstreamTimeout)
+			}
+		}
+	}
+	return ps.errOrNil()
+}
+
+// checkAddr reports whether addr is a valid host:port, adding a problem if not.
+func (f *File) checkAddr(ps *Problems, key, addr string) bool {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		ps.add(key, "invalid address %q (want host:port, e.g. \"127.0.0.1:9090\")", addr)
+		return false
+	}
+	return true
+}
+
+// isLoopback reports whether the host of addr is a loopback name or address.
+// An empty host means every interface and is not.
+func isLoopback(addr string) bool {
+	host, _, _ := net.SplitHostPort(addr)
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (f *File) checkStore(ps *Problems) {
+	s := f.Store
+	switch s.Backend {
+	case "bolt":
+		if s.Bolt.Path == "" {
+			ps.add("store.bolt.path", "%s", f.empty("store.bolt.path"))
+		}
+	case "memory":
+	case "redis":
+		if len(s.Redis.Addrs) == 0 {
+			ps.add("store.redis.addrs", "at least one address is required")
+		}
+		for i, a := range s.Redis.Addrs {
+			f.checkAddr(ps, fmt.Sprintf("store.redis.addrs[%d]", i), a)
+		}
+		if s.Redis.DB < 0 {
+			ps.add("store.redis.db", "must not be negative, got %d", s.Redis.DB)
+		}
+		if s.Redis.DB != 0 && len(s.Redis.Addrs) > 1 && s.Redis.MasterName == "" {
+			ps.add("store.redis.db", "a Redis Cluster (several addrs) has only db 0")
+		}
+		if s.Redis.PoolSize < 0 {
+			ps.add("store.redis.pool_size", "must not be negative, got %d", s.Redis.PoolSize)
+		}
+		for key, d := range map[string]time.Duration{
+			"store.redis.dial_timeout":  s.Redis.DialTimeout,
+			"store.redis.read_timeout":  s.Redis.ReadTimeout,
+			"store.redis.write_timeout": s.Redis.WriteTimeout,
+		} {
+			if d < 0 {
+				ps.add(key, "must not be negative, got %v", d)
+			}
+		}
+	default:
+		ps.add("store.backend", "unknown backend %q (want bolt, redis or memory)", s.Backend)
+	}
+}
+
+// checkPolicy checks the keys that p sets; prefix is "defaults" or "routes[i]".
+func checkPolicy(ps *Problems, prefix string, p Policy) {
+	positive := func(name string, d *time.Duration) {
+		if d != nil && *d <= 0 {
+			ps.add(prefix+"."+name, "must be greater than 0, got %v", *d)
+		}
+	}
+	positive("window", p.Window)
+	positive("lease", p.Lease)
+	positive("upstream_timeout", p.UpstreamTimeout)
+	if p.MaxBodyBytes != nil && *p.MaxBodyBytes <= 0 {
+		ps.add(prefix+".max_body_bytes", "must be greater than 0, got %d", *p.MaxBodyBytes)
+	}
+	if p.MaxReplayBytes != nil && *p.MaxReplayBytes < 0 {
+		ps.add(prefix+".max_replay_bytes", "must not be negative, got %d", *p.MaxReplayBytes)
+	}
+	policy := func(name string, v *string, allowed ...string) {
+		if v != nil {
+			oneOf(ps, prefix+"."+name, *v, allowed...)
+		}
+	}
+	policy("on_missing_key", p.OnMissingKey, proxy.Forward, proxy.Reject)
+	policy("on_store_error", p.OnStoreError, proxy.Forward, proxy.Reject)
+	policy("on_in_flight", p.OnInFlight, proxy.Reject, proxy.Wait)
+	policy("duplicate_response", p.DuplicateResponse, proxy.Ack, proxy.Replay)
+	policy("on_fingerprint_mismatch", p.OnFingerprintMismatch, proxy.Ack, proxy.Reject)
+	for i, h := range p.ReplayHeaders {
+		if !isToken(h) {
+			ps.add(fmt.Sprintf("%s.replay_headers[%d]", prefix, i), "invalid header name %q", h)
+		}
+	}
+}
+
+var routeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+
+func (f *File) checkRoute(ps *Problems, key string, r Route) {
+	switch {
+	case r.Name == "":
+		ps.add(key+".name", "%s", f.empty(key+".name"))
+	case !routeName.MatchString(r.Name):
+		ps.add(key+".name", "invalid name %q (letters, digits, '_', '.', '-'; it appears in URLs and metric labels)", r.Name)
+	}
+	checkPath(ps, key+".path", r.Path, f.empty(key+".path"))
+	if r.Upstream == "" {
+		ps.add(key+".upstream", "%s", f.empty(key+".upstream"))
+	} else if u, err := url.Parse(r.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		ps.add(key+".upstream", "invalid upstream URL %q (want http://host[:port][/path] or https://…)", r.Upstream)
+	} else if u.RawQuery != "" || u.Fragment != "" {
+		ps.add(key+".upstream", "upstream URL %q must not have a query or fragment", r.Upstream)
+	}
+	if strings.Contains(r.Namespace, ":") {
+		ps.add(key+".namespace", "must not contain ':' (it separates namespace and key), got %q", r.Namespace)
+	}
+
+	provider := r.Provider
+	switch provider {
+	case "":
+		provider = providers.Generic
+	case providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack, providers.Generic:
+	default:
+		ps.add(key+".provider", "unknown provider %q (want %s, %s, %s, %s, %s or %s)", r.Provider,
+			providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack, providers.Generic)
+	}
+	if provider == providers.Generic && len(r.Keys) == 0 {
+		ps.add(key+".keys", "provider generic needs keys (e.g. [\"header:Idempotency-Key\", \"body\"])")
+	}
+	for i, k := range r.Keys {
+		if err := checkKeySource(k); err != nil {
+			ps.add(fmt.Sprintf("%s.keys[%d]", key, i), "%v", err)
+		}
+	}
+	for i, s := range r.Secrets {
+		if s == "" {
+			k := fmt.Sprintf("%s.secrets[%d]", key, i)
+			ps.add(k, "%s", f.empty(k))
+		}
+	}
+	if r.Tolerance < 0 {
+		ps.add(key+".tolerance", "must not be negative, got %v", r.Tolerance)
+	}
+	for i, m := range r.Methods {
+		if !isToken(m) || m != strings.ToUpper(m) {
+			ps.add(fmt.Sprintf("%s.methods[%d]", key, i), "invalid method %q (want upper case, e.g. POST)", m)
+		}
+	}
+	if r.Signature != (Signature{}) {
+		if provider != providers.Generic {
+			ps.add(key+".signature", "only provider generic takes a signature block; %s has its own scheme", provider)
+		}
+		oneOfOrEmpty(ps, key+".signature.algorithm", r.Signature.Algorithm, "sha1", "sha256", "sha512")
+		oneOfOrEmpty(ps, key+".signature.encoding", r.Signature.Encoding, "hex", "base64")
+		if h := r.Signature.Header; h != "" && !isToken(h) {
+			ps.add(key+".signature.header", "invalid header name %q", h)
+		}
+		if h := r.Signature.TimestampHeader; h != "" && !isToken(h) {
+			ps.add(key+".signature.timestamp_header", "invalid header name %q", h)
+		}
+		if strings.Contains(r.Signature.Template, "{timestamp}") && r.Signature.TimestampHeader == "" {
+			ps.add(key+".signature.template", "uses {timestamp} but signature.timestamp_header is not set")
+		}
+	}
+	for i, e := range r.FingerprintExclude {
+		if e == "" {
+			ps.add(fmt.Sprintf("%s.fingerprint_exclude[%d]", key, i), "empty field name")
+		}
+	}
+	if r.ClientIdentity != "" && !isToken(r.ClientIdentity) {
+		ps.add(key+".client_identity", "invalid header name %q", r.ClientIdentity)
+	}
+}
+
+func checkPath(ps *Problems, key, path, emptyMsg string) {
+	switch {
+	case path == "":
+		ps.add(key, "%s", emptyMsg)
+	case !strings.HasPrefix(path, "/"):
+		ps.add(key, "must start with \"/\", got %q", path)
+	case strings.ContainsAny(path, "?# \t"):
+		ps.add(key, "must be a plain path without query, fragment or spaces, got %q", path)
+	case strings.Contains(strings.TrimSuffix(path, "/*"), "*"):
+		ps.add(key, "\"*\" is only allowed as a final \"/*\" (a prefix), got %q", path)
+	}
+}
+
+// checkKeySource checks one keys: entry: header:NAME, json:PATH, query:NAME or body.
+func checkKeySource(s string) error {
+	if s == "body" {
+		return nil
+	}
+	kind, arg, ok := strings.Cut(s, ":")
+	if !ok {
+		return fmt.Errorf("invalid key source %q (want header:NAME, json:PATH, query:NAME or body)", s)
+	}
+	switch kind {
+	case "header":
+		if !isToken(arg) {
+			return fmt.Errorf("invalid header name in %q", s)
+		}
+	case "query":
+		if arg == "" {
+			return fmt.Errorf("empty query parameter name in %q", s)
+		}
+	case "json":
+		if arg == "" || slicesContainsEmpty(strings.Split(arg, ".")) {
+			return fmt.Errorf("invalid JSON path in %q (want dotted names, e.g. json:data.object.id)", s)
+		}
+	default:
+		return fmt.Errorf("unknown key source %q (want header:NAME, json:PATH, query:NAME or body)", s)
+	}
+	return nil
+}
+
+func slicesContainsEmpty(parts []string) bool {
+	for _, p := range parts {
+		if p == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// isToken reports whether s is a non-empty RFC 9110 token (header names,
+// methods).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c > 0x7e || c <= ' ' || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, c) {
+			return false
+		}
+	}
+	return true
+}
+
+func oneOf(ps *Problems, key, v string, allowed ...string) {
+	for _, a := range allowed {
+		if v == a {
+			return
+		}
+	}
+	ps.add(key, "invalid value %q (want %s)", v, orList(allowed))
+}
+
+func oneOfOrEmpty(ps *Problems, key, v string, allowed ...string) {
+	if v != "" {
+		oneOf(ps, key, v, allowed...)
+	}
+}
+
+func orList(s []string) string {
+	if len(s) == 1 {
+		return s[0]
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
+}
+
+// empty explains an empty required value, naming the unset environment
+// variables it was expanded from, if any.
+func (f *File) empty(key string) string {
+	if vars := f.unset[key]; len(vars) > 0 {
+		return fmt.Sprintf("must not be empty (environment variable %s is not set)", strings.Join(vars, ", "))
+	}
+	return "must not be empty"
+}
