@@ -1,0 +1,136 @@
+package providers
+
+import (
+	"crypto/hmac"
+	"crypto/sha1"
+	"crypto/sha256"
+	"crypto/sha512"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"hash"
+	"strings"
+	"testing"
+)
+
+func genericMAC(h func() hash.Hash, secret, content string) []byte {
+	m := hmac.New(h, []byte(secret))
+	m.Write([]byte(content))
+	return m.Sum(nil)
+}
+
+func TestGenericVerify(t *testing.T) {
+	const body = `{"id":"evt_1"}`
+	sha256Hex := hex.EncodeToString(genericMAC(sha256.New, "s", body))
+	tests := []struct {
+		name    string
+		sig     GenericSignature
+		secrets []string
+		now     int64
+		headers map[string]string
+		body    string
+		want    error
+	}{
+		{"defaults: X-Signature, sha256, hex", GenericSignature{}, []string{"s"}, 0,
+			map[string]string{"X-Signature": sha256Hex}, body, nil},
+		{"RFC 4231 test case 2 (sha256)", GenericSignature{Header: "Sig"}, []string{"Jefe"}, 0,
+			map[string]string{"Sig": "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"}, "what do ya want for nothing?", nil},
+		{"RFC 4231 test case 2 (sha512)", GenericSignature{Header: "Sig", Algorithm: "sha512"}, []string{"Jefe"}, 0,
+			map[string]string{"Sig": "164b7a7bfcf819e2e395fbe73b56e0a387bd64222e831fd610270cd7ea2505549758bf75c05a994a6d034f65f8f0e6fdcaeab1a34d4a6b4b636e070a38bce737"}, "what do ya want for nothing?", nil},
+		{"RFC 2202 test case 2 (sha1)", GenericSignature{Header: "Sig", Algorithm: "sha1"}, []string{"Jefe"}, 0,
+			map[string]string{"Sig": "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79"}, "what do ya want for nothing?", nil},
+		{"base64 with prefix", GenericSignature{Header: "X-Hook-Sig", Algorithm: "sha512", Encoding: "base64", Prefix: "sha512="}, []string{"s"}, 0,
+			map[string]string{"X-Hook-Sig": "sha512=" + base64.StdEncoding.EncodeToString(genericMAC(sha512.New, "s", body))}, body, nil},
+		{"base64 without padding", GenericSignature{Encoding: "base64", Algorithm: "sha1"}, []string{"s"}, 0,
+			map[string]string{"X-Signature": base64.RawStdEncoding.EncodeToString(genericMAC(sha1.New, "s", body))}, body, nil},
+		{"template with timestamp and header", GenericSignature{TimestampHeader: "X-Ts", Template: "{timestamp}:{header:X-Id}:{body}"}, []string{"s"}, 1000,
+			map[string]string{"X-Ts": "990", "X-Id": "abc", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "990:abc:"+body))}, body, nil},
+		{"template header changed", GenericSignature{TimestampHeader: "X-Ts", Template: "{timestamp}:{header:X-Id}:{body}"}, []string{"s"}, 1000,
+			map[string]string{"X-Ts": "990", "X-Id": "abd", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "990:abc:"+body))}, body, ErrBadSignature},
+		{"stale timestamp", GenericSignature{TimestampHeader: "X-Ts", Template: "{timestamp}.{body}"}, []string{"s"}, 1301,
+			map[string]string{"X-Ts": "1000", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1000."+body))}, body, ErrStale},
+		{"future timestamp", GenericSignature{TimestampHeader: "X-Ts", Template: "{timestamp}.{body}"}, []string{"s"}, 699,
+			map[string]string{"X-Ts": "1000", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1000."+body))}, body, ErrStale},
+		{"missing timestamp", GenericSignature{TimestampHeader: "X-Ts", Template: "{timestamp}.{body}"}, []string{"s"}, 1000,
+			map[string]string{"X-Signature": sha256Hex}, body, ErrBadSignature},
+		{"rotation", GenericSignature{}, []string{"old", "s"}, 0,
+			map[string]string{"X-Signature": sha256Hex}, body, nil},
+		{"uppercase hex", GenericSignature{}, []string{"s"}, 0,
+			map[string]string{"X-Signature": strings.ToUpper(sha256Hex)}, body, nil},
+		{"wrong secret", GenericSignature{}, []string{"x"}, 0,
+			map[string]string{"X-Signature": sha256Hex}, body, ErrBadSignature},
+		{"tampered body", GenericSignature{}, []string{"s"}, 0,
+			map[string]string{"X-Signature": sha256Hex}, body + " ", ErrBadSignature},
+		{"missing header", GenericSignature{}, []string{"s"}, 0, nil, body, ErrNoSignature},
+		{"missing prefix", GenericSignature{Prefix: "sha256="}, []string{"s"}, 0,
+			map[string]string{"X-Signature": sha256Hex}, body, ErrBadSignature},
+		{"wrong length for algorithm", GenericSignature{Algorithm: "sha512"}, []string{"s"}, 0,
+			map[string]string{"X-Signature": sha256Hex}, body, ErrBadSignature},
+		{"not hex", GenericSignature{}, []string{"s"}, 0,
+			map[string]string{"X-Signature": "nothex"}, body, ErrBadSignature},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := New(Config{Keys: []string{"json:id"}, Secrets: tt.secrets, Signature: tt.sig, Now: fixedClock(tt.now)})
+			if err != nil {
+				t.Fatalf("New: got %v, want nil", err)
+			}
+			err = p.Verifier.Verify(newRequest(tt.headers), []byte(tt.body))
+			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("Verify: got %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestGenericSignatureValidate(t *testing.T) {
+	tests := []struct {
+		sig  GenericSignature
+		want string // "" means valid
+	}{
+		{GenericSignature{}, ""},
+		{GenericSignature{Algorithm: "SHA512", Encoding: "Base64"}, ""},
+		{GenericSignature{Algorithm: "md5"}, `signature.algorithm: unknown algorithm "md5" (want sha1, sha256 or sha512)`},
+		{GenericSignature{Encoding: "base32"}, `signature.encoding: unknown encoding "base32" (want hex or base64)`},
+		{GenericSignature{Header: "Bad Header"}, `signature.header: invalid header name "Bad Header"`},
+		{GenericSignature{TimestampHeader: "a:b"}, `signature.timestamp_header: invalid header name "a:b"`},
+		{GenericSignature{Template: "{timestamp}.{body}"}, "signature.template: {timestamp} needs signature.timestamp_header"},
+		{GenericSignature{Template: "{bodyx}"}, "signature.template: unknown placeholder {bodyx} (want {body}, {timestamp} or {header:NAME})"},
+		{GenericSignature{Template: "{header:}"}, "signature.template: unknown placeholder {header:} (want {body}, {timestamp} or {header:NAME})"},
+		{GenericSignature{Template: "{body"}, "signature.template: unclosed '{' in template"},
+		{GenericSignature{Template: "v0:{header:X-Ts}:{body}"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			err := tt.sig.Validate()
+			got := ""
+			if err != nil {
+				got = err.Error()
+			}
+			if got != tt.want {
+				t.Errorf("Validate(%+v): got %q, want %q", tt.sig, got, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzGenericSignature checks that generic header, prefix, timestamp and
+// template handling never panic and only ever return sentinels.
+func FuzzGenericSignature(f *testing.F) {
+	f.Add("sha256=00", "1000", "{timestamp}.{body}")
+	f.Add("", "", "{body}")
+	f.Add("sha256=", "abc", "{header:X-Ts}{body}{")
+	f.Add("sha256=AAAA====", "99999999999999", "}{")
+	f.Fuzz(func(t *testing.T, sig, ts, template string) {
+		p, err := New(Config{Keys: []string{"body"}, Secrets: []string{"s"}, Now: fixedClock(1000), Signature: GenericSignature{
+			Prefix: "sha256=", Encoding: "base64", TimestampHeader: "X-Ts", Template: template,
+		}})
+		if err != nil {
+			return
+		}
+		err = p.Verifier.Verify(newRequest(map[string]string{"X-Signature": sig, "X-Ts": ts}), []byte("{}"))
+		if err != nil && !errors.Is(err, ErrNoSignature) && !errors.Is(err, ErrBadSignature) && !errors.Is(err, ErrStale) {
+			t.Fatalf("Verify(%q, %q): got %v, want a sentinel", sig, ts, err)
+		}
+	})
+}

@@ -1,0 +1,128 @@
+package providers
+
+import (
+	"crypto/ed25519"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// The Standard Webhooks / Svix reference-library vector.
+const (
+	swSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	swID     = "msg_p5jXN8AQM9LWM0D4loKWxJek"
+	swTS     = 1614265330
+	swBody   = `{"test": 2432232314}`
+	swSig    = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+)
+
+// swSign signs content with a whsec_ secret the way Standard Webhooks does.
+func swSign(secret, id string, ts int64, body string) string {
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	if err != nil {
+		panic(err)
+	}
+	m := hmac.New(sha256.New, key)
+	fmt.Fprintf(m, "%s.%d.%s", id, ts, body)
+	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+}
+
+func TestStandardWebhooksVerify(t *testing.T) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatalf("GenerateKey: %v", err)
+	}
+	whpk := "whpk_" + base64.StdEncoding.EncodeToString(pub)
+	v1a := "v1a," + base64.StdEncoding.EncodeToString(ed25519.Sign(priv, []byte(fmt.Sprintf("%s.%d.%s", swID, swTS, swBody))))
+	otherPub, _, _ := ed25519.GenerateKey(rand.Reader)
+	otherWhpk := "whpk_" + base64.StdEncoding.EncodeToString(otherPub)
+	bareSecret := strings.TrimPrefix(swSecret, "whsec_")
+	ts := fmt.Sprint(swTS)
+
+	type hdrs struct{ prefix, id, ts, sig string } // "-" means absent
+	std := func(sig string) hdrs { return hdrs{"webhook-", swID, ts, sig} }
+	tests := []struct {
+		name    string
+		secrets []string
+		now     int64
+		h       hdrs
+		body    string
+		want    error
+	}{
+		{"reference vector", []string{swSecret}, swTS, std(swSig), swBody, nil},
+		{"svix- headers", []string{swSecret}, swTS, hdrs{"svix-", swID, ts, swSig}, swBody, nil},
+		{"bare base64 secret", []string{bareSecret}, swTS, std(swSig), swBody, nil},
+		{"rotation", []string{"whsec_" + base64.StdEncoding.EncodeToString([]byte("old-key")), swSecret}, swTS, std(swSig), swBody, nil},
+		{"one of several entries", []string{swSecret}, swTS, std("v1,AAAA v2,zzz " + swSig + " v1,bm90IGEgc2ln"), swBody, nil},
+		{"extra spaces", []string{swSecret}, swTS, std("  " + swSig + "  "), swBody, nil},
+		{"within tolerance past", []string{swSecret}, swTS + 300, std(swSig), swBody, nil},
+		{"within tolerance future", []string{swSecret}, swTS - 300, std(swSig), swBody, nil},
+		{"stale", []string{swSecret}, swTS + 301, std(swSig), swBody, ErrStale},
+		{"future", []string{swSecret}, swTS - 301, std(swSig), swBody, ErrStale},
+		{"wrong secret", []string{"whsec_" + base64.StdEncoding.EncodeToString([]byte("nope"))}, swTS, std(swSig), swBody, ErrBadSignature},
+		{"tampered body", []string{swSecret}, swTS, std(swSig), `{"test": 2432232315}`, ErrBadSignature},
+		{"id changed", []string{swSecret}, swTS, hdrs{"webhook-", "msg_other", ts, swSig}, swBody, ErrBadSignature},
+		{"timestamp changed", []string{swSecret}, swTS, hdrs{"webhook-", swID, "1614265331", swSig}, swBody, ErrBadSignature},
+		{"missing signature", []string{swSecret}, swTS, std("-"), swBody, ErrNoSignature},
+		{"missing id", []string{swSecret}, swTS, hdrs{"webhook-", "-", ts, swSig}, swBody, ErrBadSignature},
+		{"missing timestamp", []string{swSecret}, swTS, hdrs{"webhook-", swID, "-", swSig}, swBody, ErrBadSignature},
+		{"malformed timestamp", []string{swSecret}, swTS, hdrs{"webhook-", swID, "16142653.30", swSig}, swBody, ErrBadSignature},
+		{"no version", []string{swSecret}, swTS, std(strings.TrimPrefix(swSig, "v1,")), swBody, ErrBadSignature},
+		{"unknown version only", []string{swSecret}, swTS, std("v2," + strings.TrimPrefix(swSig, "v1,")), swBody, ErrBadSignature},
+		{"v1a with whpk", []string{whpk}, swTS, std(v1a), swBody, nil},
+		{"v1a and v1, whpk with whsec rotation", []string{swSecret, whpk}, swTS, std(swSig + " " + v1a), swBody, nil},
+		{"v1a stale", []string{whpk}, swTS + 301, std(v1a), swBody, ErrStale},
+		{"v1a wrong key", []string{otherWhpk}, swTS, std(v1a), swBody, ErrBadSignature},
+		{"v1a tampered", []string{whpk}, swTS, std(v1a), swBody + " ", ErrBadSignature},
+		{"v1a sent as v1", []string{whpk}, swTS, std("v1," + strings.TrimPrefix(v1a, "v1a,")), swBody, ErrBadSignature},
+		{"v1 with only whpk", []string{whpk}, swTS, std(swSig), swBody, ErrBadSignature},
+		{"fresh signature", []string{swSecret}, 5000, hdrs{"webhook-", "msg_1", "5000", swSign(swSecret, "msg_1", 5000, "{}")}, "{}", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := New(Config{Provider: StandardWebhooks, Secrets: tt.secrets, Now: fixedClock(tt.now)})
+			if err != nil {
+				t.Fatalf("New: got %v, want nil", err)
+			}
+			h := map[string]string{}
+			for name, v := range map[string]string{"id": tt.h.id, "timestamp": tt.h.ts, "signature": tt.h.sig} {
+				if v != "-" {
+					h[tt.h.prefix+name] = v
+				}
+			}
+			err = p.Verifier.Verify(newRequest(h), []byte(tt.body))
+			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("Verify: got %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzWebhookSignatures checks that the webhook-signature list parser never
+// panics, keeps only v1/v1a entries, and that Verify only returns sentinels.
+func FuzzWebhookSignatures(f *testing.F) {
+	for _, s := range []string{swSig, "v1,AAAA v1a,BBBB", "v1, ", ",,, ", "v1a,=== v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=", "\tv1,x\n"} {
+		f.Add(s)
+	}
+	v, err := newStandardWebhooksVerifier([]string{swSecret}, clock{now: fixedClock(swTS), tolerance: DefaultTolerance})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, h string) {
+		for _, s := range parseWebhookSignatures(h) {
+			if s.version != "v1" && s.version != "v1a" {
+				t.Fatalf("parseWebhookSignatures(%q): kept version %q", h, s.version)
+			}
+		}
+		r := newRequest(map[string]string{"webhook-id": swID, "webhook-timestamp": fmt.Sprint(swTS), "webhook-signature": h})
+		err := v.Verify(r, []byte(swBody))
+		if err != nil && !errors.Is(err, ErrNoSignature) && !errors.Is(err, ErrBadSignature) && !errors.Is(err, ErrStale) {
+			t.Fatalf("Verify(%q): got %v, want a sentinel", h, err)
+		}
+	})
+}
