@@ -1,0 +1,43 @@
+-- claim.lua: take KEYS[1] for one attempt, or report why not, in one round trip.
+--
+-- ARGV[1] now, ms since the Unix epoch, decimal (the caller's clock)
+-- ARGV[2] now, base 36 (first_seen of a new record)
+-- ARGV[3] lease_until, base 36
+-- ARGV[4] the key's TTL, ms: the lease plus a grace period during which a
+--         lapsed claim's history survives (a garbage-collection backstop
+--         only; every decision compares the record's own times with ARGV[1])
+-- ARGV[5] owner token
+-- ARGV[6] claim part (body SHA-256, fingerprint), opaque here
+--
+-- Record: state,first_seen,expires_at,attempts,aux,claim_len,<claim><result>
+-- (see record.go). Returns {0, new record} when claimed, {1, record} for a
+-- processed key inside its window, {2, record} for a held lease.
+local rec = redis.call('GET', KEYS[1])
+local now = tonumber(ARGV[1])
+local first, attempts, result = ARGV[2], 0, ''
+if rec then
+  local st, fs, exp, att, _, clen, pos =
+    string.match(rec, '^(%a),(%w+),(%w+),(%d+),(%w*),(%d+),()')
+  if not st then
+    return redis.error_reply('ERR dedupgw: undecodable record')
+  end
+  -- A record is expired once now is past its expires_at.
+  local live = tonumber(exp, 36) >= now
+  if live and st == 'd' then
+    return {1, rec}
+  elseif live and st == 'p' then
+    return {2, rec}
+  end
+  if st == 'p' or (st == 'f' and live) then
+    -- A lapsed lease (a crashed or stuck attempt) or a retained failure:
+    -- claimable, and the receipt's history (first_seen, attempts, last
+    -- status and error) carries over. An expired processed or failed
+    -- record is absent: the key starts over.
+    first, attempts = fs, tonumber(att)
+    result = string.sub(rec, pos + tonumber(clen))
+  end
+end
+local new = 'p,' .. first .. ',' .. ARGV[3] .. ',' .. (attempts + 1) .. ',' ..
+  ARGV[5] .. ',' .. #ARGV[6] .. ',' .. ARGV[6] .. result
+redis.call('SET', KEYS[1], new, 'PX', ARGV[4])
+return {0, new}

@@ -1,0 +1,28 @@
+-- commit.lua: mark KEYS[1] processed if ARGV[2] still owns its unexpired lease.
+--
+-- ARGV[1] now, ms, decimal
+-- ARGV[2] owner token
+-- ARGV[3] completed_at (now), base 36
+-- ARGV[4] expires_at (now + window), base 36
+-- ARGV[5] window, ms (TTL backstop)
+-- ARGV[6] result part (status, response), opaque here
+--
+-- Returns 1 when committed, 0 when the caller is not the owner (nothing changed).
+local rec = redis.call('GET', KEYS[1])
+if not rec then
+  return 0
+end
+local st, fs, exp, att, aux, clen, pos =
+  string.match(rec, '^(%a),(%w+),(%w+),(%d+),(%w*),(%d+),()')
+if not st then
+  return redis.error_reply('ERR dedupgw: undecodable record')
+end
+if st ~= 'p' or aux ~= ARGV[2] or tonumber(exp, 36) < tonumber(ARGV[1]) then
+  return 0
+end
+local claim = string.sub(rec, pos, pos + tonumber(clen) - 1)
+redis.call('SET', KEYS[1],
+  'd,' .. fs .. ',' .. ARGV[4] .. ',' .. att .. ',' .. ARGV[3] .. ',' ..
+  clen .. ',' .. claim .. ARGV[6],
+  'PX', ARGV[5])
+return 1

@@ -1,0 +1,111 @@
+package redisstore
+
+import (
+	"crypto/tls"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultKeyPrefix    = "dedupgw:"
+	DefaultDialTimeout  = 2 * time.Second
+	DefaultReadTimeout  = time.Second
+	DefaultWriteTimeout = time.Second
+)
+
+// Config is the plain-data description of the Redis deployment, the
+// store.redis block of the configuration file.
+type Config struct {
+	// Addrs are "host:port" addresses. One address is a single node; two or
+	// more are seed nodes of a Redis Cluster; with MasterName set they are
+	// Sentinel addresses. Required.
+	Addrs []string
+	// MasterName, when set, selects Sentinel: the store talks to the master
+	// the sentinels at Addrs report under this name, and follows failovers.
+	// Empty means single node or Cluster.
+	MasterName string
+	// Username and Password authenticate (Redis 6 ACL when Username is set,
+	// the legacy requirepass otherwise). Empty means no authentication. With
+	// Sentinel they authenticate to the master; the sentinels themselves are
+	// reached without.
+	Username string
+	Password string
+	// DB selects the logical database on a single node or Sentinel master.
+	// Zero means database 0. A Cluster has only database 0: a non-zero DB
+	// with several addresses is an error.
+	DB int
+	// TLS, when true, connects with TLS (minimum TLS 1.2, server name from
+	// the address, system roots). False means plain TCP.
+	TLS bool
+	// KeyPrefix starts every key the store writes. Empty means "dedupgw:".
+	KeyPrefix string
+	// DialTimeout bounds establishing a connection. Zero means 2s.
+	DialTimeout time.Duration
+	// ReadTimeout and WriteTimeout bound one command's socket read and write.
+	// Zero means 1s each; a negative value means no timeout. A request's
+	// context deadline applies as well.
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
+	// PoolSize is the number of connections per node. Zero means go-redis's
+	// default, 10 per GOMAXPROCS.
+	PoolSize int
+}
+
+// validate checks Config before a client is built.
+func (c Config) validate() error {
+	if len(c.Addrs) == 0 {
+		return errors.New("redisstore: addrs: at least one address is required")
+	}
+	for _, a := range c.Addrs {
+		if a == "" {
+			return errors.New("redisstore: addrs: empty address")
+		}
+	}
+	if c.DB < 0 {
+		return errors.New("redisstore: db: must not be negative")
+	}
+	if c.MasterName == "" && len(c.Addrs) > 1 && c.DB != 0 {
+		return errors.New("redisstore: db: a cluster (several addrs) has only database 0")
+	}
+	if c.PoolSize < 0 {
+		return errors.New("redisstore: pool_size: must not be negative")
+	}
+	return nil
+}
+
+// universalOptions returns the go-redis options for c with defaults filled
+// in. redis.NewUniversalClient picks the client from them: MasterName set
+// means a failover (Sentinel) client, several Addrs a cluster client, one
+// address a single-node client.
+func (c Config) universalOptions() *redis.UniversalOptions {
+	o := &redis.UniversalOptions{
+		Addrs:        c.Addrs,
+		MasterName:   c.MasterName,
+		Username:     c.Username,
+		Password:     c.Password,
+		DB:           c.DB,
+		DialTimeout:  c.DialTimeout,
+		ReadTimeout:  c.ReadTimeout,
+		WriteTimeout: c.WriteTimeout,
+		PoolSize:     c.PoolSize,
+		// Honour the caller's context deadline (the gateway bounds each store
+		// call), not only the socket timeouts.
+		ContextTimeoutEnabled: true,
+	}
+	if o.DialTimeout == 0 {
+		o.DialTimeout = DefaultDialTimeout
+	}
+	if o.ReadTimeout == 0 {
+		o.ReadTimeout = DefaultReadTimeout
+	}
+	if o.WriteTimeout == 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.TLS {
+		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return o
+}

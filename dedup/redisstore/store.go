@@ -1,0 +1,328 @@
+// Package redisstore is the Redis backend of dedup.Store: one shared view of
+// which events were seen for every gateway replica that points at the same
+// Redis, on a single node, behind Sentinel, or on a Cluster.
+//
+// Each operation is one Lua script on one key (claim.lua, commit.lua,
+// release.lua, forget.lua; Get is a plain GET), so it is atomic and
+// Cluster-safe, and a delivery costs one round trip for a duplicate and two
+// (claim, commit) for a first delivery. The scripts take the caller's clock
+// as an argument and compare it with the times stored in the record, so
+// every replica's decisions follow the same rule and tests can move time. Each
+// key also gets a Redis TTL equal to the record's remaining life, so Redis
+// drops expired records by itself.
+//
+// Keys are "{KeyPrefix}{namespace}:{id}" (see redisKey for ids stored by
+// their SHA-256) and values are one compact string (see record.go).
+package redisstore
+
+import (
+	"context"
+	_ "embed" // Lua scripts
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/dedupgw/dedupgw/dedup"
+)
+
+var (
+	//go:embed claim.lua
+	claimSrc string
+	//go:embed commit.lua
+	commitSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed forget.lua
+	forgetSrc string
+
+	// The scripts run with EVALSHA; Script.Run falls back to EVAL (which
+	// also caches the script again) when the server answers NOSCRIPT, after
+	// a restart or SCRIPT FLUSH.
+	claimScript   = redis.NewScript(claimSrc)
+	commitScript  = redis.NewScript(commitSrc)
+	releaseScript = redis.NewScript(releaseSrc)
+	forgetScript  = redis.NewScript(forgetSrc)
+)
+
+// leaseGrace is how long Redis keeps a processing record after its lease
+// lapsed. A record whose lease lapsed reads as absent, but a claim within the
+// grace keeps its first_seen and counts attempts on, so the receipt of an
+// attempt that crashed is not lost.
+const leaseGrace = time.Hour
+
+// Claim script result codes (the first element of its reply).
+const (
+	claimClaimed   = 0
+	claimDuplicate = 1
+	claimInFlight  = 2
+)
+
+var _ dedup.Store = (*Store)(nil)
+
+// Options are the store's collaborators.
+type Options struct {
+	// Now is the clock for every lease, window and retention decision. Nil
+	// means time.Now. All replicas sharing a Redis should have synchronised
+	// clocks (NTP); a skew of s shifts each lease and window by up to s.
+	Now dedup.Clock
+	// Logger receives the store's rare diagnostics. Nil means zap.NewNop().
+	Logger *zap.Logger
+}
+
+// Store is a dedup.Store backed by Redis. It is safe for concurrent use.
+type Store struct {
+	client     redis.UniversalClient
+	ownsClient bool
+	prefix     string
+	now        dedup.Clock
+	log        *zap.Logger
+	closed     atomic.Bool
+}
+
+// New builds a go-redis client from cfg (single node, Cluster or Sentinel;
+// see Config.Addrs) and returns a Store using it. It does not contact Redis:
+// use Ping to check reachability. Close closes the client.
+func New(cfg Config, opts Options) (*Store, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	client := redis.NewUniversalClient(cfg.universalOptions())
+	s := NewFromClient(client, cfg.KeyPrefix, opts)
+	s.ownsClient = true
+	return s, nil
+}
+
+// NewFromClient returns a Store using client, whose lifetime stays with the
+// caller: Close does not close it. An empty prefix means "dedupgw:".
+func NewFromClient(client redis.UniversalClient, prefix string, opts Options) *Store {
+	if prefix == "" {
+		prefix = DefaultKeyPrefix
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	return &Store{
+		client: client,
+		prefix: prefix,
+		now:    opts.Now,
+		log:    opts.Logger.Named("redisstore"),
+	}
+}
+
+// Key returns the Redis key that holds k's record, for operators and tests.
+func (s *Store) Key(k dedup.Key) string { return redisKey(s.prefix, k) }
+
+// Client returns the underlying go-redis client.
+func (s *Store) Client() redis.UniversalClient { return s.client }
+
+// Claim implements dedup.Store in one round trip: the script returns the
+// record it found for a duplicate or in-flight key, so Record (with the stored
+// Response) is filled without a second call.
+func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOptions) (dedup.ClaimResult, error) {
+	if s.closed.Load() {
+		return dedup.ClaimResult{}, dedup.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	if opts.Lease <= 0 {
+		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: lease %s must be positive", opts.Lease)
+	}
+	now := s.nowMS()
+	leaseMS := durationMS(opts.Lease)
+	token := dedup.NewToken()
+	reply, err := claimScript.Run(ctx, s.client, []string{s.Key(key)},
+		now, base36(now), base36(now+leaseMS),
+		leaseMS+leaseGrace.Milliseconds(), token, encodeClaim(opts.BodySHA256, opts.Fingerprint),
+	).Slice()
+	if err != nil {
+		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	code, value, err := claimReply(reply)
+	if err != nil {
+		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	rec, err := decodeRecord(value)
+	if err != nil {
+		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	res := dedup.ClaimResult{Record: rec}
+	switch code {
+	case claimClaimed:
+		res.Outcome, res.Token = dedup.Claimed, token
+	case claimDuplicate:
+		res.Outcome = dedup.Duplicate
+	case claimInFlight:
+		res.Outcome = dedup.InFlight
+	default:
+		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: unknown result code %d", code)
+	}
+	return res, nil
+}
+
+// claimReply splits the claim script's {code, record} reply.
+func claimReply(reply []any) (int64, string, error) {
+	if len(reply) != 2 {
+		return 0, "", fmt.Errorf("script reply has %d elements, want 2", len(reply))
+	}
+	code, ok1 := reply[0].(int64)
+	value, ok2 := reply[1].(string)
+	if !ok1 || !ok2 {
+		return 0, "", fmt.Errorf("script reply is (%T, %T), want (int64, string)", reply[0], reply[1])
+	}
+	return code, value, nil
+}
+
+// Commit implements dedup.Store. The window is fixed here: later duplicates
+// do not extend it.
+func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts dedup.CommitOptions) error {
+	if s.closed.Load() {
+		return dedup.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redisstore: commit: %w", err)
+	}
+	if opts.Window <= 0 {
+		return fmt.Errorf("redisstore: commit: window %s must be positive", opts.Window)
+	}
+	now := s.nowMS()
+	windowMS := durationMS(opts.Window)
+	n, err := commitScript.Run(ctx, s.client, []string{s.Key(key)},
+		now, token, base36(now), base36(now+windowMS),
+		windowMS, encodeResult(opts.Status, "", opts.Response),
+	).Int64()
+	if err != nil {
+		return fmt.Errorf("redisstore: commit: %w", err)
+	}
+	if n != 1 {
+		return dedup.ErrNotOwner
+	}
+	return nil
+}
+
+// Release implements dedup.Store. A zero Retain deletes the key.
+func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts dedup.ReleaseOptions) error {
+	if s.closed.Load() {
+		return dedup.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redisstore: release: %w", err)
+	}
+	if opts.Retain < 0 {
+		return fmt.Errorf("redisstore: release: retain %s must not be negative", opts.Retain)
+	}
+	now := s.nowMS()
+	retainMS := durationMS(opts.Retain)
+	n, err := releaseScript.Run(ctx, s.client, []string{s.Key(key)},
+		now, token, base36(now), base36(now+retainMS),
+		retainMS, encodeResult(opts.Status, opts.Error, nil),
+	).Int64()
+	if err != nil {
+		return fmt.Errorf("redisstore: release: %w", err)
+	}
+	if n != 1 {
+		return dedup.ErrNotOwner
+	}
+	return nil
+}
+
+// Get implements dedup.Store with one GET; a record whose time has passed by
+// the store's clock is reported as ErrNotFound even while Redis still holds it.
+func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
+	if s.closed.Load() {
+		return dedup.Record{}, dedup.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return dedup.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	value, err := s.client.Get(ctx, s.Key(key)).Result()
+	if errors.Is(err, redis.Nil) {
+		return dedup.Record{}, dedup.ErrNotFound
+	}
+	if err != nil {
+		return dedup.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	rec, err := decodeRecord(value)
+	if err != nil {
+		return dedup.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	if rec.ExpiresAt.UnixMilli() < s.nowMS() {
+		return dedup.Record{}, dedup.ErrNotFound
+	}
+	return rec, nil
+}
+
+// Forget implements dedup.Store. It reports false for a record that had
+// already expired by the store's clock (and deletes it all the same).
+func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
+	if s.closed.Load() {
+		return false, dedup.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("redisstore: forget: %w", err)
+	}
+	n, err := forgetScript.Run(ctx, s.client, []string{s.Key(key)}, s.nowMS()).Int64()
+	if err != nil {
+		return false, fmt.Errorf("redisstore: forget: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Ping implements dedup.Store: PING on the node, on the Sentinel master, or
+// on every Cluster master (a Cluster with one master down cannot serve part of
+// the keys, so it is not ready).
+func (s *Store) Ping(ctx context.Context) error {
+	if s.closed.Load() {
+		return dedup.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redisstore: ping: %w", err)
+	}
+	var err error
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.Ping(ctx).Err()
+		})
+	} else {
+		err = s.client.Ping(ctx).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("redisstore: ping: %w", err)
+	}
+	return nil
+}
+
+// Close implements dedup.Store. Later calls return dedup.ErrClosed. It closes
+// the client when New built it.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) || !s.ownsClient {
+		return nil
+	}
+	if err := s.client.Close(); err != nil {
+		return fmt.Errorf("redisstore: close: %w", err)
+	}
+	return nil
+}
+
+// nowMS returns the clock in milliseconds since the epoch, clamped to 0: the
+// unit and range of every time the records and scripts hold.
+func (s *Store) nowMS() int64 { return max(s.now().UnixMilli(), 0) }
+
+// base36 formats milliseconds the way records store times.
+func base36(ms int64) string { return strconv.FormatInt(ms, 36) }
+
+// durationMS rounds d up to whole milliseconds, at least 0.
+func durationMS(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}

@@ -1,0 +1,181 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/redisstore"
+	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+	"github.com/dedupgw/dedupgw/dedup/storetest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// prefixes makes every store of a test binary use its own key prefix, so
+// stores sharing one server start empty.
+var prefixes atomic.Int64
+
+func uniquePrefix() string {
+	return "test" + strconv.FormatInt(prefixes.Add(1), 10) + ":"
+}
+
+// newStore opens a store on cfg with a fresh key prefix, closed when t ends.
+func newStore(t testing.TB, cfg redisstore.Config, now dedup.Clock) *redisstore.Store {
+	t.Helper()
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = uniquePrefix()
+	}
+	s, err := redisstore.New(cfg, redisstore.Options{Now: now, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatalf("New: got error %v, want nil", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	storetest.Run(t, storetest.Harness{
+		New: func(t testing.TB, now dedup.Clock) dedup.Store {
+			return newStore(t, redisstore.Config{Addrs: []string{srv.Addr()}}, now)
+		},
+	})
+}
+
+func TestConformanceCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	storetest.Run(t, storetest.Harness{
+		New: func(t testing.TB, now dedup.Clock) dedup.Store {
+			return newStore(t, redisstore.Config{Addrs: cl.Addrs()}, now)
+		},
+	})
+}
+
+// claimCommit runs the first-delivery path on k and fails t on any surprise.
+func claimCommit(t testing.TB, s dedup.Store, k dedup.Key) {
+	t.Helper()
+	ctx := context.Background()
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim(%s): got (%v, %v), want (claimed, nil)", k, res.Outcome, err)
+	}
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+		t.Fatalf("Commit(%s): got %v, want nil", k, err)
+	}
+}
+
+// wantDuplicate claims k and fails t unless it is a duplicate.
+func wantDuplicate(t testing.TB, s dedup.Store, k dedup.Key) {
+	t.Helper()
+	res, err := s.Claim(context.Background(), k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Duplicate {
+		t.Fatalf("Claim(%s) again: got (%v, %v), want (duplicate, nil)", k, res.Outcome, err)
+	}
+}
+
+func TestScriptFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	s := newStore(t, redisstore.Config{Addrs: []string{srv.Addr()}}, nil)
+	ctx := context.Background()
+
+	for i := range 20 {
+		k := dedup.Key{Namespace: "flush", ID: "evt_" + strconv.Itoa(i)}
+		res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+		if err != nil || res.Outcome != dedup.Claimed {
+			t.Fatalf("Claim(%s): got (%v, %v), want (claimed, nil)", k, res.Outcome, err)
+		}
+		// Flush between every pair of operations: each script must come back
+		// through the NOSCRIPT fallback.
+		if err := admin.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatalf("SCRIPT FLUSH: got %v, want nil", err)
+		}
+		if i%2 == 0 {
+			err = s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+		} else {
+			err = s.Release(ctx, k, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500})
+		}
+		if err != nil {
+			t.Fatalf("finish %s after SCRIPT FLUSH: got %v, want nil", k, err)
+		}
+		if err := admin.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatalf("SCRIPT FLUSH: got %v, want nil", err)
+		}
+		want := dedup.Duplicate
+		if i%2 == 1 {
+			want = dedup.Claimed
+		}
+		res, err = s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+		if err != nil || res.Outcome != want {
+			t.Fatalf("Claim(%s) after SCRIPT FLUSH: got (%v, %v), want (%v, nil)", k, res.Outcome, err, want)
+		}
+		if err := admin.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatalf("SCRIPT FLUSH: got %v, want nil", err)
+		}
+		if existed, err := s.Forget(ctx, k); err != nil || !existed {
+			t.Fatalf("Forget(%s) after SCRIPT FLUSH: got (%v, %v), want (true, nil)", k, existed, err)
+		}
+	}
+}
+
+func TestRedisRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, redisstore.Config{Addrs: []string{srv.Addr()}, DialTimeout: 200 * time.Millisecond}, nil)
+	ctx := context.Background()
+	before := dedup.Key{Namespace: "restart", ID: "before"}
+	claimCommit(t, s, before)
+
+	srv.Stop()
+	k := dedup.Key{Namespace: "restart", ID: "during"}
+	if err := s.Ping(ctx); err == nil {
+		t.Fatalf("Ping while Redis is down: got nil, want an error")
+	}
+	if _, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err == nil ||
+		errors.Is(err, dedup.ErrNotOwner) || errors.Is(err, dedup.ErrClosed) {
+		t.Fatalf("Claim while Redis is down: got %v, want a connection error", err)
+	}
+	if _, err := s.Get(ctx, before); err == nil || errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("Get while Redis is down: got %v, want a connection error (not ErrNotFound)", err)
+	}
+
+	srv.Start()
+	// The same Store value recovers by itself; the first calls may still meet
+	// connections that died with the old server.
+	waitReady(t, s)
+	claimCommit(t, s, k)
+	wantDuplicate(t, s, k)
+	// Redis persisted nothing (--save ""), so the key from before is gone: the
+	// README's advice to persist matters.
+	if _, err := s.Get(ctx, before); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("Get of a key written before a restart without persistence: got %v, want ErrNotFound", err)
+	}
+}
+
+// waitReady polls Ping until it succeeds, failing t after 5s.
+func waitReady(t testing.TB, s dedup.Store) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := s.Ping(ctx)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Ping: still failing after 5s: %v", err)
+		}
+		<-tick.C
+	}
+}
