@@ -290,7 +290,7 @@ func Analyze(r *Report, a Analysis) {
 			if l.Key == "" {
 				continue
 			}
-			if l.Outcome == "store_error" || l.Level == "error" || l.Level == "warn" {
+			if storeTrouble(l) {
 				logged[keyID(l.Key)] = true
 			}
 		}
@@ -309,6 +309,25 @@ func Analyze(r *Report, a Analysis) {
 			r.Duplicates = append(r.Duplicates, d)
 		}
 	}
+}
+
+// storeTrouble reports whether a log line says the store failed for its key:
+// a store_error outcome, or a warning or error about the store, a commit, a
+// release or a lease. Upstream failures are not store trouble.
+func storeTrouble(l LogLine) bool {
+	if l.Outcome == "store_error" {
+		return true
+	}
+	if l.Level != "warn" && l.Level != "error" {
+		return false
+	}
+	m := strings.ToLower(l.Msg)
+	for _, w := range []string{"store", "commit", "release", "lease"} {
+		if strings.Contains(m, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // keyID strips a "namespace:" prefix from a logged key, if it has one (the
