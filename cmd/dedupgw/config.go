@@ -75,7 +75,8 @@ type Bolt struct {
 }
 
 // Redis configures the Redis backend. Zero timeouts and pool size mean the
-// backend's defaults.
+// backend's defaults (dial 2s, read and write 1s, 10 connections per CPU); a
+// negative read or write timeout means none.
 type Redis struct {
 	// Addrs: one is a single node, several a Cluster, and with MasterName the
 	// Sentinel addresses. Empty means ["127.0.0.1:6379"].

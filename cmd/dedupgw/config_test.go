@@ -446,10 +446,10 @@ func TestProblems(t *testing.T) {
 		{"unknown backend", "store:\n  backend: mongo\n" + minimal, nil, []string{`store.backend: unknown backend "mongo" (want bolt, redis or memory)`}},
 		{"bad env override", minimal, map[string]string{"DEDUPGW_STORE_REDIS_DB": "x"}, []string{`store.redis.db: invalid integer "x"`}},
 		{"redis bad addr", "store:\n  backend: redis\n  redis:\n    addrs: [nohost]\n" + minimal, nil, []string{`store.redis.addrs[0]: invalid address "nohost" (want host:port, e.g. "127.0.0.1:9090")`}},
-		{"redis negative", "store:\n  backend: redis\n  redis:\n    db: -1\n    pool_size: -2\n    read_timeout: -1s\n" + minimal, nil, []string{
+		{"redis negative", "store:\n  backend: redis\n  redis:\n    db: -1\n    pool_size: -2\n    dial_timeout: -1s\n    read_timeout: -1s\n" + minimal, nil, []string{
 			"store.redis.db: must not be negative, got -1",
 			"store.redis.pool_size: must not be negative, got -2",
-			"store.redis.read_timeout: must not be negative, got -1s",
+			"store.redis.dial_timeout: must not be negative, got -1s",
 		}},
 		{"cluster db", "store:\n  backend: redis\n  redis:\n    addrs: [a:1, b:2]\n    db: 1\n" + minimal, nil, []string{"store.redis.db: a Redis Cluster (several addrs) has only db 0"}},
 		{"empty bolt path", "store:\n  bolt:\n    path: ${DB_PATH}\n" + minimal, nil, nil}, // empty means the default

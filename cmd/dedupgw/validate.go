@@ -110,14 +110,9 @@ func (f *File) checkStore(ps *Problems) {
 		if s.Redis.PoolSize < 0 {
 			ps.add("store.redis.pool_size", "must not be negative, got %d", s.Redis.PoolSize)
 		}
-		for key, d := range map[string]time.Duration{
-			"store.redis.dial_timeout":  s.Redis.DialTimeout,
-			"store.redis.read_timeout":  s.Redis.ReadTimeout,
-			"store.redis.write_timeout": s.Redis.WriteTimeout,
-		} {
-			if d < 0 {
-				ps.add(key, "must not be negative, got %v", d)
-			}
+		// Negative read and write timeouts mean "no timeout" to the backend.
+		if s.Redis.DialTimeout < 0 {
+			ps.add("store.redis.dial_timeout", "must not be negative, got %v", s.Redis.DialTimeout)
 		}
 	default:
 		ps.add("store.backend", "unknown backend %q (want bolt, redis or memory)", s.Backend)

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// defaultAdminURL is where the keys commands find the admin API.
+const defaultAdminURL = "http://127.0.0.1:9090"
+
+// keysTimeout bounds one keys API call.
+const keysTimeout = 10 * time.Second
+
+const keysUsage = `Usage:
+  dedupgw keys get [--admin URL] ROUTE KEY     print the key's record as JSON
+  dedupgw keys forget [--admin URL] ROUTE KEY  forget the key so its next delivery is forwarded
+
+The admin token is read from DEDUPGW_ADMIN_TOKEN. --admin defaults to
+DEDUPGW_ADMIN_URL, else ` + defaultAdminURL + `.
+`
+
+// cmdKeys runs "keys get" and "keys forget" against the admin API. It exits
+// non-zero when the key is absent (404), the token is refused (401) or the
+// gateway cannot be reached.
+func cmdKeys(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || (args[0] != "get" && args[0] != "forget") {
+		fmt.Fprint(stderr, keysUsage)
+		return exitUsage
+	}
+	op := args[0]
+	fs := flag.NewFlagSet("dedupgw keys "+op, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := defaultAdminURL
+	if v, ok := os.LookupEnv("DEDUPGW_ADMIN_URL"); ok && v != "" {
+		def = v
+	}
+	admin := fs.String("admin", def, "admin API base URL")
+	if err := fs.Parse(args[1:]); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() != 2 || fs.Arg(0) == "" || fs.Arg(1) == "" {
+		fmt.Fprint(stderr, keysUsage)
+		return exitUsage
+	}
+	route, key := fs.Arg(0), fs.Arg(1)
+	base, err := url.Parse(strings.TrimRight(*admin, "/"))
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		fmt.Fprintf(stderr, "dedupgw keys: invalid --admin URL %q\n", *admin)
+		return exitUsage
+	}
+
+	method := http.MethodGet
+	if op == "forget" {
+		method = http.MethodDelete
+	}
+	target := base.String() + "/v1/keys/" + url.PathEscape(route) + "/" + url.PathEscape(key)
+	req, err := http.NewRequest(method, target, nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "dedupgw keys: %v\n", err)
+		return exitFail
+	}
+	if tok, _ := os.LookupEnv("DEDUPGW_ADMIN_TOKEN"); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	client := &http.Client{Timeout: keysTimeout}
+	resp, err := client.Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "dedupgw keys: %v\n", err)
+		return exitFail
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		fmt.Fprintf(stderr, "dedupgw keys: read answer: %v\n", err)
+		return exitFail
+	}
+
+	switch {
+	case op == "get" && resp.StatusCode == http.StatusOK:
+		var out bytes.Buffer
+		if json.Indent(&out, body, "", "  ") != nil {
+			out.Reset()
+			out.Write(body)
+		}
+		fmt.Fprintln(stdout, strings.TrimRight(out.String(), "\n"))
+		return exitOK
+	case op == "forget" && resp.StatusCode/100 == 2:
+		fmt.Fprintf(stdout, "forgot %s/%s: its next delivery will be forwarded\n", route, key)
+		return exitOK
+	case resp.StatusCode == http.StatusNotFound:
+		fmt.Fprintf(stderr, "dedupgw keys: %s/%s: not found (%s)\n", route, key, detail(body))
+	case resp.StatusCode == http.StatusUnauthorized:
+		fmt.Fprintf(stderr, "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n")
+	default:
+		fmt.Fprintf(stderr, "dedupgw keys: %s %s: %s (%s)\n", method, target, resp.Status, detail(body))
+	}
+	return exitFail
+}
+
+// detail returns the detail (else title) of a problem+json body, or the body.
+func detail(body []byte) string {
+	var p struct{ Title, Detail string }
+	if json.Unmarshal(body, &p) == nil {
+		if p.Detail != "" {
+			return p.Detail
+		}
+		if p.Title != "" {
+			return p.Title
+		}
+	}
+	return strings.TrimSpace(string(body))
+}

@@ -1,0 +1,399 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"reflect"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/boltstore"
+	"github.com/dedupgw/dedupgw/dedup/memstore"
+	"github.com/dedupgw/dedupgw/dedup/redisstore"
+	"github.com/dedupgw/dedupgw/proxy"
+)
+
+// HTTP server limits. The read timeout grows with the largest body a route
+// accepts (see readTimeout); the gateway itself bounds each forward by the
+// route's upstream_timeout, so there is no write timeout on the gateway
+// listener (a delivery on an on_in_flight: wait route may be held a lease).
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 120 * time.Second
+	maxHeaderBytes    = 64 << 10
+	minReadTimeout    = 30 * time.Second
+	// slowestSender is the slowest body upload rate a sender is allowed.
+	slowestSender = 64 << 10 // bytes per second
+	// drainMargin is added to the longest upstream_timeout to bound the drain
+	// on SIGTERM: enough for the last forward's commit or release.
+	drainMargin = 5 * time.Second
+	// adminWriteTimeout bounds admin answers (/metrics, the keys API).
+	adminWriteTimeout = 30 * time.Second
+)
+
+func cmdServe(args []string, stderr io.Writer) int {
+	path, ok := configFlag("serve", args, stderr)
+	if !ok {
+		return exitUsage
+	}
+	f, err := loadConfig(path, os.LookupEnv)
+	if err != nil {
+		printConfigError(stderr, path, err)
+		return exitFail
+	}
+	log, level, err := newLogger(f.Log, zapcore.AddSync(stderr))
+	if err != nil {
+		fmt.Fprintf(stderr, "dedupgw: %v\n", err)
+		return exitFail
+	}
+	defer func() { _ = log.Sync() }()
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	s := &server{path: path, env: os.LookupEnv, log: log, level: level, file: f}
+	if err := s.run(sigs); err != nil {
+		log.Error("dedupgw stopped with an error", zap.Error(err))
+		return exitFail
+	}
+	return exitOK
+}
+
+// newLogger builds the process logger from the log: block, writing to w.
+// The returned level can be changed while the logger is in use (reload).
+func newLogger(cfg Log, w zapcore.WriteSyncer) (*zap.Logger, zap.AtomicLevel, error) {
+	level, err := zap.ParseAtomicLevel(cfg.Level)
+	if err != nil {
+		return nil, level, fmt.Errorf("log.level: %w", err)
+	}
+	ec := zap.NewProductionEncoderConfig()
+	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	var enc zapcore.Encoder
+	switch cfg.Format {
+	case "json":
+		enc = zapcore.NewJSONEncoder(ec)
+	case "console":
+		enc = zapcore.NewConsoleEncoder(ec)
+	default:
+		return nil, level, fmt.Errorf("log.format: unknown format %q", cfg.Format)
+	}
+	return zap.New(zapcore.NewCore(enc, zapcore.Lock(w), level)), level, nil
+}
+
+// server is one running gateway: its configuration, store, gateway, and the
+// two HTTP listeners.
+type server struct {
+	path  string
+	env   func(string) (string, bool)
+	log   *zap.Logger
+	level zap.AtomicLevel
+
+	// file is the configuration in force. Keys that need a restart (listen
+	// addresses, store, log format) keep their start-up values across reloads.
+	file    *File
+	store   dedup.Store
+	gw      *proxy.Gateway
+	reg     *prometheus.Registry
+	reloads *reloadCounter
+	// admin is the current admin handler; a reload rebuilds it (token).
+	admin atomic.Pointer[http.Handler]
+}
+
+// run serves until SIGTERM or SIGINT arrives on sigs (SIGHUP reloads) or a
+// listener fails, then shuts down gracefully.
+func (s *server) run(sigs <-chan os.Signal) error {
+	f := s.file
+	store, err := openStore(f.Store, s.log)
+	if err != nil {
+		return err
+	}
+	s.store = store
+	defer func() {
+		if err := store.Close(); err != nil {
+			s.log.Error("closing the store", zap.Error(err))
+		}
+	}()
+
+	s.reg = prometheus.NewRegistry()
+	s.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	s.reloads = &reloadCounter{Registerer: s.reg}
+	gw, err := proxy.New(f.GatewayConfig(), store, proxy.Options{
+		Logger:     s.log,
+		Registerer: s.reloads,
+		Backend:    f.Store.Backend,
+		Version:    version,
+	})
+	if err != nil {
+		return fmt.Errorf("build gateway: %w", err)
+	}
+	s.gw = gw
+	gwClosed := false
+	defer func() {
+		if !gwClosed {
+			_ = gw.Close()
+		}
+	}()
+	s.setAdmin(f.Admin.Token)
+
+	gl, err := net.Listen("tcp", f.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	al, err := net.Listen("tcp", f.Admin.Listen)
+	if err != nil {
+		_ = gl.Close()
+		return fmt.Errorf("admin.listen: %w", err)
+	}
+	errLog := zap.NewStdLog(s.log.Named("http"))
+	gwSrv := &http.Server{
+		Handler:           gw,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout(f),
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          errLog,
+	}
+	adminSrv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			(*s.admin.Load()).ServeHTTP(w, r)
+		}),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readHeaderTimeout,
+		WriteTimeout:      adminWriteTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          errLog,
+	}
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- serveListener(gwSrv, gl, "listen") }()
+	go func() { serveErr <- serveListener(adminSrv, al, "admin.listen") }()
+
+	routes := make([]string, len(f.Routes))
+	for i, r := range f.Routes {
+		routes[i] = r.Name + "=" + r.Path
+	}
+	s.log.Info("dedupgw started",
+		zap.String("version", version),
+		zap.String("listen", gl.Addr().String()),
+		zap.String("admin_listen", al.Addr().String()),
+		zap.String("backend", f.Store.Backend),
+		zap.Strings("routes", routes),
+	)
+
+	var runErr error
+loop:
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				s.reload()
+				continue
+			}
+			s.log.Info("signal received: draining", zap.String("signal", sig.String()))
+			break loop
+		case err := <-serveErr:
+			if err == nil {
+				continue // cannot happen before Shutdown; kept for clarity
+			}
+			runErr = err
+			s.log.Error("listener failed: shutting down", zap.Error(err))
+			break loop
+		}
+	}
+
+	// Drain: stop accepting, let deliveries finish (commit or release), then
+	// close the gateway, which cancels and releases whatever is left.
+	drain := s.file.maxUpstreamTimeout() + drainMargin
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	start := time.Now()
+	if err := gwSrv.Shutdown(ctx); err != nil {
+		s.log.Warn("drain deadline passed: cancelling the deliveries left", zap.Duration("drain", drain), zap.Error(err))
+	}
+	_ = gw.Close()
+	gwClosed = true
+	_ = gwSrv.Close()
+	actx, acancel := context.WithTimeout(context.Background(), readHeaderTimeout)
+	defer acancel()
+	if err := adminSrv.Shutdown(actx); err != nil {
+		_ = adminSrv.Close()
+	}
+	s.log.Info("dedupgw stopped", zap.Duration("drained_in", time.Since(start)))
+	return runErr
+}
+
+// serveListener serves srv on l until Shutdown; name says which listener.
+func serveListener(srv *http.Server, l net.Listener, name string) error {
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("%s %s: %w", name, l.Addr(), err)
+	}
+	return nil // Shutdown was called
+}
+
+// readTimeout bounds reading a whole request: the largest body any route
+// accepts, uploaded at the slowest rate allowed, and at least minReadTimeout.
+func readTimeout(f *File) time.Duration {
+	var largest int64
+	for i := range f.Routes {
+		largest = max(largest, *f.effective(i).MaxBodyBytes)
+	}
+	return max(minReadTimeout, readHeaderTimeout+time.Duration(largest/slowestSender)*time.Second)
+}
+
+// setAdmin installs an admin handler guarded by token.
+func (s *server) setAdmin(token string) {
+	h := proxy.NewAdmin(s.gw, s.store, proxy.AdminOptions{Token: token, Gatherer: s.reg})
+	s.admin.Store(&h)
+}
+
+// reload re-reads the configuration file. An invalid file is logged and
+// counted, and the running configuration stays. Listen addresses, the store
+// and the log format need a restart: a change to them is logged and the rest
+// applied.
+func (s *server) reload() {
+	f, err := loadConfig(s.path, s.env)
+	if err != nil {
+		s.reloads.failure()
+		var ps Problems
+		if errors.As(err, &ps) {
+			list := make([]string, len(ps))
+			for i, p := range ps {
+				list[i] = p.String()
+			}
+			s.log.Error("config reload rejected: keeping the running config", zap.String("config", s.path), zap.Strings("problems", list))
+		} else {
+			s.log.Error("config reload rejected: keeping the running config", zap.String("config", s.path), zap.Error(err))
+		}
+		return
+	}
+	old := s.file
+	var restart []string
+	if !reflect.DeepEqual(f.Store, old.Store) {
+		s.log.Warn("store change needs a restart: keeping the running store, applying the rest")
+		f.Store = old.Store
+	}
+	if f.Listen != old.Listen {
+		restart = append(restart, "listen")
+		f.Listen = old.Listen
+	}
+	if f.Admin.Listen != old.Admin.Listen {
+		restart = append(restart, "admin.listen")
+		f.Admin.Listen = old.Admin.Listen
+	}
+	if f.Log.Format != old.Log.Format {
+		restart = append(restart, "log.format")
+		f.Log.Format = old.Log.Format
+	}
+	if len(restart) > 0 {
+		s.log.Warn("changes that need a restart are ignored until then", zap.String("keys", strings.Join(restart, ", ")))
+	}
+	if err := s.gw.Reload(f.GatewayConfig()); err != nil {
+		// The gateway counted the failure and kept its routes.
+		s.log.Error("config reload rejected: keeping the running config", zap.String("config", s.path), zap.Error(err))
+		return
+	}
+	if err := s.level.UnmarshalText([]byte(f.Log.Level)); err != nil {
+		s.log.Warn("log.level not applied", zap.Error(err))
+	}
+	if f.Admin.Token != old.Admin.Token {
+		s.setAdmin(f.Admin.Token)
+	}
+	s.file = f
+	s.log.Info("config reloaded", zap.String("config", s.path), zap.Int("routes", len(f.Routes)))
+}
+
+// openStore opens the configured backend.
+func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
+	switch cfg.Backend {
+	case "bolt":
+		s, err := boltstore.Open(cfg.Bolt.Path, boltstore.Options{Logger: log.Named("boltstore")})
+		if err != nil {
+			return nil, fmt.Errorf("open bolt store: %w", err)
+		}
+		return s, nil
+	case "memory":
+		return memstore.New(memstore.Options{}), nil
+	case "redis":
+		r := cfg.Redis
+		s, err := redisstore.New(redisstore.Config{
+			Addrs:        r.Addrs,
+			MasterName:   r.MasterName,
+			Username:     r.Username,
+			Password:     r.Password,
+			DB:           r.DB,
+			TLS:          r.TLS,
+			KeyPrefix:    r.KeyPrefix,
+			DialTimeout:  r.DialTimeout,
+			ReadTimeout:  r.ReadTimeout,
+			WriteTimeout: r.WriteTimeout,
+			PoolSize:     r.PoolSize,
+		}, redisstore.Options{Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("open redis store: %w", err)
+		}
+		return s, nil
+	}
+	return nil, fmt.Errorf("store.backend: unknown backend %q", cfg.Backend)
+}
+
+// reloadCounter passes registrations through to the registry and keeps the
+// gateway's dedupgw_config_reloads_total counter, so that a reload rejected
+// before it reaches the gateway (an invalid file) is counted in the same
+// series as the ones the gateway counts itself.
+type reloadCounter struct {
+	prometheus.Registerer
+	vec atomic.Pointer[prometheus.CounterVec]
+}
+
+const reloadsMetric = `fqName: "dedupgw_config_reloads_total"`
+
+func (r *reloadCounter) Register(c prometheus.Collector) error {
+	r.keep(c)
+	return r.Registerer.Register(c)
+}
+
+func (r *reloadCounter) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		r.keep(c)
+	}
+	r.Registerer.MustRegister(cs...)
+}
+
+func (r *reloadCounter) keep(c prometheus.Collector) {
+	vec, ok := c.(*prometheus.CounterVec)
+	if !ok {
+		return
+	}
+	descs := make(chan *prometheus.Desc, 1)
+	go func() { vec.Describe(descs); close(descs) }()
+	for d := range descs {
+		if strings.Contains(d.String(), reloadsMetric) {
+			r.vec.Store(vec)
+		}
+	}
+}
+
+// failure counts one rejected reload.
+func (r *reloadCounter) failure() {
+	if vec := r.vec.Load(); vec != nil {
+		vec.WithLabelValues("failure").Inc()
+	}
+}
