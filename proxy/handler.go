@@ -323,12 +323,12 @@ func validAPIKey(key string) bool {
 
 // expectedKey describes where rt looks for its key, for a 400's detail.
 func expectedKey(rt *route) string {
-	if len(rt.Provider.Keys) > 0 {
-		return "a non-empty value from " + strings.Join(rt.Provider.Keys, ", then ")
+	keys := rt.Provider.Keys
+	if len(keys) == 0 {
+		keys = providers.PresetKeys(rt.provider.Name)
 	}
-	name := rt.provider.Name
-	if name == "" {
-		name = rt.Provider.Provider
+	if len(keys) == 0 {
+		return "a key"
 	}
-	return "the " + name + " provider's event ID"
+	return "a non-empty value from " + strings.Join(keys, ", then ")
 }

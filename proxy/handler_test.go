@@ -1,0 +1,685 @@
+package proxy
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+const stripeSecret = "whsec_test_secret"
+
+// stripeHeader signs body the way Stripe does, at time ts.
+func stripeHeader(body string, ts time.Time) string {
+	t := strconv.FormatInt(ts.Unix(), 10)
+	m := hmac.New(sha256.New, []byte(stripeSecret))
+	m.Write([]byte(t + "." + body))
+	return fmt.Sprintf("Stripe-Signature: t=%s,v1=%s", t, hex.EncodeToString(m.Sum(nil)))
+}
+
+// step is one delivery and what the sender must get.
+type step struct {
+	method      string // empty: POST
+	path        string // empty: /hooks/orders
+	body        string
+	headers     []string
+	wantStatus  int
+	wantDedup   string // Dedup-Status; "-" means the header must be absent
+	wantCT      string // Content-Type prefix, if checked
+	wantBodyHas string
+}
+
+// TestDeliveryTable walks every row of DESIGN.md "What each delivery gets"
+// that one sender can produce in sequence.
+func TestDeliveryTable(t *testing.T) {
+	ok := func(w http.ResponseWriter, _ *http.Request, _ int) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"received":true}`)
+	}
+	failThenOK := func(w http.ResponseWriter, r *http.Request, n int) {
+		if n == 0 {
+			http.Error(w, "boom", http.StatusInternalServerError)
+			return
+		}
+		ok(w, r, n)
+	}
+	problemJSON := "application/problem+json"
+
+	tests := []struct {
+		name         string
+		route        func(*Route)
+		handle       func(http.ResponseWriter, *http.Request, int)
+		storeDown    bool
+		steps        []step
+		wantUpstream int
+		check        func(t *testing.T, h *harness)
+	}{
+		{
+			name:   "first delivery, upstream 2xx: upstream's response byte for byte",
+			handle: ok,
+			steps: []step{{body: `{"id":"evt_1"}`, wantStatus: 201, wantDedup: "forwarded", wantCT: "application/json", wantBodyHas: `{"received":true}`}},
+			check: func(t *testing.T, h *harness) {
+				rec, err := h.record("orders", "evt_1")
+				if err != nil || rec.State != dedup.StateProcessed || rec.LastStatus != 201 {
+					t.Errorf("record = %+v, %v; want processed with last_status 201", rec, err)
+				}
+			},
+			wantUpstream: 1,
+		},
+		{
+			name:   "first delivery, upstream non-2xx: key becomes failed",
+			handle: func(w http.ResponseWriter, _ *http.Request, _ int) { http.Error(w, "nope", http.StatusInternalServerError) },
+			steps:  []step{{body: `{"id":"evt_1"}`, wantStatus: 500, wantDedup: "forwarded", wantBodyHas: "nope"}},
+			check: func(t *testing.T, h *harness) {
+				rec, err := h.record("orders", "evt_1")
+				if err != nil || rec.State != dedup.StateFailed || rec.LastStatus != 500 {
+					t.Errorf("record = %+v, %v; want failed with last_status 500", rec, err)
+				}
+			},
+			wantUpstream: 1,
+		},
+		{
+			name:   "retry of a failed key is forwarded again",
+			handle: failThenOK,
+			steps: []step{
+				{body: `{"id":"evt_1"}`, wantStatus: 500, wantDedup: "forwarded"},
+				{body: `{"id":"evt_1"}`, wantStatus: 201, wantDedup: "forwarded"},
+				{body: `{"id":"evt_1"}`, wantStatus: 200, wantDedup: "duplicate"},
+			},
+			check: func(t *testing.T, h *harness) {
+				rec, err := h.record("orders", "evt_1")
+				if err != nil || rec.State != dedup.StateProcessed || rec.Attempts != 2 {
+					t.Errorf("record = %+v, %v; want processed after 2 attempts", rec, err)
+				}
+			},
+			wantUpstream: 2,
+		},
+		{
+			name:   "duplicate of a processed key: 200 JSON ack, upstream not contacted",
+			handle: ok,
+			steps: []step{
+				{body: `{"id":"evt_1"}`, wantStatus: 201, wantDedup: "forwarded"},
+				{body: `{"id":"evt_1"}`, wantStatus: 200, wantDedup: "duplicate", wantCT: "application/json", wantBodyHas: `"status":"duplicate","route":"orders","key":"evt_1","first_seen":`},
+				{headers: []string{"Idempotency-Key: evt_1"}, body: `other payload`, wantStatus: 200, wantDedup: "duplicate"},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name:   "duplicate_response: replay answers with the stored response",
+			route:  func(r *Route) { r.DuplicateResponse = Replay },
+			handle: ok,
+			steps: []step{
+				{body: `{"id":"evt_1"}`, wantStatus: 201, wantDedup: "forwarded"},
+				{body: `{"id":"evt_1"}`, wantStatus: 201, wantDedup: "duplicate", wantCT: "application/json", wantBodyHas: `{"received":true}`},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name:   "no key, on_missing_key: forward: forwarded unchanged",
+			handle: ok,
+			steps:  []step{{body: `{"no":"id"}`, headers: []string{"Dedup-Key: spoofed"}, wantStatus: 201, wantDedup: "unkeyed"}},
+			check: func(t *testing.T, h *harness) {
+				if got := h.up().request(0).Header.Get("Dedup-Key"); got != "" {
+					t.Errorf("upstream Dedup-Key = %q, want none for an unkeyed delivery", got)
+				}
+			},
+			wantUpstream: 1,
+		},
+		{
+			name:  "no key, on_missing_key: reject: 400 naming the expected key",
+			route: func(r *Route) { r.OnMissingKey = Reject },
+			steps: []step{{body: `{"no":"id"}`, wantStatus: 400, wantDedup: "rejected", wantCT: problemJSON, wantBodyHas: "header:Idempotency-Key, then json:id"}},
+		},
+		{
+			name:  "API key too long or not printable ASCII: 400",
+			route: func(r *Route) { r.OnMissingKey = Reject },
+			steps: []step{
+				{headers: []string{"Idempotency-Key: " + strings.Repeat("k", 256)}, wantStatus: 400, wantDedup: "rejected", wantCT: problemJSON},
+				{body: `{"id":"caf\u00e9"}`, wantStatus: 400, wantDedup: "rejected"},
+				{body: `{"id":"tab\there"}`, wantStatus: 400, wantDedup: "rejected"},
+				{headers: []string{"Idempotency-Key: " + strings.Repeat("k", 255)}, wantStatus: 200, wantDedup: "forwarded"},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name: "invalid or stale signature: 401, nothing recorded",
+			route: func(r *Route) {
+				r.Provider = providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}}
+			},
+			handle: ok,
+			steps: []step{
+				{body: `{"id":"evt_s"}`, wantStatus: 401, wantDedup: "rejected", wantCT: problemJSON},
+				{body: `{"id":"evt_s"}`, headers: []string{stripeHeader(`{"id":"other"}`, time.Now())}, wantStatus: 401, wantDedup: "rejected"},
+				{body: `{"id":"evt_s"}`, headers: []string{stripeHeader(`{"id":"evt_s"}`, time.Now().Add(-time.Hour))}, wantStatus: 401, wantDedup: "rejected"},
+				{body: `{"id":"evt_s"}`, headers: []string{stripeHeader(`{"id":"evt_s"}`, time.Now())}, wantStatus: 201, wantDedup: "forwarded"},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name:  "body larger than max_body_bytes: 413, nothing recorded",
+			route: func(r *Route) { r.MaxBodyBytes = 16 },
+			steps: []step{
+				{body: `{"id":"evt_big","pad":"xxxxxxxxxxxxxxxx"}`, wantStatus: 413, wantDedup: "rejected", wantCT: problemJSON},
+				{body: `{"id":"evt_1"}`, wantStatus: 200, wantDedup: "forwarded"},
+			},
+			check: func(t *testing.T, h *harness) {
+				if _, err := h.record("orders", "evt_big"); err != dedup.ErrNotFound {
+					t.Errorf("oversized delivery: got record err %v, want ErrNotFound", err)
+				}
+			},
+			wantUpstream: 1,
+		},
+		{
+			name:         "store unreachable, on_store_error: forward: fail open",
+			storeDown:    true,
+			handle:       ok,
+			steps:        []step{{body: `{"id":"evt_1"}`, wantStatus: 201, wantDedup: "store-error"}, {body: `{"id":"evt_1"}`, wantStatus: 201, wantDedup: "store-error"}},
+			wantUpstream: 2,
+		},
+		{
+			name:      "store unreachable, on_store_error: reject: 503 + Retry-After",
+			route:     func(r *Route) { r.OnStoreError = Reject },
+			storeDown: true,
+			steps:     []step{{body: `{"id":"evt_1"}`, wantStatus: 503, wantDedup: "store-error", wantCT: problemJSON}},
+			check: func(t *testing.T, h *harness) {
+				resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
+				if got := resp.Header.Get("Retry-After"); got == "" {
+					t.Errorf("Retry-After missing on 503")
+				}
+			},
+		},
+		{
+			name:  "no route matches: 404 without Dedup-Status",
+			steps: []step{{path: "/elsewhere", body: `{"id":"evt_1"}`, wantStatus: 404, wantDedup: "-", wantCT: problemJSON}},
+		},
+		{
+			name:  "method not allowed on the route: 405",
+			steps: []step{{method: http.MethodGet, wantStatus: 405, wantDedup: "rejected", wantCT: problemJSON}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, tc.handle)
+			r := genericRoute("orders", "/hooks/orders", up.URL)
+			if tc.route != nil {
+				tc.route(&r)
+			}
+			fs := &flakyStore{}
+			h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{store: fs})
+			fs.Store = h.mem
+			fs.down.Store(tc.storeDown)
+			h.upstream = up
+			for i, s := range tc.steps {
+				method, path := s.method, s.path
+				if method == "" {
+					method = http.MethodPost
+				}
+				if path == "" {
+					path = "/hooks/orders"
+				}
+				resp := h.do(context.Background(), method, path, s.body, s.headers...)
+				if resp.Status != s.wantStatus {
+					t.Errorf("step %d: got status %d, want %d (body %s)", i, resp.Status, s.wantStatus, resp.Body)
+				}
+				gotDedup, present := resp.Header.Get(HeaderDedupStatus), len(resp.Header.Values(HeaderDedupStatus)) > 0
+				switch {
+				case s.wantDedup == "-" && present:
+					t.Errorf("step %d: got Dedup-Status %q, want none", i, gotDedup)
+				case s.wantDedup != "-" && gotDedup != s.wantDedup:
+					t.Errorf("step %d: got Dedup-Status %q, want %q", i, gotDedup, s.wantDedup)
+				}
+				if n := len(resp.Header.Values(HeaderDedupStatus)); n > 1 {
+					t.Errorf("step %d: got %d Dedup-Status headers, want 1", i, n)
+				}
+				if s.wantCT != "" && !strings.HasPrefix(resp.Header.Get("Content-Type"), s.wantCT) {
+					t.Errorf("step %d: got Content-Type %q, want %q", i, resp.Header.Get("Content-Type"), s.wantCT)
+				}
+				if s.wantBodyHas != "" && !hasBody(resp.Body, s.wantBodyHas) {
+					t.Errorf("step %d: got body %s, want it to contain %s", i, resp.Body, s.wantBodyHas)
+				}
+			}
+			if got := up.count(); got != tc.wantUpstream {
+				t.Errorf("got %d requests upstream, want %d", got, tc.wantUpstream)
+			}
+			if tc.check != nil {
+				tc.check(t, h)
+			}
+		})
+	}
+}
+
+// TestForwardedRequestReachesUpstreamIntact checks the body byte for byte,
+// end-to-end headers, X-Forwarded-*, Dedup-Key and the upstream base path.
+func TestForwardedRequestReachesUpstreamIntact(t *testing.T) {
+	up := newUpstream(t, nil)
+	r := genericRoute("orders", "/hooks/*", up.URL+"/base")
+	r.Namespace = "shop"
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	// Not canonical JSON, odd spacing, a trailing newline and a NUL byte:
+	// signatures upstream depend on every byte.
+	body := "{ \"id\" : \"evt_42\",\n\t\"amount\": 1.50e2 ,\"x\":\"\\u0000\"}\n"
+	resp := h.send("/hooks/orders/v1?via=test", body,
+		"Content-Type: application/json; charset=utf-8",
+		"Stripe-Signature: t=1,v1=abc",
+		"X-Forwarded-For: 203.0.113.7",
+		"Dedup-Key: spoofed:key",
+		"Connection: X-Hop",
+		"X-Hop: must-not-pass",
+	)
+	if resp.Status != http.StatusOK {
+		t.Fatalf("got status %d, want 200", resp.Status)
+	}
+	got := up.request(0)
+	checks := []struct{ name, got, want string }{
+		{"body", string(got.Body), body},
+		{"path", got.Path, "/base/hooks/orders/v1"},
+		{"query", got.Query, "via=test"},
+		{"Content-Type", got.Header.Get("Content-Type"), "application/json; charset=utf-8"},
+		{"Stripe-Signature", got.Header.Get("Stripe-Signature"), "t=1,v1=abc"},
+		{"Dedup-Key", strings.Join(got.Header.Values("Dedup-Key"), ","), "shop:evt_42"},
+		{"X-Forwarded-For", got.Header.Get("X-Forwarded-For"), "203.0.113.7, 127.0.0.1"},
+		{"X-Forwarded-Proto", got.Header.Get("X-Forwarded-Proto"), "http"},
+		{"X-Forwarded-Host", got.Header.Get("X-Forwarded-Host"), strings.TrimPrefix(h.srv.URL, "http://")},
+		{"X-Hop", got.Header.Get("X-Hop"), ""},
+		{"Content-Length", got.Header.Get("Content-Length"), strconv.Itoa(len(body))},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("upstream %s: got %q, want %q", c.name, c.got, c.want)
+		}
+	}
+	if got.Method != http.MethodPost {
+		t.Errorf("upstream method: got %s, want POST", got.Method)
+	}
+}
+
+// TestConcurrentCopiesReachUpstreamOnce sends 40 concurrent copies of one
+// event; exactly one is forwarded, the rest are in-flight or duplicate.
+func TestConcurrentCopiesReachUpstreamOnce(t *testing.T) {
+	for _, mode := range []string{Reject, Wait} {
+		t.Run(mode, func(t *testing.T) {
+			up := newUpstream(t, nil)
+			r := genericRoute("orders", "/hooks/orders", up.URL)
+			r.OnInFlight = mode
+			h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+			const n = 40
+			var (
+				wg     sync.WaitGroup
+				mu     sync.Mutex
+				counts = map[string]int{}
+				errs   []error
+			)
+			start := make(chan struct{})
+			for range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					resp, err := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_burst"}`)
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						errs = append(errs, err)
+						return
+					}
+					counts[fmt.Sprintf("%d %s", resp.Status, resp.Header.Get(HeaderDedupStatus))]++
+				}()
+			}
+			close(start)
+			wg.Wait()
+			if len(errs) > 0 {
+				t.Fatalf("send errors: %v", errs)
+			}
+			if got := up.count(); got != 1 {
+				t.Errorf("got %d requests upstream, want 1", got)
+			}
+			if got := counts["200 forwarded"]; got != 1 {
+				t.Errorf("got %d forwarded answers, want 1 (answers %v)", got, counts)
+			}
+			others := counts["409 in-flight"] + counts["200 duplicate"]
+			if others != n-1 {
+				t.Errorf("got %d in-flight or duplicate answers, want %d (answers %v)", others, n-1, counts)
+			}
+			if mode == Wait && counts["409 in-flight"] != 0 {
+				t.Errorf("wait mode: got %d in-flight answers, want 0 (answers %v)", counts["409 in-flight"], counts)
+			}
+		})
+	}
+}
+
+// TestInFlightReject: a duplicate arriving while the first is forwarded gets
+// 409 with Retry-After until the lease ends.
+func TestInFlightReject(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		arrived <- struct{}{}
+		<-release
+	})
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.Lease = 90 * time.Second
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	first := make(chan response, 1)
+	go func() {
+		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+		first <- resp
+	}()
+	<-arrived
+	resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
+	close(release)
+	if resp.Status != http.StatusConflict || resp.Header.Get(HeaderDedupStatus) != "in-flight" {
+		t.Errorf("got %d %q, want 409 in-flight", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || ra < 80 || ra > 90 {
+		t.Errorf("got Retry-After %q, want about 90 seconds", resp.Header.Get("Retry-After"))
+	}
+	if got := (<-first).Status; got != http.StatusOK {
+		t.Errorf("first delivery: got %d, want 200", got)
+	}
+}
+
+// TestInFlightWait covers on_in_flight: wait: the first succeeds → duplicate;
+// the first fails → the waiter is forwarded; unresolved by the deadline → 409.
+func TestInFlightWait(t *testing.T) {
+	tests := []struct {
+		name        string
+		firstStatus int // upstream status for the first delivery; 0: never resolves
+		wantStatus  int
+		wantDedup   string
+		wantUp      int
+	}{
+		{"first succeeded: answered as duplicate", 200, 200, "duplicate", 1},
+		{"first failed: waiter claims and is forwarded", 503, 200, "forwarded", 2},
+		{"unresolved at the deadline: 409", 0, 409, "in-flight", 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			arrived := make(chan struct{}, 1)
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+				if n > 0 {
+					return // 200
+				}
+				arrived <- struct{}{}
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+				if tc.firstStatus != 0 {
+					w.WriteHeader(tc.firstStatus)
+				}
+			})
+			r := genericRoute("orders", "/hooks/orders", up.URL)
+			r.OnInFlight = Wait
+			// The gateway's clock is the test's; the store keeps real time,
+			// so the lease stays held while the gateway's wait deadline passes.
+			clock := newManualClock(time.Now())
+			h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{now: clock.Now})
+
+			first := make(chan response, 1)
+			go func() {
+				resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+				first <- resp
+			}()
+			<-arrived
+			second := make(chan response, 1)
+			go func() {
+				resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+				second <- resp
+			}()
+			// The waiter is parked once it has read the store at least once.
+			waitFor(t, "the waiter to poll", func() bool {
+				return testutilCount(h, "get") > 0
+			})
+			if tc.firstStatus == 0 {
+				clock.Advance(2 * r.effectiveLease())
+			} else {
+				close(release)
+			}
+			got := <-second
+			if tc.firstStatus == 0 {
+				close(release)
+			}
+			<-first
+			if got.Status != tc.wantStatus || got.Header.Get(HeaderDedupStatus) != tc.wantDedup {
+				t.Errorf("waiter: got %d %q, want %d %q", got.Status, got.Header.Get(HeaderDedupStatus), tc.wantStatus, tc.wantDedup)
+			}
+			if tc.wantStatus == 409 && got.Header.Get("Retry-After") == "" {
+				t.Errorf("waiter: Retry-After missing on 409")
+			}
+			if n := up.count(); n != tc.wantUp {
+				t.Errorf("got %d requests upstream, want %d", n, tc.wantUp)
+			}
+		})
+	}
+}
+
+// TestUpstreamFailures: timeout → 504 and unreachable → 502 release the key
+// (failed, with the reason), and the provider's retry is forwarded.
+func TestUpstreamFailures(t *testing.T) {
+	t.Run("timeout then retry", func(t *testing.T) {
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+			if n == 0 {
+				<-r.Context().Done() // hold until the gateway gives up
+				return
+			}
+		})
+		r := genericRoute("orders", "/hooks/orders", up.URL)
+		r.UpstreamTimeout = 50 * time.Millisecond
+		r.Lease = time.Minute
+		h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+		resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
+		if resp.Status != http.StatusGatewayTimeout || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+			t.Errorf("got %d %q, want 504 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+		}
+		if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+			t.Errorf("got Content-Type %q, want problem+json", resp.Header.Get("Content-Type"))
+		}
+		rec, err := h.record("orders", "evt_1")
+		if err != nil || rec.State != dedup.StateFailed || rec.LastError != "timeout" {
+			t.Errorf("record = %+v, %v; want failed with last_error timeout", rec, err)
+		}
+		resp = h.send("/hooks/orders", `{"id":"evt_1"}`)
+		if resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+			t.Errorf("retry: got %d %q, want 200 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+		}
+		if got := counterValue(t, h.gw.metrics.releases, "orders", reasonTimeout); got != 1 {
+			t.Errorf("got %v timeout releases, want 1", got)
+		}
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", closedPortURL(t))}}, harnessOpts{})
+		resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
+		if resp.Status != http.StatusBadGateway || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+			t.Errorf("got %d %q, want 502 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+		}
+		rec, err := h.record("orders", "evt_1")
+		if err != nil || rec.State != dedup.StateFailed || rec.LastError != "connection refused" {
+			t.Errorf("record = %+v, %v; want failed with last_error connection refused", rec, err)
+		}
+		if got := counterValue(t, h.gw.metrics.releases, "orders", reasonUpstreamError); got != 1 {
+			t.Errorf("got %v upstream_error releases, want 1", got)
+		}
+	})
+}
+
+// TestSenderHangsUpMidForward: the sender goes away while the upstream works;
+// the forward is not cancelled and the 2xx is committed, so the provider's
+// retry is answered as a duplicate.
+func TestSenderHangsUpMidForward(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	upstreamCancelled := make(chan struct{}, 1)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			upstreamCancelled <- struct{}{}
+		}
+	})
+	senderGone := make(chan struct{})
+	var once sync.Once
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{
+		wrap: func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				context.AfterFunc(r.Context(), func() { once.Do(func() { close(senderGone) }) })
+				next.ServeHTTP(w, r)
+			})
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := h.try(ctx, http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+		errc <- err
+	}()
+	<-arrived
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatalf("sender: got no error after cancelling, want one")
+	}
+	select {
+	case <-senderGone:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the gateway never noticed the sender hanging up")
+	}
+	close(release)
+	waitFor(t, "the commit", func() bool {
+		rec, err := h.record("orders", "evt_1")
+		return err == nil && rec.State == dedup.StateProcessed
+	})
+	select {
+	case <-upstreamCancelled:
+		t.Errorf("the upstream request was cancelled when the sender hung up; want it to run to completion")
+	default:
+	}
+	resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
+	if resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "duplicate" {
+		t.Errorf("retry: got %d %q, want 200 duplicate", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+}
+
+// TestCommitBeforeAnswer: when the sender sees the upstream's 2xx, the key is
+// already processed (a retry that follows an answer sees the final state).
+func TestCommitBeforeAnswer(t *testing.T) {
+	var h *harness
+	var states []dedup.State
+	var mu sync.Mutex
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush() // headers leave the upstream now
+	})
+	h = newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{})
+	for i := range 20 {
+		id := fmt.Sprintf("evt_%d", i)
+		resp, err := h.srv.Client().Post(h.srv.URL+"/hooks/orders", "application/json", strings.NewReader(`{"id":"`+id+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Headers received: read the state before the body.
+		rec, err := h.record("orders", id)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		mu.Lock()
+		states = append(states, rec.State)
+		mu.Unlock()
+	}
+	for i, s := range states {
+		if s != dedup.StateProcessed {
+			t.Errorf("delivery %d: got state %q when the answer arrived, want processed", i, s)
+		}
+	}
+}
+
+// TestDuplicateBody checks the ack's JSON fields.
+func TestDuplicateBody(t *testing.T) {
+	up := newUpstream(t, nil)
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{})
+	h.send("/hooks/orders", `{"id":"evt_1"}`)
+	resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
+	var got duplicateBody
+	if err := json.Unmarshal(resp.Body, &got); err != nil {
+		t.Fatalf("duplicate body %s: %v", resp.Body, err)
+	}
+	rec, _ := h.record("orders", "evt_1")
+	if got.Status != "duplicate" || got.Route != "orders" || got.Key != "evt_1" || !got.FirstSeen.Equal(rec.FirstSeen) {
+		t.Errorf("got %+v, want duplicate orders evt_1 first seen %s", got, rec.FirstSeen)
+	}
+}
+
+// TestCloseReleasesInFlight: Close cancels a forward still running, releases
+// its claim with reason shutdown, and answers 503; later deliveries get 503.
+func TestCloseReleasesInFlight(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		arrived <- struct{}{}
+		<-r.Context().Done()
+	})
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{})
+	first := make(chan response, 1)
+	go func() {
+		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+		first <- resp
+	}()
+	<-arrived
+	if err := h.gw.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	resp := <-first
+	if resp.Status != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("cancelled forward: got %d (Retry-After %q), want 503 with Retry-After", resp.Status, resp.Header.Get("Retry-After"))
+	}
+	rec, err := h.record("orders", "evt_1")
+	if err != nil || rec.State != dedup.StateFailed || rec.LastError != "shutdown" {
+		t.Errorf("record = %+v, %v; want failed with last_error shutdown", rec, err)
+	}
+	if got := counterValue(t, h.gw.metrics.releases, "orders", reasonShutdown); got != 1 {
+		t.Errorf("got %v shutdown releases, want 1", got)
+	}
+	if resp := h.send("/hooks/orders", `{"id":"evt_2"}`); resp.Status != http.StatusServiceUnavailable {
+		t.Errorf("after Close: got %d, want 503", resp.Status)
+	}
+}
+
+// manualClock is a settable clock for the gateway's deadlines.
+type manualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newManualClock(t time.Time) *manualClock { return &manualClock{now: t} }
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *manualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func (r Route) effectiveLease() time.Duration {
+	if r.Lease == 0 {
+		return defaultLease
+	}
+	return r.Lease
+}
