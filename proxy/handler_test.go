@@ -69,7 +69,7 @@ func TestDeliveryTable(t *testing.T) {
 		{
 			name:   "first delivery, upstream 2xx: upstream's response byte for byte",
 			handle: ok,
-			steps: []step{{body: `{"id":"evt_1"}`, wantStatus: 201, wantDedup: "forwarded", wantCT: "application/json", wantBodyHas: `{"received":true}`}},
+			steps:  []step{{body: `{"id":"evt_1"}`, wantStatus: 201, wantDedup: "forwarded", wantCT: "application/json", wantBodyHas: `{"received":true}`}},
 			check: func(t *testing.T, h *harness) {
 				rec, err := h.record("orders", "evt_1")
 				if err != nil || rec.State != dedup.StateProcessed || rec.LastStatus != 201 {
@@ -79,9 +79,11 @@ func TestDeliveryTable(t *testing.T) {
 			wantUpstream: 1,
 		},
 		{
-			name:   "first delivery, upstream non-2xx: key becomes failed",
-			handle: func(w http.ResponseWriter, _ *http.Request, _ int) { http.Error(w, "nope", http.StatusInternalServerError) },
-			steps:  []step{{body: `{"id":"evt_1"}`, wantStatus: 500, wantDedup: "forwarded", wantBodyHas: "nope"}},
+			name: "first delivery, upstream non-2xx: key becomes failed",
+			handle: func(w http.ResponseWriter, _ *http.Request, _ int) {
+				http.Error(w, "nope", http.StatusInternalServerError)
+			},
+			steps: []step{{body: `{"id":"evt_1"}`, wantStatus: 500, wantDedup: "forwarded", wantBodyHas: "nope"}},
 			check: func(t *testing.T, h *harness) {
 				rec, err := h.record("orders", "evt_1")
 				if err != nil || rec.State != dedup.StateFailed || rec.LastStatus != 500 {
