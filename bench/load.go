@@ -46,8 +46,8 @@ type round struct {
 
 // roundResult is what one round measured.
 type roundResult struct {
-	// requests is the number of requests that started and ended inside the
-	// measured span; lat holds their latencies.
+	// requests is the number of requests that completed inside the measured
+	// span; lat holds their latencies.
 	requests int
 	lat      latencies
 	elapsed  time.Duration // the measured span
@@ -82,7 +82,7 @@ func (d *driver) post(ctx context.Context, url string, body []byte) (int, error)
 }
 
 // run drives one round: it primes the round's event for Duplicate, then runs
-// the senders for warmup+duration and measures the requests that fall entirely
+// the senders for warmup+duration and measures the requests that complete
 // inside the last duration. It returns early with ctx's error when ctx ends.
 func (d *driver) run(ctx context.Context, r round) (roundResult, error) {
 	var res roundResult
@@ -146,7 +146,7 @@ func (d *driver) send(ctx context.Context, r round, fixed string, from, end time
 		status, err := d.post(ctx, r.url, seq.next())
 		t1 := time.Now()
 		res.sent++
-		if t0.Before(from) || t1.After(end) {
+		if t1.Before(from) || t1.After(end) { // count completions inside the span
 			continue
 		}
 		res.requests++

@@ -82,7 +82,7 @@ func TestDriverRoundsAndUpstreamAccounting(t *testing.T) {
 				return n
 			}
 			before := count()
-			res, err := d.run(context.Background(), round{url: tt.url + webhookPath, workload: tt.workload, warmup: 20 * time.Millisecond, duration: 150 * time.Millisecond})
+			res, err := d.run(context.Background(), round{url: tt.url + webhookPath, workload: tt.workload, warmup: 20 * time.Millisecond, duration: 300 * time.Millisecond})
 			if err != nil {
 				t.Fatalf("got error %v, want none", err)
 			}
