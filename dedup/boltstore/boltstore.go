@@ -1,0 +1,597 @@
+// Package boltstore is the embedded dedup.Store on one bbolt file, the
+// gateway's default backend.
+//
+// One process owns the file (bbolt holds an exclusive flock), so in-flight
+// leases live in memory under one mutex and are checked against the persisted
+// record; only processed and failed records touch the disk. A Commit or
+// Release returns after its transaction is fsynced, so a processed key
+// survives kill -9. Concurrent commits are group-committed: one writer
+// goroutine applies every write that queued up while the previous fsync ran
+// in a single transaction, so N concurrent commits cost one fsync and a lone
+// commit waits for no timer.
+//
+// A duplicate (a processed key inside its window) is answered from a
+// read-only transaction without taking the lease lock. Expired records read
+// as absent at once; a sweeper deletes them later in bounded batches using an
+// expiry index (8-byte big-endian unix milliseconds ‖ record key), so the
+// write lock is never held for long.
+//
+// A crash loses the in-memory leases, so after a restart an in-flight key is
+// claimable at once instead of after its lease: bbolt has one owner, and the
+// owner that held the lease is gone.
+package boltstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"go.uber.org/zap"
+
+	"github.com/dedupgw/dedupgw/dedup"
+)
+
+// Buckets of the file.
+var (
+	// bucketRecords maps a record key to its encoded dedup.Record.
+	bucketRecords = []byte("records")
+	// bucketExpiry holds one empty-valued entry per record: 8-byte big-endian
+	// ExpiresAt in unix milliseconds ‖ record key.
+	bucketExpiry = []byte("expiry")
+	// bucketMeta holds the schema version under metaVersionKey.
+	bucketMeta     = []byte("meta")
+	metaVersionKey = []byte("version")
+)
+
+const schemaVersion = 1
+
+// Defaults for zero Options.
+const (
+	DefaultOpenTimeout   = time.Second
+	DefaultSweepInterval = time.Minute
+	DefaultSweepBatch    = 1000
+)
+
+// maxRawKey is the longest namespace:id stored as is; longer keys are stored
+// as "\x00" ‖ SHA-256(namespace:id).
+const maxRawKey = 200
+
+// maxWriteBatch bounds how many writes one group commit applies.
+const maxWriteBatch = 1000
+
+// Options configure a Store. The zero value is ready to use.
+type Options struct {
+	// Now is the clock for every lease, window and retention. Nil means time.Now.
+	Now dedup.Clock
+	// Logger receives sweeper reports and errors. Nil means zap.NewNop().
+	Logger *zap.Logger
+	// OpenTimeout bounds the wait for the file lock held by another process.
+	// Zero means DefaultOpenTimeout (1s).
+	OpenTimeout time.Duration
+	// SweepInterval is how often expired records are deleted. Zero means
+	// DefaultSweepInterval (1m); negative disables the sweeper (call Sweep).
+	SweepInterval time.Duration
+	// SweepBatch is how many expired records one sweep transaction deletes.
+	// Zero means DefaultSweepBatch (1000).
+	SweepBatch int
+}
+
+// lease is an in-flight claim, held in memory only.
+type lease struct {
+	token       string
+	until       time.Time
+	firstSeen   time.Time
+	attempts    int
+	lastStatus  int
+	lastError   string
+	bodySHA256  string
+	fingerprint string
+	// finishing is non-nil while the owner's Commit or Release is being
+	// written, and closed when that write ends. A finishing lease cannot be
+	// taken over even if it runs out meanwhile.
+	finishing chan struct{}
+}
+
+func (l *lease) record() dedup.Record {
+	return dedup.Record{
+		State:       dedup.StateProcessing,
+		FirstSeen:   l.firstSeen,
+		LeaseUntil:  l.until,
+		ExpiresAt:   l.until,
+		Attempts:    l.attempts,
+		LastStatus:  l.lastStatus,
+		LastError:   l.lastError,
+		BodySHA256:  l.bodySHA256,
+		Fingerprint: l.fingerprint,
+	}
+}
+
+// Store is the bbolt dedup.Store. It is safe for concurrent use. Close stops
+// its goroutines and closes the file.
+type Store struct {
+	db         *bolt.DB
+	now        dedup.Clock
+	log        *zap.Logger
+	sweepBatch int
+
+	// closeMu is read-held by every operation; Close write-locks it to wait
+	// them out before stopping the writer.
+	closeMu sync.RWMutex
+	closed  bool
+
+	mu     sync.Mutex
+	leases map[string]*lease
+
+	writes chan *writeReq
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+var _ dedup.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the bbolt file at path and starts the
+// writer and the sweeper. If another process holds the file, Open fails
+// after opts.OpenTimeout with an error naming the path.
+func Open(path string, opts Options) (*Store, error) {
+	timeout := opts.OpenTimeout
+	if timeout <= 0 {
+		timeout = DefaultOpenTimeout
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:        timeout,
+		FreelistType:   bolt.FreelistMapType, // fast with the many free pages sweeping leaves
+		NoFreelistSync: true,                 // commits skip writing the freelist; Open rebuilds it
+	})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("boltstore: open %s: file is locked by another process (waited %s); a bbolt file has one owner: stop the other dedupgw or use another store.bolt.path: %w", path, timeout, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
+	}
+	if err := db.Update(initSchema); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
+	}
+	s := &Store{
+		db:         db,
+		now:        opts.Now,
+		log:        opts.Logger,
+		sweepBatch: opts.SweepBatch,
+		leases:     make(map[string]*lease),
+		writes:     make(chan *writeReq, maxWriteBatch),
+		stop:       make(chan struct{}),
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	s.log = s.log.Named("boltstore")
+	if s.sweepBatch <= 0 {
+		s.sweepBatch = DefaultSweepBatch
+	}
+	s.wg.Add(1)
+	go s.writeLoop()
+	interval := opts.SweepInterval
+	if interval == 0 {
+		interval = DefaultSweepInterval
+	}
+	if interval > 0 {
+		s.wg.Add(1)
+		go s.sweepLoop(interval)
+	}
+	return s, nil
+}
+
+func initSchema(tx *bolt.Tx) error {
+	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+	if err != nil {
+		return err
+	}
+	if v := meta.Get(metaVersionKey); v != nil {
+		if len(v) != 8 || binary.BigEndian.Uint64(v) != schemaVersion {
+			return fmt.Errorf("unsupported schema version %x (this build reads %d)", v, schemaVersion)
+		}
+	} else if err := meta.Put(metaVersionKey, binary.BigEndian.AppendUint64(nil, schemaVersion)); err != nil {
+		return err
+	}
+	for _, name := range [][]byte{bucketRecords, bucketExpiry} {
+		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close waits for running operations, stops the writer and the sweeper and
+// closes the file. Later operations return ErrClosed; Close is idempotent.
+func (s *Store) Close() error {
+	s.closeMu.Lock()
+	if s.closed {
+		s.closeMu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.closeMu.Unlock()
+	close(s.stop)
+	s.wg.Wait()
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("boltstore: close: %w", err)
+	}
+	return nil
+}
+
+// enter starts an operation; on success the caller must call s.leave.
+func (s *Store) enter(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("boltstore: %s: %w", op, err)
+	}
+	s.closeMu.RLock()
+	if s.closed {
+		s.closeMu.RUnlock()
+		return fmt.Errorf("boltstore: %s: %w", op, dedup.ErrClosed)
+	}
+	return nil
+}
+
+func (s *Store) leave() { s.closeMu.RUnlock() }
+
+// recordKey is the bucket key of k: namespace:id, or "\x00" ‖ SHA-256 of it
+// when longer than maxRawKey bytes.
+func recordKey(k dedup.Key) []byte {
+	n := len(k.Namespace) + 1 + len(k.ID)
+	if n <= maxRawKey {
+		b := make([]byte, 0, n)
+		b = append(b, k.Namespace...)
+		b = append(b, ':')
+		return append(b, k.ID...)
+	}
+	h := sha256.New()
+	h.Write([]byte(k.Namespace))
+	h.Write([]byte{':'})
+	h.Write([]byte(k.ID))
+	return h.Sum([]byte{0})
+}
+
+func indexKey(expiresMs int64, key []byte) []byte {
+	b := make([]byte, 8, 8+len(key))
+	binary.BigEndian.PutUint64(b, uint64(max(expiresMs, 0)))
+	return append(b, key...)
+}
+
+// expired reports whether a persisted expiry (unix ms) has passed at now.
+func expired(now time.Time, expiresMs int64) bool {
+	return now.UnixMilli() > expiresMs
+}
+
+// load reads the persisted record of key in a read-only transaction; nil
+// when there is none. The record shares no memory with the file.
+func (s *Store) load(key []byte) (*dedup.Record, error) {
+	var (
+		rec *dedup.Record
+		err error
+	)
+	verr := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketRecords).Get(key)
+		if v == nil {
+			return nil
+		}
+		r, derr := decodeRecord(v)
+		if derr != nil {
+			err = fmt.Errorf("record %q: %w", key, derr)
+			return nil
+		}
+		rec = &r
+		return nil
+	})
+	if verr != nil {
+		return nil, verr
+	}
+	return rec, err
+}
+
+// live reports whether a persisted record is processed or failed and inside
+// its window or retention.
+func live(r *dedup.Record, now time.Time) bool {
+	return r != nil && r.State != dedup.StateProcessing && !now.After(r.ExpiresAt)
+}
+
+// Claim implements dedup.Store. A processing key whose lease ran out is taken
+// over keeping its FirstSeen and Attempts, as a failed one is.
+func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOptions) (dedup.ClaimResult, error) {
+	if err := s.enter(ctx, "claim"); err != nil {
+		return dedup.ClaimResult{}, err
+	}
+	defer s.leave()
+	rk := recordKey(key)
+	now := s.now()
+
+	// Fast path: a processed key inside its window is a duplicate whatever the
+	// in-memory state (a lease only exists while the disk shows no live
+	// processed record). A read-only transaction: no lock, no fsync.
+	disk, err := s.load(rk)
+	if err != nil {
+		return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", err)
+	}
+	if live(disk, now) && disk.State == dedup.StateProcessed {
+		return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: *disk}, nil
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := &lease{
+		token:       dedup.NewToken(),
+		until:       now.Add(opts.Lease),
+		firstSeen:   now,
+		attempts:    1,
+		bodySHA256:  opts.BodySHA256,
+		fingerprint: opts.Fingerprint,
+	}
+	if l := s.leases[string(rk)]; l != nil {
+		if l.finishing != nil || !now.After(l.until) {
+			return dedup.ClaimResult{Outcome: dedup.InFlight, Record: l.record()}, nil
+		}
+		next.firstSeen, next.attempts = l.firstSeen, l.attempts+1
+		next.lastStatus, next.lastError = l.lastStatus, l.lastError
+	} else {
+		// Read again under the lock: a commit may have landed since the fast
+		// path (a commit drops its lease only after its write is durable).
+		if disk, err = s.load(rk); err != nil {
+			return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", err)
+		}
+		if live(disk, now) {
+			if disk.State == dedup.StateProcessed {
+				return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: *disk}, nil
+			}
+			next.firstSeen, next.attempts = disk.FirstSeen, disk.Attempts+1
+			next.lastStatus, next.lastError = disk.LastStatus, disk.LastError
+		}
+	}
+	s.leases[string(rk)] = next
+	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.token, Record: next.record()}, nil
+}
+
+// beginFinish marks token's lease on rk as finishing, or returns ErrNotOwner.
+// A lease that ran out but was not taken over still belongs to its owner:
+// the upstream did answer.
+func (s *Store) beginFinish(rk []byte, token string) (*lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.leases[string(rk)]
+	if l == nil || token == "" || l.token != token || l.finishing != nil {
+		return nil, dedup.ErrNotOwner
+	}
+	l.finishing = make(chan struct{})
+	return l, nil
+}
+
+// endFinish ends a finishing lease: dropped once its outcome is durable,
+// kept (and claimable again) when the write failed.
+func (s *Store) endFinish(rk []byte, l *lease, written bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	close(l.finishing)
+	l.finishing = nil
+	if written && s.leases[string(rk)] == l {
+		delete(s.leases, string(rk))
+	}
+}
+
+// Commit implements dedup.Store. It returns once the processed record is
+// fsynced.
+func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts dedup.CommitOptions) error {
+	if err := s.enter(ctx, "commit"); err != nil {
+		return err
+	}
+	defer s.leave()
+	rk := recordKey(key)
+	l, err := s.beginFinish(rk, token)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	rec := dedup.Record{
+		State:       dedup.StateProcessed,
+		FirstSeen:   l.firstSeen,
+		CompletedAt: now,
+		ExpiresAt:   now.Add(opts.Window),
+		Attempts:    l.attempts,
+		LastStatus:  opts.Status,
+		BodySHA256:  l.bodySHA256,
+		Fingerprint: l.fingerprint,
+		Response:    opts.Response,
+	}
+	err = s.write(putRecord(rk, &rec))
+	s.endFinish(rk, l, err == nil)
+	if err != nil {
+		return fmt.Errorf("boltstore: commit: %w", err)
+	}
+	return nil
+}
+
+// Release implements dedup.Store. It returns once the failed record is
+// fsynced (or deleted, when opts.Retain is zero).
+func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts dedup.ReleaseOptions) error {
+	if err := s.enter(ctx, "release"); err != nil {
+		return err
+	}
+	defer s.leave()
+	rk := recordKey(key)
+	l, err := s.beginFinish(rk, token)
+	if err != nil {
+		return err
+	}
+	var fn func(*bolt.Tx) error
+	if opts.Retain <= 0 {
+		fn = func(tx *bolt.Tx) error { _, err := deleteRecord(tx, rk); return err }
+	} else {
+		now := s.now()
+		fn = putRecord(rk, &dedup.Record{
+			State:       dedup.StateFailed,
+			FirstSeen:   l.firstSeen,
+			CompletedAt: now,
+			ExpiresAt:   now.Add(opts.Retain),
+			Attempts:    l.attempts,
+			LastStatus:  opts.Status,
+			LastError:   opts.Error,
+			BodySHA256:  l.bodySHA256,
+			Fingerprint: l.fingerprint,
+		})
+	}
+	err = s.write(fn)
+	s.endFinish(rk, l, err == nil)
+	if err != nil {
+		return fmt.Errorf("boltstore: release: %w", err)
+	}
+	return nil
+}
+
+// putRecord returns a write that stores rec under rk and moves its expiry
+// index entry. The record is encoded now, outside the transaction.
+func putRecord(rk []byte, rec *dedup.Record) func(*bolt.Tx) error {
+	val := encodeRecord(nil, rec)
+	ik := indexKey(rec.ExpiresAt.UnixMilli(), rk)
+	return func(tx *bolt.Tx) error {
+		if _, err := deleteRecord(tx, rk); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketRecords).Put(rk, val); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketExpiry).Put(ik, []byte{})
+	}
+}
+
+// deleteRecord deletes rk's record and index entry and returns the expiry
+// (unix ms) of what it deleted, -1 if there was nothing.
+func deleteRecord(tx *bolt.Tx, rk []byte) (int64, error) {
+	recs := tx.Bucket(bucketRecords)
+	old := recs.Get(rk)
+	if old == nil {
+		return -1, nil
+	}
+	exp, ok := recordExpiry(old)
+	if ok {
+		if err := tx.Bucket(bucketExpiry).Delete(indexKey(exp, rk)); err != nil {
+			return -1, err
+		}
+	} else {
+		exp = 0 // corrupt: its index entry, if any, is dropped by the sweeper
+	}
+	return exp, recs.Delete(rk)
+}
+
+// Get implements dedup.Store.
+func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
+	if err := s.enter(ctx, "get"); err != nil {
+		return dedup.Record{}, err
+	}
+	defer s.leave()
+	rk := recordKey(key)
+	now := s.now()
+	s.mu.Lock()
+	l := s.leases[string(rk)]
+	var rec dedup.Record
+	if l != nil {
+		rec = l.record()
+	}
+	s.mu.Unlock()
+	if l != nil {
+		if now.After(rec.LeaseUntil) {
+			return dedup.Record{}, dedup.ErrNotFound
+		}
+		return rec, nil
+	}
+	disk, err := s.load(rk)
+	if err != nil {
+		return dedup.Record{}, fmt.Errorf("boltstore: get: %w", err)
+	}
+	if !live(disk, now) {
+		return dedup.Record{}, dedup.ErrNotFound
+	}
+	return *disk, nil
+}
+
+// Forget implements dedup.Store. A Forget that meets a Commit or Release
+// being written waits for it, so it is ordered after it.
+func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
+	if err := s.enter(ctx, "forget"); err != nil {
+		return false, err
+	}
+	defer s.leave()
+	rk := recordKey(key)
+	for {
+		s.mu.Lock()
+		l := s.leases[string(rk)]
+		if l == nil || l.finishing == nil {
+			break
+		}
+		done := l.finishing
+		s.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return false, fmt.Errorf("boltstore: forget: %w", ctx.Err())
+		}
+	}
+	// Hold the lease lock across the delete so no claim sees the record in
+	// between. Forget is an admin operation; claims wait one fsync at most.
+	defer s.mu.Unlock()
+	now := s.now()
+	existed := false
+	l := s.leases[string(rk)]
+	if l != nil {
+		existed = !now.After(l.until)
+		delete(s.leases, string(rk))
+	}
+	disk, err := s.load(rk)
+	if err != nil && !errors.Is(err, errCorrupt) {
+		return false, fmt.Errorf("boltstore: forget: %w", err)
+	}
+	if l == nil {
+		existed = live(disk, now)
+	}
+	if disk == nil && err == nil {
+		return existed, nil // nothing on disk: no write, no fsync
+	}
+	// A corrupt record is deleted too: Forget is the way to repair a key.
+	if err := s.write(func(tx *bolt.Tx) error { _, err := deleteRecord(tx, rk); return err }); err != nil {
+		return false, fmt.Errorf("boltstore: forget: %w", err)
+	}
+	return existed, nil
+}
+
+// Ping implements dedup.Store: nil when the file can be read.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.enter(ctx, "ping"); err != nil {
+		return err
+	}
+	defer s.leave()
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketRecords) == nil {
+			return errors.New("records bucket missing")
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("boltstore: ping: %w", err)
+	}
+	return nil
+}
+
+// counts returns the number of records and index entries, for tests and
+// measurements.
+func (s *Store) counts() (records, index int, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		records = tx.Bucket(bucketRecords).Stats().KeyN
+		index = tx.Bucket(bucketExpiry).Stats().KeyN
+		return nil
+	})
+	return records, index, err
+}
