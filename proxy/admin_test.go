@@ -1,0 +1,171 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/dedupgw/dedupgw/dedup"
+)
+
+// adminHarness is a gateway plus its admin handler on loopback servers.
+type adminHarness struct {
+	*harness
+	admin *httptest.Server
+	fs    *flakyStore
+}
+
+func newAdminHarness(t *testing.T, token string) *adminHarness {
+	t.Helper()
+	up := newUpstream(t, nil)
+	fs := &flakyStore{}
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/*", up.URL)}}, harnessOpts{store: fs})
+	fs.Store = h.mem
+	h.upstream = up
+	admin := httptest.NewServer(NewAdmin(h.gw, fs, AdminOptions{Token: token}))
+	t.Cleanup(admin.Close)
+	return &adminHarness{harness: h, admin: admin, fs: fs}
+}
+
+func (a *adminHarness) call(method, path, auth string) (int, http.Header, []byte) {
+	a.t.Helper()
+	req, err := http.NewRequest(method, a.admin.URL+path, nil)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := a.admin.Client().Do(req)
+	if err != nil {
+		a.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
+}
+
+func TestAdminHealthAndReadiness(t *testing.T) {
+	a := newAdminHarness(t, "")
+	tests := []struct {
+		name      string
+		storeDown bool
+		path      string
+		want      int
+	}{
+		{"healthz", false, "/healthz", 200},
+		{"healthz while the store is down", true, "/healthz", 200},
+		{"readyz", false, "/readyz", 200},
+		{"readyz while the store is down", true, "/readyz", 503},
+		{"readyz after the store came back", false, "/readyz", 200},
+		{"metrics", false, "/metrics", 200},
+		{"unknown path", false, "/nope", 404},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a.fs.down.Store(tc.storeDown)
+			got, _, body := a.call(http.MethodGet, tc.path, "")
+			if got != tc.want {
+				t.Errorf("GET %s: got %d, want %d (body %s)", tc.path, got, tc.want, body)
+			}
+		})
+	}
+}
+
+func TestAdminKeysAPI(t *testing.T) {
+	const token = "s3cret-token"
+	a := newAdminHarness(t, token)
+	bearer := "Bearer " + token
+	for _, id := range []string{"evt_1", "a/b c"} {
+		if resp := a.send("/hooks/x", "", "Idempotency-Key: "+id); resp.Status != 200 {
+			t.Fatalf("forward %q: got %d, want 200", id, resp.Status)
+		}
+	}
+	keyPath := func(id string) string { return "/v1/keys/orders/" + url.PathEscape(id) }
+
+	auth := []struct {
+		name, method, path, auth string
+		want                     int
+	}{
+		{"get without token", http.MethodGet, keyPath("evt_1"), "", 401},
+		{"get with wrong token", http.MethodGet, keyPath("evt_1"), "Bearer nope", 401},
+		{"get with a token prefix", http.MethodGet, keyPath("evt_1"), "Bearer s3cret", 401},
+		{"get with basic auth", http.MethodGet, keyPath("evt_1"), "Basic czNjcmV0LXRva2Vu", 401},
+		{"delete without token", http.MethodDelete, keyPath("evt_1"), "", 401},
+		{"get with token", http.MethodGet, keyPath("evt_1"), bearer, 200},
+		{"key containing a slash and a space", http.MethodGet, "/v1/keys/orders/a/b%20c", bearer, 200},
+		{"absent key", http.MethodGet, keyPath("nope"), bearer, 404},
+		{"unknown route", http.MethodGet, "/v1/keys/nope/evt_1", bearer, 404},
+		{"health needs no token", http.MethodGet, "/healthz", "", 200},
+	}
+	for _, tc := range auth {
+		t.Run(tc.name, func(t *testing.T) {
+			got, hdr, body := a.call(tc.method, tc.path, tc.auth)
+			if got != tc.want {
+				t.Errorf("%s %s: got %d, want %d (body %s)", tc.method, tc.path, got, tc.want, body)
+			}
+			if got >= 400 && !strings.HasPrefix(hdr.Get("Content-Type"), "application/problem+json") {
+				t.Errorf("%s %s: got Content-Type %q, want problem+json", tc.method, tc.path, hdr.Get("Content-Type"))
+			}
+		})
+	}
+
+	t.Run("record fields", func(t *testing.T) {
+		_, _, body := a.call(http.MethodGet, keyPath("evt_1"), bearer)
+		var got map[string]any
+		if err := json.Unmarshal(body, &got); err != nil {
+			t.Fatalf("record %s: %v", body, err)
+		}
+		want := map[string]any{"route": "orders", "namespace": "orders", "key": "evt_1", "state": "processed", "attempts": 1.0, "last_status": 200.0}
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("record[%q]: got %v, want %v", k, got[k], v)
+			}
+		}
+		for _, k := range []string{"first_seen", "completed_at", "expires_at", "body_sha256"} {
+			if _, ok := got[k]; !ok {
+				t.Errorf("record: %q missing in %s", k, body)
+			}
+		}
+		for _, k := range []string{"owner", "Owner", "response", "lease_until"} {
+			if _, ok := got[k]; ok {
+				t.Errorf("record: %q present in %s, want it hidden", k, body)
+			}
+		}
+	})
+
+	t.Run("forget then forwarded again", func(t *testing.T) {
+		if resp := a.send("/hooks/x", "", "Idempotency-Key: evt_1"); resp.Header.Get(HeaderDedupStatus) != "duplicate" {
+			t.Fatalf("before forget: got %q, want duplicate", resp.Header.Get(HeaderDedupStatus))
+		}
+		if got, _, body := a.call(http.MethodDelete, keyPath("evt_1"), bearer); got != http.StatusNoContent {
+			t.Fatalf("DELETE: got %d, want 204 (body %s)", got, body)
+		}
+		if got, _, _ := a.call(http.MethodDelete, keyPath("evt_1"), bearer); got != http.StatusNotFound {
+			t.Errorf("second DELETE: got %d, want 404", got)
+		}
+		if _, err := a.store.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"}); err != dedup.ErrNotFound {
+			t.Errorf("after forget: got %v, want ErrNotFound", err)
+		}
+		before := a.up().count()
+		if resp := a.send("/hooks/x", "", "Idempotency-Key: evt_1"); resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+			t.Errorf("after forget: got %q, want forwarded", resp.Header.Get(HeaderDedupStatus))
+		}
+		if got := a.up().count(); got != before+1 {
+			t.Errorf("after forget: got %d upstream requests, want %d", got, before+1)
+		}
+	})
+
+	t.Run("store down", func(t *testing.T) {
+		a.fs.down.Store(true)
+		defer a.fs.down.Store(false)
+		if got, hdr, _ := a.call(http.MethodGet, keyPath("evt_1"), bearer); got != 503 || hdr.Get("Retry-After") == "" {
+			t.Errorf("GET with the store down: got %d (Retry-After %q), want 503 with Retry-After", got, hdr.Get("Retry-After"))
+		}
+	})
+}

@@ -1,0 +1,146 @@
+package proxy
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dedupgw/dedupgw/dedup/memstore"
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	good := func() Route { return genericRoute("orders", "/hooks/orders", "http://127.0.0.1:3000") }
+	tests := []struct {
+		name   string
+		routes func() []Route
+		want   []string // every substring must appear in the error
+	}{
+		{"no routes", func() []Route { return nil }, []string{"routes: at least one route is required"}},
+		{"lease not longer than upstream timeout", func() []Route {
+			r := good()
+			r.Name = "stripe"
+			r.Lease, r.UpstreamTimeout = 30*time.Second, 30*time.Second
+			return []Route{good2(), r}
+		}, []string{"routes[1] (stripe): lease (30s) must be longer than upstream_timeout (30s)"}},
+		{"default lease vs long upstream timeout", func() []Route {
+			r := good()
+			r.UpstreamTimeout = 2 * time.Minute
+			return []Route{r}
+		}, []string{"routes[0] (orders): lease (1m0s) must be longer than upstream_timeout (2m0s)"}},
+		{"missing name, path, upstream", func() []Route { return []Route{{Provider: good().Provider}} },
+			[]string{"routes[0].name: is required", "routes[0].path: is required", "routes[0].upstream: is required"}},
+		{"bad path", func() []Route { r := good(); r.Path = "hooks"; return []Route{r} }, []string{"routes[0].path: \"hooks\" must start with /"}},
+		{"star inside path", func() []Route { r := good(); r.Path = "/a*/b"; return []Route{r} }, []string{"routes[0].path:"}},
+		{"bad upstream scheme", func() []Route { r := good(); r.Upstream = "ftp://x"; return []Route{r} }, []string{"routes[0].upstream: \"ftp://x\" must be an http:// or https:// URL"}},
+		{"upstream without host", func() []Route { r := good(); r.Upstream = "http://"; return []Route{r} }, []string{"routes[0].upstream:"}},
+		{"duplicate names and paths", func() []Route { return []Route{good(), good()} },
+			[]string{`routes[1].name: "orders" is already used by routes[0]`, `routes[1].path: "/hooks/orders" is already used by routes[0]`}},
+		{"bad name", func() []Route { r := good(); r.Name = "a/b"; return []Route{r} }, []string{"routes[0].name:"}},
+		{"negative durations and sizes", func() []Route {
+			r := good()
+			r.Window, r.MaxBodyBytes, r.MaxReplayBytes = -time.Second, -1, -1
+			return []Route{r}
+		}, []string{"routes[0].window: (-1s) must not be negative", "routes[0].max_body_bytes:", "routes[0].max_replay_bytes:"}},
+		{"bad policies", func() []Route {
+			r := good()
+			r.OnMissingKey, r.OnStoreError, r.OnInFlight, r.DuplicateResponse, r.OnFingerprintMismatch = "x", "wait", "forward", "x", "x"
+			return []Route{r}
+		}, []string{
+			`routes[0].on_missing_key: "x" must be one of forward, reject`,
+			`routes[0].on_store_error: "wait" must be one of forward, reject`,
+			`routes[0].on_in_flight: "forward" must be one of reject, wait`,
+			`routes[0].duplicate_response: "x" must be one of ack, replay`,
+			`routes[0].on_fingerprint_mismatch: "x" must be one of ack, reject`,
+		}},
+		{"bad method", func() []Route { r := good(); r.Methods = []string{"PO ST"}; return []Route{r} }, []string{"routes[0].methods[0]:"}},
+		{"unknown provider", func() []Route { r := good(); r.Provider = providers.Config{Provider: "paypal"}; return []Route{r} }, []string{"routes[0].provider: unknown provider"}},
+		{"empty secret", func() []Route {
+			r := good()
+			r.Provider = providers.Config{Provider: providers.Stripe, Secrets: []string{""}}
+			return []Route{r}
+		}, []string{"routes[0].secrets[0] is empty"}},
+		{"generic without keys", func() []Route { r := good(); r.Provider = providers.Config{}; return []Route{r} }, []string{"routes[0].keys:"}},
+	}
+	store := memstore.New(memstore.Options{SweepInterval: -1})
+	defer store.Close()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := New(Config{Routes: tc.routes()}, store, Options{})
+			if err == nil {
+				g.Close()
+				t.Fatalf("got no error, want one containing %q", tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("got error %q, want it to contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func good2() Route { return genericRoute("other", "/hooks/other", "http://127.0.0.1:3000") }
+
+func TestRouteDefaultsAndMatching(t *testing.T) {
+	store := memstore.New(memstore.Options{SweepInterval: -1})
+	defer store.Close()
+	routes := []Route{
+		genericRoute("exact", "/hooks/special", "http://127.0.0.1:1"),
+		genericRoute("short", "/hooks/*", "http://127.0.0.1:1"),
+		genericRoute("long", "/hooks/deep/*", "http://127.0.0.1:1"),
+	}
+	g, err := New(Config{Routes: routes}, store, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	table := g.routes.Load()
+
+	rt := table.byName["exact"]
+	defaults := []struct {
+		name      string
+		got, want any
+	}{
+		{"window", rt.Window, 24 * time.Hour},
+		{"lease", rt.Lease, 60 * time.Second},
+		{"upstream_timeout", rt.UpstreamTimeout, 30 * time.Second},
+		{"max_body_bytes", rt.MaxBodyBytes, int64(1 << 20)},
+		{"max_replay_bytes", rt.MaxReplayBytes, int64(64 << 10)},
+		{"namespace", rt.Namespace, "exact"},
+		{"on_missing_key", rt.OnMissingKey, Forward},
+		{"on_store_error", rt.OnStoreError, Forward},
+		{"on_in_flight", rt.OnInFlight, Reject},
+		{"duplicate_response", rt.DuplicateResponse, Ack},
+		{"on_fingerprint_mismatch", rt.OnFingerprintMismatch, Ack},
+		{"methods", strings.Join(rt.methods, ","), "POST"},
+		{"replay_headers", strings.Join(rt.ReplayHeaders, ","), "Content-Type"},
+	}
+	for _, d := range defaults {
+		if d.got != d.want {
+			t.Errorf("default %s: got %v, want %v", d.name, d.got, d.want)
+		}
+	}
+
+	matches := []struct{ path, want string }{
+		{"/hooks/special", "exact"},
+		{"/hooks/special/x", "short"},
+		{"/hooks/x", "short"},
+		{"/hooks/", "short"},
+		{"/hooks", "short"},
+		{"/hooks/deep/x/y", "long"},
+		{"/hooks/deep", "long"},
+		{"/hooksx", ""},
+		{"/", ""},
+		{"", ""},
+	}
+	for _, m := range matches {
+		got := ""
+		if rt := table.match(m.path); rt != nil {
+			got = rt.Name
+		}
+		if got != m.want {
+			t.Errorf("match(%q): got route %q, want %q", m.path, got, m.want)
+		}
+	}
+}
