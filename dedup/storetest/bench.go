@@ -14,8 +14,8 @@ import (
 // on a fresh store that uses the real clock (time.Now):
 //
 //   - ClaimCommit: a new key claimed then committed, the forwarded path;
-//   - ClaimCommitParallel: the same from GOMAXPROCS goroutines (commits of
-//     different keys may coalesce);
+//   - ClaimCommitParallel: the same from 16×GOMAXPROCS goroutines (commits
+//     of different keys may coalesce);
 //   - ClaimCommitReplay: ClaimCommit storing a 1 KiB replay response;
 //   - DuplicateClaim: a Claim of a processed key, the duplicate path;
 //   - DuplicateClaimParallel: the same from GOMAXPROCS goroutines.
@@ -81,6 +81,7 @@ func benchClaimCommitParallel(b *testing.B, s dedup.Store) {
 	ctx := context.Background()
 	prefix := "evt_" + strconv.FormatInt(benchRun.Add(1), 10) + "_"
 	var n atomic.Int64
+	b.SetParallelism(16) // 16×GOMAXPROCS senders, like the load test's 32 on 2 cores
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			k := dedup.Key{Namespace: "bench", ID: benchID(prefix, n.Add(1))}
