@@ -137,7 +137,9 @@ func leakCheck(t *testing.T) {
 // package summary.
 func runScenario(t *testing.T, s Scenario) *Report {
 	t.Helper()
+	buildStart := time.Now()
 	s.Bin = gatewayBinary(t)
+	t.Logf("gateway binary ready after %s", time.Since(buildStart).Round(time.Millisecond))
 	s.Dir = t.TempDir()
 	s.Logf = t.Logf
 	if s.Sim.Seed == 0 {
@@ -149,7 +151,9 @@ func runScenario(t *testing.T, s Scenario) *Report {
 	t.Logf("%s: seeds sim=%d app=%d", s.Name, s.Sim.Seed, s.App.Seed)
 	ctx, cancel := context.WithTimeout(context.Background(), s.Deadline+2*time.Minute)
 	defer cancel()
+	runStart := time.Now()
 	rep, err := s.Run(ctx)
+	t.Logf("%s: Run returned after %s", s.Name, time.Since(runStart).Round(time.Millisecond))
 	if err != nil {
 		t.Fatalf("run %s: %v (logs in %s)", s.Name, err, s.Dir)
 	}

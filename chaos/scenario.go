@@ -174,6 +174,7 @@ func (s *Scenario) Run(ctx context.Context) (*Report, error) {
 		faultsWG sync.WaitGroup
 	)
 	trafficStart := time.Now()
+	s.logf("%s: %d replica(s) up after %s", s.Name, len(gws), trafficStart.Sub(started).Round(time.Millisecond))
 	faultsWG.Add(1)
 	go func() {
 		defer faultsWG.Done()
@@ -236,10 +237,13 @@ func (s *Scenario) Run(ctx context.Context) (*Report, error) {
 	}
 
 	// A clean shutdown of every replica is part of the contract too.
+	s.logf("%s: keys read at +%s", s.Name, time.Since(trafficStart).Round(time.Millisecond))
 	for _, g := range gws {
-		if d, err := g.Term(15 * time.Second); err != nil {
+		d, err := g.Term(15 * time.Second)
+		if err != nil {
 			rep.Trouble = append(rep.Trouble, fmt.Sprintf("final SIGTERM of %s: %v (after %s)", g.Name, err, d))
 		}
+		s.logf("%s: final SIGTERM of idle %s took %s", s.Name, g.Name, d.Round(time.Millisecond))
 	}
 	var logs []*GatewayLog
 	for _, g := range gws {
