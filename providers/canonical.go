@@ -46,7 +46,9 @@ func BodyKey(body []byte) string {
 	} else {
 		sum = sha256.Sum256(c.out)
 	}
-	return hex.EncodeToString(sum[:])
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], sum[:])
+	return string(out[:])
 }
 
 var canonPool = sync.Pool{New: func() any { return new(canonicalizer) }}

@@ -254,3 +254,20 @@ func BenchmarkBodyKeyDepthBomb(b *testing.B) {
 		BodyKey(body)
 	}
 }
+
+// BenchmarkCanonicalStdlib is the baseline: decode into any, re-encode with
+// encoding/json (which sorts map keys).
+func BenchmarkCanonicalStdlib(b *testing.B) {
+	body := []byte(stripeVectorBody)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		v, err := decodeUseNumber(body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := json.Marshal(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
