@@ -94,6 +94,12 @@ func (c Config) universalOptions() *redis.UniversalOptions {
 		// Honour the caller's context deadline (the gateway bounds each store
 		// call), not only the socket timeouts.
 		ContextTimeoutEnabled: true,
+		// Fail fast while Redis is down, so a delivery meets its
+		// on_store_error policy in milliseconds, not seconds: one dial per
+		// connection attempt (go-redis's default is 5, 100ms apart) and one
+		// retry of a command that failed on a network error (default 3).
+		DialerRetries: 1,
+		MaxRetries:    1,
 	}
 	if o.DialTimeout == 0 {
 		o.DialTimeout = DefaultDialTimeout
