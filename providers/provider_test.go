@@ -2,6 +2,7 @@ package providers
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -110,5 +111,43 @@ func TestNewVerifierAndTolerance(t *testing.T) {
 	r := newRequest(map[string]string{"Stripe-Signature": stripeSign("s", time.Now().Unix(), "{}")})
 	if err := p.Verifier.Verify(r, []byte("{}")); err != nil {
 		t.Errorf("Verify with the real clock: got %v, want nil", err)
+	}
+}
+
+// TestProviderConcurrentUse runs Key and Verify from many goroutines on one
+// Provider, so -race sees the pooled scanners and shared verifier state.
+func TestProviderConcurrentUse(t *testing.T) {
+	p, err := New(Config{Provider: Stripe, Keys: []string{"json:data.object.id", "body"}, Secrets: []string{"s"}, Now: fixedClock(1000)})
+	if err != nil {
+		t.Fatalf("New: got %v, want nil", err)
+	}
+	const workers, rounds = 8, 200
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for i := range rounds {
+				body := fmt.Sprintf(`{"data":{"object":{"id":"obj_%d_%d"}},"z":[1,{"b":2,"a":1}]}`, w, i)
+				r := newRequest(map[string]string{"Stripe-Signature": stripeSign("s", 1000, body)})
+				if err := p.Verifier.Verify(r, []byte(body)); err != nil {
+					errs <- fmt.Errorf("Verify: got %v, want nil", err)
+					return
+				}
+				want := fmt.Sprintf("obj_%d_%d", w, i)
+				if got, err := p.Key(r, []byte(body)); got != want || err != nil {
+					errs <- fmt.Errorf("Key: got (%q, %v), want (%q, nil)", got, err, want)
+					return
+				}
+				if BodyKey([]byte(body)) != BodyKey([]byte(strings.ReplaceAll(body, `"b":2,"a":1`, `"a":1,"b":2`))) {
+					errs <- fmt.Errorf("BodyKey differs for reordered keys")
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }
