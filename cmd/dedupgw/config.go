@@ -160,7 +160,7 @@ const (
 	defaultBoltPath    = "dedupgw.db"
 	defaultRedisAddr   = "127.0.0.1:6379"
 	defaultKeyPrefix   = "dedupgw:"
-	defaultTolerance   = 300 * time.Second
+	defaultTolerance   = providers.DefaultTolerance
 )
 
 // builtinPolicy returns the defaults that apply when neither the route nor

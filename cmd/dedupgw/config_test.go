@@ -514,12 +514,12 @@ func TestProblems(t *testing.T) {
 		}},
 		{"bad keys", strings.Replace(minimal, `keys: ["header:Idempotency-Key"]`, "", 1) + (`    keys: ["header:", "json:a..b", "query:", "cookie:x", "bodyy", "header:Bad Name"]
 `), nil, []string{
-			`routes[0].keys[0]: invalid header name in "header:"`,
-			`routes[0].keys[1]: invalid JSON path in "json:a..b" (want dotted names, e.g. json:data.object.id)`,
-			`routes[0].keys[2]: empty query parameter name in "query:"`,
-			`routes[0].keys[3]: unknown key source "cookie:x" (want header:NAME, json:PATH, query:NAME or body)`,
-			`routes[0].keys[4]: invalid key source "bodyy" (want header:NAME, json:PATH, query:NAME or body)`,
-			`routes[0].keys[5]: invalid header name in "header:Bad Name"`,
+			`routes[0].keys[0]: invalid header name in source "header:"`,
+			`routes[0].keys[1]: invalid json path (want dotted names like data.object.id) in source "json:a..b"`,
+			`routes[0].keys[2]: empty query parameter name in source "query:"`,
+			`routes[0].keys[3]: unknown source "cookie:x" (want header:NAME, json:PATH, query:NAME or body)`,
+			`routes[0].keys[4]: unknown source "bodyy" (want header:NAME, json:PATH, query:NAME or body)`,
+			`routes[0].keys[5]: invalid header name in source "header:Bad Name"`,
 		}},
 		{"empty secret from unset var", route("    secrets: [\"${STRIPE_WEBHOOK_SECRET}\", \"\"]\n"), nil, []string{
 			"routes[0].secrets[0]: must not be empty (environment variable STRIPE_WEBHOOK_SECRET is not set)",

@@ -161,8 +161,16 @@ type gateway struct {
 // process environment and waits until it logged its listen addresses.
 func startGateway(t *testing.T, path string, env ...string) *gateway {
 	t.Helper()
+	return startGatewayIn(t, "", path, env...)
+}
+
+// startGatewayIn is startGateway with the working directory dir ("" means
+// the test's).
+func startGatewayIn(t *testing.T, dir, path string, env ...string) *gateway {
+	t.Helper()
 	g := &gateway{t: t, done: make(chan struct{}), started: make(chan struct{})}
 	g.cmd = exec.Command(binPath, "serve", "--config", path)
+	g.cmd.Dir = dir
 	g.cmd.Env = append(os.Environ(), env...)
 	stderr, err := g.cmd.StderrPipe()
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -243,41 +244,18 @@ func checkPath(ps *Problems, key, path, emptyMsg string) {
 	}
 }
 
-// checkKeySource checks one keys: entry: header:NAME, json:PATH, query:NAME or body.
+// checkKeySource checks one keys: entry with the providers package's own
+// parser, so the config and the gateway agree on what is valid.
 func checkKeySource(s string) error {
-	if s == "body" {
-		return nil
-	}
-	kind, arg, ok := strings.Cut(s, ":")
-	if !ok {
-		return fmt.Errorf("invalid key source %q (want header:NAME, json:PATH, query:NAME or body)", s)
-	}
-	switch kind {
-	case "header":
-		if !isToken(arg) {
-			return fmt.Errorf("invalid header name in %q", s)
+	err := providers.ValidateKeys([]string{s})
+	if kse, ok := errors.AsType[*providers.KeySourceError](err); ok {
+		hint := ""
+		if strings.HasPrefix(kse.Reason, "unknown") {
+			hint = " (want header:NAME, json:PATH, query:NAME or body)"
 		}
-	case "query":
-		if arg == "" {
-			return fmt.Errorf("empty query parameter name in %q", s)
-		}
-	case "json":
-		if arg == "" || slicesContainsEmpty(strings.Split(arg, ".")) {
-			return fmt.Errorf("invalid JSON path in %q (want dotted names, e.g. json:data.object.id)", s)
-		}
-	default:
-		return fmt.Errorf("unknown key source %q (want header:NAME, json:PATH, query:NAME or body)", s)
+		return fmt.Errorf("%s %q%s", kse.Reason, kse.Source, hint)
 	}
-	return nil
-}
-
-func slicesContainsEmpty(parts []string) bool {
-	for _, p := range parts {
-		if p == "" {
-			return true
-		}
-	}
-	return false
+	return err
 }
 
 // isToken reports whether s is a non-empty RFC 9110 token (header names,

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+const examplePath = "../../config.example.yaml"
+
+// exampleSecrets are the variables the example's secrets: lines name, with
+// values each provider accepts.
+var exampleSecrets = map[string]string{
+	"STRIPE_WEBHOOK_SECRET":     "whsec_stripe_example",
+	"SHOPIFY_WEBHOOK_SECRET":    "shopify-example",
+	"GITHUB_WEBHOOK_SECRET":     "github-example",
+	"STANDARD_WEBHOOKS_SECRET":  "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+	"SLACK_SIGNING_SECRET":      "slack-example",
+	"ORDERS_WEBHOOK_SECRET":     "orders-example",
+	"ORDERS_WEBHOOK_SECRET_OLD": "orders-example-old",
+}
+
+// TestExampleConfig checks config.example.yaml both ways a user meets it:
+// as shipped (secrets commented out, no environment: the quick start) and
+// with its secrets: lines enabled and their variables set. Both must pass
+// validate, including building the gateway's routes.
+func TestExampleConfig(t *testing.T) {
+	text, err := os.ReadFile(examplePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enabled := strings.ReplaceAll(string(text), "# secrets:", "secrets:")
+	if enabled == string(text) {
+		t.Fatal("example has no commented secrets: lines to enable")
+	}
+	tests := []struct {
+		name        string
+		text        string
+		env         map[string]string
+		wantSecrets int // routes with secrets
+	}{
+		{"as shipped, no environment", string(text), nil, 0},
+		{"secrets enabled and set", enabled, exampleSecrets, 6},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := loadConfig(writeConfig(t, tt.text), envMap(tt.env))
+			if err != nil {
+				t.Fatalf("got %v, want a valid config", err)
+			}
+			if err := tryGateway(f); err != nil {
+				t.Fatalf("building the gateway: got %v, want nil", err)
+			}
+			providersSeen := map[string]bool{}
+			withSecrets := 0
+			for _, r := range f.GatewayConfig().Routes {
+				providersSeen[r.Provider.Provider] = true
+				if len(r.Provider.Secrets) > 0 {
+					withSecrets++
+				}
+			}
+			for _, p := range []string{providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack, providers.Generic} {
+				if !providersSeen[p] {
+					t.Errorf("example routes: got no %s route, want one per provider", p)
+				}
+			}
+			if withSecrets != tt.wantSecrets {
+				t.Errorf("routes with secrets: got %d, want %d", withSecrets, tt.wantSecrets)
+			}
+		})
+	}
+
+	t.Run("secrets enabled but unset", func(t *testing.T) {
+		_, err := loadConfig(writeConfig(t, enabled), nil)
+		if err == nil || !strings.Contains(err.Error(), "environment variable STRIPE_WEBHOOK_SECRET is not set") {
+			t.Errorf("got %v, want the unset STRIPE_WEBHOOK_SECRET named", err)
+		}
+	})
+}
+
+// TestExampleDocumentsEveryKey checks that every key of the schema appears
+// in config.example.yaml (set or in a comment).
+func TestExampleDocumentsEveryKey(t *testing.T) {
+	text, err := os.ReadFile(examplePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for i := range t.NumField() {
+			sf := t.Field(i)
+			name, opt, _ := strings.Cut(sf.Tag.Get("config"), ",")
+			if !sf.IsExported() {
+				continue
+			}
+			if name != "" && !slices.Contains(names, name) {
+				names = append(names, name)
+			}
+			ft := sf.Type
+			for ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct && ft != durationType || opt == "squash" {
+				walk(ft)
+			}
+		}
+	}
+	walk(reflect.TypeFor[File]())
+	for _, name := range names {
+		if !regexp.MustCompile(`(?m)^[\s#-]*` + regexp.QuoteMeta(name) + `:`).Match(text) &&
+			!regexp.MustCompile(`(?m)^#\s+` + regexp.QuoteMeta(name) + `\s`).Match(text) {
+			t.Errorf("config.example.yaml: got no %q key, want every key documented", name)
+		}
+	}
+	if len(names) < 50 {
+		t.Errorf("schema keys: got %d, want the whole schema walked (>= 50)", len(names))
+	}
+}
+
+// TestQuickStartServes starts the example as the README's quick start does
+// (its bolt file in a temporary directory) and checks it is ready.
+func TestQuickStartServes(t *testing.T) {
+	dir := t.TempDir()
+	text, err := os.ReadFile(examplePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, text, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := startGatewayIn(t, dir, cfg, "DEDUPGW_LISTEN=127.0.0.1:0", "DEDUPGW_ADMIN_LISTEN=127.0.0.1:0")
+	resp, err := client.Get(g.adminURL("/readyz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("/readyz: got %d, want 200", resp.StatusCode)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "dedupgw.db")); err != nil {
+		t.Errorf("bolt file: got %v, want dedupgw.db in the working directory", err)
+	}
+}
