@@ -114,8 +114,8 @@ func TestExampleDocumentsEveryKey(t *testing.T) {
 	}
 	walk(reflect.TypeFor[File]())
 	for _, name := range names {
-		if !regexp.MustCompile(`(?m)^[\s#-]*` + regexp.QuoteMeta(name) + `:`).Match(text) &&
-			!regexp.MustCompile(`(?m)^#\s+` + regexp.QuoteMeta(name) + `\s`).Match(text) {
+		if !regexp.MustCompile(`(?m)^[\s#-]*`+regexp.QuoteMeta(name)+`:`).Match(text) &&
+			!regexp.MustCompile(`(?m)^#\s+`+regexp.QuoteMeta(name)+`\s`).Match(text) {
 			t.Errorf("config.example.yaml: got no %q key, want every key documented", name)
 		}
 	}
