@@ -1,0 +1,201 @@
+package redisstore_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/redisstore"
+	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+)
+
+func TestCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	cfg := redisstore.Config{Addrs: cl.Addrs(), KeyPrefix: uniquePrefix()}
+	// Two stores on one prefix: two gateway replicas sharing the cluster.
+	a := newStore(t, cfg, nil)
+	b := newStore(t, cfg, nil)
+	ctx := context.Background()
+	if err := a.Ping(ctx); err != nil {
+		t.Fatalf("Ping: got %v, want nil", err)
+	}
+
+	const n = 500
+	keys := make([]dedup.Key, n)
+	for i := range keys {
+		keys[i] = dedup.Key{Namespace: "stripe", ID: "evt_" + strconv.Itoa(i)}
+		claimCommit(t, a, keys[i])
+	}
+	// The keys spread over every master.
+	for _, node := range cl.Nodes {
+		size, err := node.Client().DBSize(ctx).Result()
+		if err != nil {
+			t.Fatalf("DBSIZE on %s: got %v, want nil", node.Addr(), err)
+		}
+		if size < n/10 {
+			t.Errorf("DBSIZE on %s: got %d keys, want at least %d of %d", node.Addr(), size, n/10, n)
+		}
+	}
+	// Every key is a duplicate for the other replica.
+	for _, k := range keys {
+		wantDuplicate(t, b, k)
+	}
+
+	// Concurrent first deliveries split over the two replicas: one claim per key.
+	for i := range 20 {
+		k := dedup.Key{Namespace: "race", ID: "evt_" + strconv.Itoa(i)}
+		counts := raceClaims(t, []dedup.Store{a, b}, k, 30)
+		if counts[dedup.Claimed] != 1 || counts[dedup.InFlight] != 29 {
+			t.Errorf("30 concurrent claims of %s on two replicas: got %v, want 1 claimed, 29 in-flight", k, counts)
+		}
+	}
+
+	// A cluster missing a master cannot serve all keys: not ready.
+	cl.Nodes[2].Stop()
+	if err := a.Ping(ctx); err == nil {
+		t.Errorf("Ping with a master down: got nil, want an error")
+	}
+}
+
+// raceClaims runs n concurrent claims of k spread round-robin over stores.
+func raceClaims(t *testing.T, stores []dedup.Store, k dedup.Key, n int) map[dedup.Outcome]int {
+	t.Helper()
+	var (
+		mu     sync.Mutex
+		wg     sync.WaitGroup
+		counts = map[dedup.Outcome]int{}
+		start  = make(chan struct{})
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			res, err := stores[i%len(stores)].Claim(context.Background(), k, dedup.ClaimOptions{Lease: time.Minute})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("Claim(%s): got %v, want nil", k, err)
+				return
+			}
+			counts[res.Outcome]++
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return counts
+}
+
+func TestSentinel(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	s := newStore(t, redisstore.Config{Addrs: []string{st.Sentinel.Addr()}, MasterName: st.MasterName}, nil)
+	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping via sentinel: got %v, want nil", err)
+	}
+	k := dedup.Key{Namespace: "stripe", ID: "evt_sentinel"}
+	claimCommit(t, s, k)
+	wantDuplicate(t, s, k)
+	// The record lives on the master the sentinel named.
+	n, err := st.Master.Client().Exists(ctx, s.Key(k)).Result()
+	if err != nil || n != 1 {
+		t.Fatalf("EXISTS %s on the master: got (%d, %v), want (1, nil)", s.Key(k), n, err)
+	}
+}
+
+// countingHook counts the commands a client sends: one per round trip, a
+// pipeline as one.
+type countingHook struct {
+	mu   sync.Mutex
+	cmds []string
+}
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		h.cmds = append(h.cmds, cmd.Name())
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.mu.Lock()
+		h.cmds = append(h.cmds, "pipeline")
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+func (h *countingHook) take() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	cmds := h.cmds
+	h.cmds = nil
+	return cmds
+}
+
+func TestRoundTrips(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	hook := &countingHook{}
+	client.AddHook(hook)
+	s := redisstore.NewFromClient(client, uniquePrefix(), redisstore.Options{})
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+
+	// Warm up: the first run of each script on a fresh server costs a
+	// NOSCRIPT answer and an EVAL.
+	warm := dedup.Key{Namespace: "warm", ID: "1"}
+	claimCommit(t, s, warm)
+	wantDuplicate(t, s, warm)
+	res, _ := s.Claim(ctx, dedup.Key{Namespace: "warm", ID: "2"}, dedup.ClaimOptions{Lease: time.Minute})
+	_ = s.Release(ctx, dedup.Key{Namespace: "warm", ID: "2"}, res.Token, dedup.ReleaseOptions{Retain: time.Minute})
+	_, _ = s.Forget(ctx, warm)
+	hook.take()
+
+	lease := dedup.ClaimOptions{Lease: time.Minute}
+	tests := []struct {
+		name string
+		run  func(k dedup.Key)
+		want int
+	}{
+		{"first delivery (claim, commit)", func(k dedup.Key) { claimCommit(t, s, k) }, 2},
+		{"duplicate (claim)", func(k dedup.Key) { wantDuplicate(t, s, k) }, 1},
+		{"failed delivery (claim, release)", func(k dedup.Key) {
+			res, _ := s.Claim(ctx, k, lease)
+			_ = s.Release(ctx, k, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500})
+		}, 2},
+		{"retry of failed (claim, commit)", func(k dedup.Key) { claimCommit(t, s, k) }, 2},
+		{"in flight (claim)", func(k dedup.Key) {
+			if _, err := s.Claim(ctx, dedup.Key{Namespace: k.Namespace, ID: "held"}, lease); err != nil {
+				t.Fatalf("Claim: got %v, want nil", err)
+			}
+			hook.take()
+			if res, err := s.Claim(ctx, dedup.Key{Namespace: k.Namespace, ID: "held"}, lease); err != nil || res.Outcome != dedup.InFlight {
+				t.Fatalf("Claim of a held key: got (%v, %v), want (in-flight, nil)", res.Outcome, err)
+			}
+		}, 1},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := dedup.Key{Namespace: "rt", ID: "evt_" + strconv.Itoa(i)}
+			if i == 1 || i == 3 {
+				k.ID = "evt_" + strconv.Itoa(i-1) // the key the step before left
+			}
+			tt.run(k)
+			if got := hook.take(); len(got) != tt.want {
+				t.Errorf("round trips: got %d %v, want %d", len(got), got, tt.want)
+			}
+		})
+	}
+}
