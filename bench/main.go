@@ -48,6 +48,8 @@ type options struct {
 	targets     []string
 	baseline    string
 	dedupgw     string
+	logLevel    string
+	cpuprofile  string
 	keep        bool
 	args        []string // as given, for the report
 	explicit    map[string]bool
@@ -68,6 +70,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	targets := fs.String("targets", strings.Join(allTargets, ","), "comma-separated targets: "+strings.Join(allTargets, ", ")+" (nginx is skipped when not installed)")
 	fs.StringVar(&o.baseline, "baseline", TargetBare, "target the ratio column divides by")
 	fs.StringVar(&o.dedupgw, "dedupgw", "", "dedupgw binary to measure (default: go build ./cmd/dedupgw)")
+	fs.StringVar(&o.logLevel, "log-level", "warn", "dedupgw's log.level (info logs every delivery)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write CPU profiles of the bare proxy and dedupgw (first round of each workload) into this directory; perturbs the numbers")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run's directory (configs, logs, databases)")
 	quick := fs.Bool("quick", false, "a ~30 s run: -duration 1s -warmup 250ms -rounds 1 unless set")
 	if err := fs.Parse(args); err != nil {
@@ -157,7 +161,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
-	e := &env{dir: dir, self: self, concurrency: o.concurrency}
+	e := &env{dir: dir, self: self, concurrency: o.concurrency, logLevel: o.logLevel, profile: o.cpuprofile != ""}
+	if e.profile {
+		if err := os.MkdirAll(o.cpuprofile, 0o755); err != nil {
+			return fmt.Errorf("make profile directory: %w", err)
+		}
+	}
 	var skipped []string
 	skip := func(t string, why error) {
 		fmt.Fprintf(stderr, "bench: skipping %s: %v\n", t, why)
@@ -165,7 +174,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		o.targets = slices.DeleteFunc(o.targets, func(s string) bool { return s == t })
 	}
 	if slices.ContainsFunc(o.targets, isGateway) {
-		e.dedupgw, err = dedupgwBinary(ctx, o.dedupgw, dir, stderr)
+		e.dedupgw, e.dedupgwPprof, err = dedupgwBinary(ctx, o.dedupgw, dir, e.profile, stderr)
 		if err != nil {
 			for _, t := range slices.Clone(o.targets) {
 				if isGateway(t) {
@@ -222,7 +231,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 				if err != nil {
 					return err
 				}
+				var profiled chan error
+				if r == 0 && t.pprof != "" {
+					profiled = make(chan error, 1)
+					path := filepath.Join(o.cpuprofile, t.name+"-"+w+".pprof")
+					go func() { profiled <- cpuProfile(ctx, t.pprof, o.warmup, o.duration, path) }()
+				}
 				rr, err := d.run(ctx, round{url: t.url, workload: w, warmup: o.warmup, duration: o.duration})
+				if profiled != nil {
+					if perr := <-profiled; perr != nil {
+						fmt.Fprintf(stderr, "bench: cpu profile of %s under %s: %v\n", t.name, w, perr)
+					}
+				}
 				if err != nil {
 					return fmt.Errorf("round %d, %s, %s: %w", r+1, w, t.name, err)
 				}
@@ -252,27 +272,41 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 // dedupgwBinary returns bin when set, else builds ./cmd/dedupgw of the module
-// the runner is run from into dir.
-func dedupgwBinary(ctx context.Context, bin, dir string, stderr io.Writer) (string, error) {
+// the runner is run from into dir; with pprof, the build adds the pprof
+// overlay and reports true.
+func dedupgwBinary(ctx context.Context, bin, dir string, pprof bool, stderr io.Writer) (string, bool, error) {
 	if bin != "" {
-		return bin, nil
+		if pprof {
+			fmt.Fprintln(stderr, "bench: -dedupgw given: dedupgw is not profiled")
+		}
+		return bin, false, nil
 	}
 	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
-		return "", fmt.Errorf("find the module: %w", err)
+		return "", false, fmt.Errorf("find the module: %w", err)
 	}
 	gomod := strings.TrimSpace(string(out))
 	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("not inside the dedupgw module; pass -dedupgw")
+		return "", false, errors.New("not inside the dedupgw module; pass -dedupgw")
 	}
+	root := filepath.Dir(gomod)
 	bin = filepath.Join(dir, "dedupgw")
-	fmt.Fprintln(stderr, "bench: go build ./cmd/dedupgw")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/dedupgw")
-	build.Dir = filepath.Dir(gomod)
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/dedupgw: %w: %s", err, strings.TrimSpace(string(out)))
+	args := []string{"build", "-o", bin}
+	if pprof {
+		overlay, err := writePprofOverlay(dir, filepath.Join(root, "cmd", "dedupgw"))
+		if err != nil {
+			return "", false, err
+		}
+		args = append(args, "-overlay", overlay)
 	}
-	return bin, nil
+	args = append(args, "./cmd/dedupgw")
+	fmt.Fprintln(stderr, "bench: go", strings.Join(args, " "))
+	build := exec.CommandContext(ctx, "go", args...)
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", false, fmt.Errorf("go build ./cmd/dedupgw: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return bin, pprof, nil
 }
 
 // machine describes the CPU the run used.

@@ -30,8 +30,9 @@ type child struct {
 }
 
 // startChild starts bin with args, logging its stdout and stderr to
-// dir/name.log. The child gets SIGTERM when ctx ends or Stop is called.
-func startChild(ctx context.Context, dir, name, bin string, args ...string) (*child, error) {
+// dir/name.log. extraEnv is added to the runner's environment. The child gets
+// SIGTERM when ctx ends or Stop is called.
+func startChild(ctx context.Context, dir, name string, extraEnv []string, bin string, args ...string) (*child, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -41,6 +42,9 @@ func startChild(ctx context.Context, dir, name, bin string, args ...string) (*ch
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	cmd.Dir = dir
+	if len(extraEnv) > 0 {
+		cmd.Env = append(os.Environ(), extraEnv...)
+	}
 	cmd.SysProcAttr = childAttr()
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = stopGrace

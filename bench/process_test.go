@@ -77,7 +77,7 @@ func TestChildTargetsServeAndStop(t *testing.T) {
 
 func TestWaitReadyReportsAChildThatExits(t *testing.T) {
 	e := testEnv(t)
-	c, err := startChild(context.Background(), e.dir, "broken", e.self, roleUpstream, "-listen", "not-an-address")
+	c, err := startChild(context.Background(), e.dir, "broken", nil, e.self, roleUpstream, "-listen", "not-an-address")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,11 @@ func serveRole(role string, args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if role == roleBareProxy {
+		if err := servePprofFromEnv(ctx); err != nil {
+			return err
+		}
+	}
 	return serve(ctx, *listen, h)
 }
 

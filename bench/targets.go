@@ -38,6 +38,27 @@ type target struct {
 	url     string   // where events are posted
 	gateway bool     // dedupgw: duplicates are answered without the upstream
 	procs   []*child // stopped in reverse order by stop
+	// pprof is the address of the target's net/http/pprof listener, empty
+	// unless the run profiles (-cpuprofile) and the target supports it.
+	pprof string
+}
+
+// pprofEnvVar names the variable that asks the bare proxy, and a dedupgw
+// built by the runner for profiling, to serve net/http/pprof on its value.
+const pprofEnvVar = "DEDUPGW_BENCH_PPROF"
+
+// pprofEnv returns the environment that makes the target serve pprof, and
+// records the address, when the run profiles; else nil.
+func (t *target) pprofEnv(e *env, supported bool) ([]string, error) {
+	if !e.profile || !supported {
+		return nil, nil
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	t.pprof = addr
+	return []string{pprofEnvVar + "=" + addr}, nil
 }
 
 // stop stops the target's processes, last started first.
@@ -67,12 +88,16 @@ func labelOf(name string) string {
 
 // env is what starting a target needs.
 type env struct {
-	dir         string // the run's temporary directory: configs, logs, databases
-	self        string // the runner's own executable, re-run as upstream and bare proxy
-	dedupgw     string // the dedupgw binary, empty when it could not be built
-	nginx       string // the nginx binary, empty when not installed
-	upstreamURL string // base URL of the upstream app
-	concurrency int
+	dir     string // the run's temporary directory: configs, logs, databases
+	self    string // the runner's own executable, re-run as upstream and bare proxy
+	dedupgw string // the dedupgw binary, empty when it could not be built
+	// dedupgwPprof is set when dedupgw was built with the pprof overlay.
+	dedupgwPprof bool
+	nginx        string // the nginx binary, empty when not installed
+	upstreamURL  string // base URL of the upstream app
+	concurrency  int
+	logLevel     string // dedupgw's log.level
+	profile      bool   // targets serve pprof (see pprofEnv)
 }
 
 // startUpstream starts the upstream app in its own process and returns it with
@@ -82,7 +107,7 @@ func startUpstream(ctx context.Context, e *env) (*child, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	c, err := startChild(ctx, e.dir, "upstream", e.self, roleUpstream, "-listen", addr)
+	c, err := startChild(ctx, e.dir, "upstream", nil, e.self, roleUpstream, "-listen", addr)
 	if err != nil {
 		return nil, "", err
 	}
@@ -122,7 +147,11 @@ func startBare(ctx context.Context, e *env, t *target) error {
 	if err != nil {
 		return err
 	}
-	c, err := startChild(ctx, e.dir, "bare", e.self, roleBareProxy,
+	env, err := t.pprofEnv(e, true)
+	if err != nil {
+		return err
+	}
+	c, err := startChild(ctx, e.dir, "bare", env, e.self, roleBareProxy,
 		"-listen", addr, "-upstream", e.upstreamURL, "-max-idle", strconv.Itoa(e.concurrency*2))
 	if err != nil {
 		return err
@@ -133,14 +162,15 @@ func startBare(ctx context.Context, e *env, t *target) error {
 }
 
 // dedupgwConfig is the config the runner gives dedupgw: one Stripe route with
-// the preset's key (json:id), no signing secret, logs at warn so no target
-// pays for per-request logging.
+// the preset's key (json:id), no signing secret, and the log level of
+// -log-level (warn by default, so no target pays for per-request logging, as
+// no other target logs each request).
 const dedupgwConfig = `# written by go run ./bench
 listen: "{{listen}}"
 admin:
   listen: "{{admin}}"
 log:
-  level: warn
+  level: {{loglevel}}
   format: json
 store:
   backend: {{backend}}
@@ -183,12 +213,17 @@ func startDedupgw(ctx context.Context, e *env, t *target) error {
 		"{{bolt}}", filepath.Join(e.dir, "dedupgw-bolt.db"),
 		"{{redis}}", redisAddr,
 		"{{upstream}}", e.upstreamURL,
+		"{{loglevel}}", e.logLevel,
 	).Replace(dedupgwConfig)
 	cfgPath := filepath.Join(e.dir, "dedupgw-"+t.name+".yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return fmt.Errorf("write dedupgw config: %w", err)
 	}
-	c, err := startChild(ctx, e.dir, "dedupgw-"+t.name, e.dedupgw, "serve", "--config", cfgPath)
+	env, err := t.pprofEnv(e, e.dedupgwPprof)
+	if err != nil {
+		return err
+	}
+	c, err := startChild(ctx, e.dir, "dedupgw-"+t.name, env, e.dedupgw, "serve", "--config", cfgPath)
 	if err != nil {
 		return err
 	}
@@ -211,7 +246,7 @@ func startRedis(ctx context.Context, e *env) (*child, string, error) {
 		return nil, "", err
 	}
 	_, port, _ := strings.Cut(addr, ":")
-	c, err := startChild(ctx, e.dir, "redis", bin,
+	c, err := startChild(ctx, e.dir, "redis", nil, bin,
 		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", e.dir, "--loglevel", "warning")
 	if err != nil {
@@ -277,7 +312,7 @@ func startNginx(ctx context.Context, e *env, t *target) error {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return fmt.Errorf("write nginx config: %w", err)
 	}
-	c, err := startChild(ctx, e.dir, "nginx", e.nginx, "-e", "stderr", "-p", e.dir, "-c", cfgPath)
+	c, err := startChild(ctx, e.dir, "nginx", nil, e.nginx, "-e", "stderr", "-p", e.dir, "-c", cfgPath)
 	if err != nil {
 		return err
 	}
