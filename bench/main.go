@@ -237,6 +237,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 					path := filepath.Join(o.cpuprofile, t.name+"-"+w+".pprof")
 					go func() { profiled <- cpuProfile(ctx, t.pprof, o.warmup, o.duration, path) }()
 				}
+				var opsBefore map[string]opStat
+				if t.metrics != "" {
+					if opsBefore, err = scrapeStoreOps(ctx, d.client, t.metrics); err != nil {
+						fmt.Fprintf(stderr, "bench: %v\n", err)
+					}
+				}
 				rr, err := d.run(ctx, round{url: t.url, workload: w, warmup: o.warmup, duration: o.duration})
 				if profiled != nil {
 					if perr := <-profiled; perr != nil {
@@ -251,9 +257,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 					return err
 				}
 				res.cell(w, t.name).add(rr, after-before)
-				fmt.Fprintf(stderr, "round %d/%d %-9s %-18s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  failed %d %s\n",
+				opsNote := ""
+				if opsBefore != nil {
+					if opsAfter, err := scrapeStoreOps(ctx, d.client, t.metrics); err == nil {
+						delta := map[string]opStat{}
+						for op, st := range opsAfter {
+							delta[op] = st.sub(opsBefore[op])
+						}
+						res.cell(w, t.name).addStoreOps(delta)
+						opsNote = fmt.Sprintf("  claim %.3f ms commit %.3f ms", delta["claim"].meanMillis(), delta["commit"].meanMillis())
+					}
+				}
+				fmt.Fprintf(stderr, "round %d/%d %-9s %-18s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  failed %d%s %s\n",
 					r+1, o.rounds, w, t.label, float64(rr.requests)/rr.elapsed.Seconds(),
-					millis(rr.lat.quantile(0.5)), millis(rr.lat.quantile(0.99)), rr.failures, rr.firstFailure)
+					millis(rr.lat.quantile(0.5)), millis(rr.lat.quantile(0.99)), rr.failures, opsNote, rr.firstFailure)
 			}
 		}
 	}
@@ -264,6 +281,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		o.rounds, o.duration, o.warmup)
 	res.writeTable(stdout)
 	fmt.Fprintln(stdout)
+	res.writeStoreOps(stdout)
 	if len(skipped) > 0 {
 		fmt.Fprintf(stdout, "Skipped: %s.\n\n", strings.Join(skipped, "; "))
 	}

@@ -20,11 +20,15 @@ type cell struct {
 	reached  int64 // deliveries the upstream received meanwhile
 	failures int
 	failure  string // the first failure seen
+	rounds   int
+	// storeOps are dedupgw's own store operation timings during the rounds.
+	storeOps map[string]opStat
 }
 
 // add folds one round into the cell. reached is how many deliveries the
 // upstream received during the round.
 func (c *cell) add(r roundResult, reached int64) {
+	c.rounds++
 	if r.elapsed > 0 {
 		c.roundRPS = append(c.roundRPS, float64(r.requests)/r.elapsed.Seconds())
 	}
@@ -36,6 +40,17 @@ func (c *cell) add(r roundResult, reached int64) {
 	c.failures += r.failures
 	if c.failure == "" {
 		c.failure = r.firstFailure
+	}
+}
+
+// addStoreOps folds the store operations of one round into the cell.
+func (c *cell) addStoreOps(ops map[string]opStat) {
+	if c.storeOps == nil {
+		c.storeOps = map[string]opStat{}
+	}
+	for op, st := range ops {
+		cur := c.storeOps[op]
+		c.storeOps[op] = opStat{sum: cur.sum + st.sum, count: cur.count + st.count}
 	}
 }
 
@@ -112,9 +127,41 @@ func (r *results) writeTable(w io.Writer) {
 			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %d |\n",
 				wl, labelOf(t), formatRPS(c.rps(), c.spread()), formatRatio(r.ratio(c)),
 				formatMillis(c.lat.quantile(0.50)), formatMillis(c.lat.quantile(0.99)),
-				formatReached(c.reached, c.sent), c.failures)
+				formatReached(c.reached, c.sent, c.rounds), c.failures)
 		}
 	}
+}
+
+// writeStoreOps writes the mean store operation latencies dedupgw measured
+// itself (dedupgw_store_operation_duration_seconds) during the rounds.
+func (r *results) writeStoreOps(w io.Writer) {
+	var rows []string
+	for _, wl := range r.workloads {
+		for _, t := range r.targets {
+			c := r.cell(wl, t)
+			if c == nil || len(c.storeOps) == 0 {
+				continue
+			}
+			var ops []string
+			for _, op := range []string{"claim", "commit", "release"} {
+				if st, ok := c.storeOps[op]; ok && st.count > 0 {
+					ops = append(ops, fmt.Sprintf("%s %.3f ms", op, st.meanMillis()))
+				}
+			}
+			if len(ops) > 0 {
+				rows = append(rows, fmt.Sprintf("| %s | %s | %s |", wl, labelOf(t), strings.Join(ops, ", ")))
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "Mean store operation latency inside dedupgw (its own dedupgw_store_operation_duration_seconds):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| workload | target | store operations |")
+	fmt.Fprintln(w, "|---|---|---|")
+	fmt.Fprintln(w, strings.Join(rows, "\n"))
+	fmt.Fprintln(w)
 }
 
 // goal is one of issue 7's performance targets.
@@ -188,11 +235,14 @@ func formatRatio(x float64) string {
 	return fmt.Sprintf("%.2f×", x)
 }
 
-// formatReached shows how many deliveries reached the upstream: the count when
-// it is small (a duplicate round: the primed event), else the share of all
-// requests sent.
-func formatReached(reached, sent int64) string {
-	if reached < 10 || sent == 0 {
+// formatReached shows how many deliveries reached the upstream: the count per
+// round when it is small (a duplicate round: the primed event), else the
+// share of all requests sent.
+func formatReached(reached, sent int64, rounds int) string {
+	if reached < int64(10*max(rounds, 1)) || sent == 0 {
+		if rounds > 1 {
+			return fmt.Sprintf("%.4g per round", float64(reached)/float64(rounds))
+		}
 		return fmt.Sprintf("%d", reached)
 	}
 	return fmt.Sprintf("%.1f%%", 100*float64(reached)/float64(sent))

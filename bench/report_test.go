@@ -31,6 +31,7 @@ func fixedResults() *results {
 	add(Unique, TargetBolt, 7000, 7350, 7350, ms(35, 45, 150))
 	add(Duplicate, TargetBare, 9000, 9450, 9450, ms(30, 40, 100))
 	add(Duplicate, TargetBolt, 20000, 21001, 1, ms(10, 15, 40))
+	r.cell(Unique, TargetBolt).addStoreOps(map[string]opStat{"claim": {sum: 0.07, count: 7350}, "commit": {sum: 22, count: 7350}})
 	return r
 }
 
@@ -38,6 +39,7 @@ func TestWriteTableMatchesGolden(t *testing.T) {
 	var buf bytes.Buffer
 	r := fixedResults()
 	r.writeTable(&buf)
+	r.writeStoreOps(&buf)
 	r.writeGoals(&buf)
 	golden := filepath.Join("testdata", "table.golden")
 	if *update {
@@ -57,17 +59,19 @@ func TestWriteTableMatchesGolden(t *testing.T) {
 func TestFormatReached(t *testing.T) {
 	tests := []struct {
 		reached, sent int64
+		rounds        int
 		want          string
 	}{
-		{1, 30000, "1"},
-		{0, 0, "0"},
-		{30000, 30000, "100.0%"},
-		{15000, 30000, "50.0%"},
-		{15000, 0, "15000"},
+		{1, 30000, 1, "1"},
+		{3, 90000, 3, "1 per round"},
+		{0, 0, 1, "0"},
+		{30000, 30000, 1, "100.0%"},
+		{15000, 30000, 3, "50.0%"},
+		{15000, 0, 1, "15000"},
 	}
 	for _, tt := range tests {
-		if got := formatReached(tt.reached, tt.sent); got != tt.want {
-			t.Errorf("formatReached(%d, %d): got %q, want %q", tt.reached, tt.sent, got, tt.want)
+		if got := formatReached(tt.reached, tt.sent, tt.rounds); got != tt.want {
+			t.Errorf("formatReached(%d, %d, %d): got %q, want %q", tt.reached, tt.sent, tt.rounds, got, tt.want)
 		}
 	}
 }

@@ -38,6 +38,8 @@ type target struct {
 	url     string   // where events are posted
 	gateway bool     // dedupgw: duplicates are answered without the upstream
 	procs   []*child // stopped in reverse order by stop
+	// metrics is dedupgw's admin /metrics URL, empty for other targets.
+	metrics string
 	// pprof is the address of the target's net/http/pprof listener, empty
 	// unless the run profiles (-cpuprofile) and the target supports it.
 	pprof string
@@ -229,6 +231,7 @@ func startDedupgw(ctx context.Context, e *env, t *target) error {
 	}
 	t.procs = append(t.procs, c)
 	t.url = "http://" + listen + webhookPath
+	t.metrics = "http://" + admin + "/metrics"
 	if err := waitReady(ctx, c, readyTimeout, httpReady("http://"+admin+"/readyz", 200)); err != nil {
 		return err
 	}
