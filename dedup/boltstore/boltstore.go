@@ -68,7 +68,8 @@ const maxWriteBatch = 1000
 type Options struct {
 	// Now is the clock for every lease, window and retention. Nil means time.Now.
 	Now dedup.Clock
-	// Logger receives sweeper reports and errors. Nil means zap.NewNop().
+	// Logger receives sweeper reports and errors, used as given (the caller
+	// names it). Nil means zap.NewNop().
 	Logger *zap.Logger
 	// OpenTimeout bounds the wait for the file lock held by another process.
 	// Zero means DefaultOpenTimeout (1s).
@@ -130,6 +131,10 @@ type Store struct {
 	writes chan *writeReq
 	stop   chan struct{}
 	wg     sync.WaitGroup
+
+	// onSweepTx, when set (by measurements), receives how long each sweep
+	// transaction's deletes took, before its commit and fsync.
+	onSweepTx func(time.Duration)
 }
 
 var _ dedup.Store = (*Store)(nil)
@@ -172,7 +177,6 @@ func Open(path string, opts Options) (*Store, error) {
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
-	s.log = s.log.Named("boltstore")
 	if s.sweepBatch <= 0 {
 		s.sweepBatch = DefaultSweepBatch
 	}

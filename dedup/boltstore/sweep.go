@@ -83,6 +83,9 @@ func (s *Store) sweep(ctx context.Context) (int, error) {
 // reports whether more may remain.
 func (s *Store) sweepOnce(nowMs int64) (deleted int, more bool, err error) {
 	err = s.db.Update(func(tx *bolt.Tx) error {
+		if s.onSweepTx != nil {
+			defer func(start time.Time) { s.onSweepTx(time.Since(start)) }(time.Now())
+		}
 		deleted, more = 0, false
 		recs, idx := tx.Bucket(bucketRecords), tx.Bucket(bucketExpiry)
 		keys := make([][]byte, 0, min(s.sweepBatch, 1024))
