@@ -255,6 +255,10 @@ func Analyze(r *Report, a Analysis) {
 	r.LogOutcomes = map[string]int{}
 	var lat []time.Duration
 	storeErr := map[string]bool{}
+	// acked is when each event first got a 2xx "forwarded" answer. The
+	// gateway commits before it answers, so from then on the key is
+	// processed in the store, and no crash can explain a re-processing.
+	acked := map[string]time.Time{}
 	for _, ev := range a.Events {
 		r.Deliveries += len(ev.Attempts)
 		r.Retries += ev.Retries
@@ -263,6 +267,12 @@ func Analyze(r *Report, a Analysis) {
 			r.Statuses[at.Answer.Status]++
 			if at.Answer.Status != 0 {
 				lat = append(lat, at.Latency)
+			}
+			if at.Answer.Status/100 == 2 && at.Answer.DedupStatus == "forwarded" {
+				end := at.At.Add(at.Latency)
+				if t, ok := acked[ev.ID]; !ok || end.Before(t) {
+					acked[ev.ID] = end
+				}
 			}
 			if s := at.Answer.DedupStatus; s != "" {
 				r.DedupStatuses[s]++
@@ -305,7 +315,7 @@ func Analyze(r *Report, a Analysis) {
 		ps := a.Processed[id]
 		for j := 1; j < len(ps); j++ {
 			d := Duplicate{ID: id, First: ps[j-1], This: ps[j]}
-			d.Cause, d.Note = explain(ps[:j+1], a, storeErr[id] || logged[id])
+			d.Cause, d.Note = explain(ps[:j+1], a, storeErr[id] || logged[id], acked[id])
 			r.Duplicates = append(r.Duplicates, d)
 		}
 	}
@@ -341,9 +351,20 @@ func keyID(k string) string {
 
 // explain finds the documented cause of the last processing in ps given the
 // earlier ones.
-func explain(ps []Processing, a Analysis, storeEvidence bool) (Cause, string) {
+// acked, when not zero, is when the sender got its first 2xx "forwarded"
+// answer for the event.
+func explain(ps []Processing, a Analysis, storeEvidence bool, acked time.Time) (Cause, string) {
 	this := ps[len(ps)-1]
 	earlier := ps[:len(ps)-1]
+	if !acked.IsZero() && this.At.After(acked) {
+		// The commit was done before that answer: only a store that lost
+		// it, or fail-open, can explain forwarding the event again.
+		if c, note, ok := explainStore(ps, a, storeEvidence); ok {
+			return c, note
+		}
+		return CauseUnexplained, fmt.Sprintf("the sender was answered 2xx forwarded at %s (the commit precedes the answer), yet the upstream processed the event again at %s via %s",
+			clock(acked), clock(this.At), this.Via)
+	}
 	// A crash between an earlier copy's 2xx and its commit: the replica that
 	// forwarded it was killed just after the upstream answered.
 	for _, f := range a.Faults {
@@ -360,24 +381,8 @@ func explain(ps []Processing, a Analysis, storeEvidence bool) (Cause, string) {
 			}
 		}
 	}
-	// Fail open: a copy was forwarded while the store was down or slow, or
-	// an earlier copy's commit fell into the outage.
-	for _, f := range a.Faults {
-		if f.Kind != FaultRedisStop && f.Kind != FaultRedisSlow {
-			continue
-		}
-		from := f.Start.Add(-a.UpstreamTimeout - 500*time.Millisecond)
-		to := f.End.Add(time.Second)
-		for _, p := range ps {
-			if p.At.After(from) && p.At.Before(to) {
-				if storeEvidence {
-					return CauseStoreDown, fmt.Sprintf("%s %s–%s, store error answered or logged",
-						f.Kind, clock(f.Start), clock(f.End))
-				}
-				return CauseUnexplained, fmt.Sprintf("during %s %s–%s but no store error answered or logged",
-					f.Kind, clock(f.Start), clock(f.End))
-			}
-		}
+	if c, note, ok := explainStore(ps, a, storeEvidence); ok {
+		return c, note
 	}
 	near := "no fault near"
 	best := time.Duration(1<<63 - 1)
@@ -389,6 +394,31 @@ func explain(ps []Processing, a Analysis, storeEvidence bool) (Cause, string) {
 	}
 	return CauseUnexplained, fmt.Sprintf("first via %s at %s, again via %s at %s; %s",
 		earlier[len(earlier)-1].Via, clock(earlier[len(earlier)-1].At), this.Via, clock(this.At), near)
+}
+
+// explainStore matches processings to a store outage or slowdown: a copy
+// forwarded while the store was down (fail open), or an earlier copy's commit
+// that fell into it. It needs the gateway to have said so, in an answer or a
+// log line; ok is false when no store fault is near.
+func explainStore(ps []Processing, a Analysis, storeEvidence bool) (Cause, string, bool) {
+	for _, f := range a.Faults {
+		if f.Kind != FaultRedisStop && f.Kind != FaultRedisSlow {
+			continue
+		}
+		from := f.Start.Add(-a.UpstreamTimeout - 500*time.Millisecond)
+		to := f.End.Add(time.Second)
+		for _, p := range ps {
+			if p.At.After(from) && p.At.Before(to) {
+				if storeEvidence {
+					return CauseStoreDown, fmt.Sprintf("%s %s–%s, store error answered or logged",
+						f.Kind, clock(f.Start), clock(f.End)), true
+				}
+				return CauseUnexplained, fmt.Sprintf("during %s %s–%s but no store error answered or logged",
+					f.Kind, clock(f.Start), clock(f.End)), true
+			}
+		}
+	}
+	return "", "", false
 }
 
 func absDur(d time.Duration) time.Duration {

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +52,7 @@ func TestAnalyzeExplainsDuplicates(t *testing.T) {
 		processed []Processing
 		faults    []Fault
 		answers   []string // Dedup-Status answers the provider saw
+		attempts  []Attempt
 		logs      []LogLine
 		want      Cause
 	}{
@@ -63,6 +65,20 @@ func TestAnalyzeExplainsDuplicates(t *testing.T) {
 			name:      "kill of the forwarding replica just after the 2xx",
 			processed: []Processing{{At: at(0), Via: "a"}, {At: at(2 * time.Second), Via: "b"}},
 			faults:    []Fault{{Kind: FaultKill, Replica: "r0", Addr: "a", Start: at(5 * ms), End: at(300 * ms)}},
+			want:      CauseCrash,
+		},
+		{
+			name:      "kill after the sender was answered: the commit was done, the crash explains nothing",
+			processed: []Processing{{At: at(0), Via: "a"}, {At: at(2 * time.Second), Via: "a"}},
+			faults:    []Fault{{Kind: FaultKill, Replica: "r0", Addr: "a", Start: at(300 * ms), End: at(400 * ms)}},
+			attempts:  []Attempt{{At: at(-10 * ms), Latency: 20 * ms, Answer: Answer{Status: 200, DedupStatus: "forwarded"}}},
+			want:      CauseUnexplained,
+		},
+		{
+			name:      "kill before the answer reached the sender",
+			processed: []Processing{{At: at(0), Via: "a"}, {At: at(2 * time.Second), Via: "a"}},
+			faults:    []Fault{{Kind: FaultKill, Replica: "r0", Addr: "a", Start: at(300 * ms), End: at(400 * ms)}},
+			attempts:  []Attempt{{At: at(-10 * ms), Latency: 320 * ms, Answer: Answer{Err: io.ErrUnexpectedEOF}}},
 			want:      CauseCrash,
 		},
 		{
@@ -106,7 +122,7 @@ func TestAnalyzeExplainsDuplicates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ev := &Event{ID: "evt_x", Copies: 2}
+			ev := &Event{ID: "evt_x", Copies: 2, Attempts: tt.attempts}
 			for _, s := range tt.answers {
 				ev.Attempts = append(ev.Attempts, Attempt{Answer: Answer{Status: 200, DedupStatus: s}})
 			}
