@@ -46,6 +46,9 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 			}
 			pr.SetXForwarded()
 			pr.Out.Header.Del(HeaderDedupKey)
+			// The body is already buffered: waiting for a 100 Continue
+			// would only delay the forward.
+			pr.Out.Header.Del("Expect")
 			if d := deliveryFrom(pr.In.Context()); d != nil && d.keyed {
 				pr.Out.Header.Set(HeaderDedupKey, d.key.String())
 			}

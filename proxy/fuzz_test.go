@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupgw/dedupgw/dedup/memstore"
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+// documentedStatus lists every status the gateway itself may answer (the
+// test upstream only answers 200).
+var documentedStatus = map[int]bool{
+	200: true, 400: true, 401: true, 404: true, 405: true, 409: true,
+	413: true, 502: true, 503: true, 504: true,
+}
+
+var documentedDedupStatus = map[string]bool{
+	statusForwarded: true, statusDuplicate: true, statusInFlight: true,
+	statusUnkeyed: true, statusRejected: true, statusStoreError: true,
+}
+
+// FuzzHandler sends random methods, paths, headers and bodies through the
+// whole handler on a memstore: no panic, only documented statuses, a
+// Dedup-Status exactly on matched routes.
+func FuzzHandler(f *testing.F) {
+	deep := strings.Repeat("[", 10000) + strings.Repeat("]", 10000)
+	deepObj := strings.Repeat(`{"a":`, 10000) + "1" + strings.Repeat("}", 10000)
+	seeds := []struct{ method, path, headers, body string }{
+		{"POST", "/hooks/orders", "Idempotency-Key: k1", `{"id":"1"}`},
+		{"POST", "/hooks/orders", "", `{"data":{"object":{"id":"obj_1"}}}`},
+		{"POST", "/hooks/orders?id=q1", "", ``},
+		{"POST", "/hooks/orders", "", deep},
+		{"POST", "/hooks/orders", "", deepObj},
+		{"POST", "/hooks/orders", "Idempotency-Key: \x00\x01\x7f", "\xff\xfe invalid utf-8"},
+		{"POST", "/hooks/orders", "Idempotency-Key: " + strings.Repeat("k", 70000), ``},
+		{"POST", "/hooks/orders", "Dedup-Key: forged\nX-Forwarded-For: 1.2.3.4", `{"id":"x"}`},
+		{"POST", "/hooks/api", "Idempotency-Key: bad\tkey", `{}`},
+		{"POST", "/hooks/api", "", `{}`},
+		{"POST", "/hooks/stripe", "Stripe-Signature: t=1,v1=00", `{"id":"evt_1"}`},
+		{"POST", "/hooks/stripe", "Stripe-Signature: t=99999999999999999999,v1=zz,v1=", `{"id":"evt_1"}`},
+		{"GET", "/hooks/orders", "", ``},
+		{"POST", "/nowhere", "", ``},
+		{"POST", "/prefix/a/../../hooks/orders", "", `{"id":"1"}`},
+		{"POST", "/prefix/", "Content-Length: 5", `{"id":"toolong-for-the-limit"}`},
+		{"PATCH", "//", "", ``},
+	}
+	for _, s := range seeds {
+		f.Add(s.method, s.path, s.headers, []byte(s.body))
+	}
+
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }))
+	f.Cleanup(up.Close)
+	store := memstore.New(memstore.Options{SweepInterval: -1})
+	f.Cleanup(func() { store.Close() })
+	orders := genericRoute("orders", "/hooks/orders", up.URL)
+	orders.Provider.Keys = []string{"header:Idempotency-Key", "json:data.object.id", "query:id", "body"}
+	api := genericRoute("api", "/hooks/api", up.URL)
+	api.OnMissingKey = Reject
+	stripe := genericRoute("stripe", "/hooks/stripe", up.URL)
+	stripe.Provider = providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}}
+	prefix := genericRoute("prefix", "/prefix/*", up.URL)
+	prefix.MaxBodyBytes = 16
+	prefix.Methods = []string{"POST", "PATCH", "PUT"}
+	gw, err := New(Config{Routes: []Route{orders, api, stripe, prefix}}, store, Options{Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { gw.Close() })
+
+	f.Fuzz(func(t *testing.T, method, path, headers string, body []byte) {
+		req, err := http.NewRequest(method, "http://gateway.test"+path, bytes.NewReader(body))
+		if err != nil {
+			t.Skip()
+		}
+		for line := range strings.SplitSeq(headers, "\n") {
+			k, v, ok := strings.Cut(line, ":")
+			if ok && k != "" {
+				req.Header.Add(k, strings.TrimSpace(v))
+			}
+		}
+		req.RemoteAddr = "127.0.0.1:12345"
+		rec := httptest.NewRecorder()
+		gw.ServeHTTP(rec, req)
+
+		if !documentedStatus[rec.Code] {
+			t.Fatalf("got status %d, want a documented one (body %s)", rec.Code, rec.Body)
+		}
+		matched := gw.routes.Load().match(req.URL.Path) != nil
+		ds := rec.Header().Values(HeaderDedupStatus)
+		switch {
+		case matched && (len(ds) != 1 || !documentedDedupStatus[ds[0]]):
+			t.Fatalf("matched route: got Dedup-Status %q, want exactly one documented value", ds)
+		case !matched && len(ds) != 0:
+			t.Fatalf("no route: got Dedup-Status %q, want none", ds)
+		case !matched && rec.Code != http.StatusNotFound:
+			t.Fatalf("no route: got %d, want 404", rec.Code)
+		}
+	})
+}

@@ -1,0 +1,134 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestReloadWhileServing swaps routes (window, upstream, an added route)
+// while senders keep delivering; no request fails.
+func TestReloadWhileServing(t *testing.T) {
+	upA := newUpstream(t, nil)
+	upB := newUpstream(t, nil)
+	cfgA := Config{Routes: []Route{genericRoute("orders", "/hooks/orders", upA.URL)}}
+	routeB := genericRoute("orders", "/hooks/orders", upB.URL)
+	routeB.Window = time.Hour
+	cfgB := Config{Routes: []Route{routeB, genericRoute("extra", "/hooks/extra", upB.URL)}}
+	h := newHarness(t, cfgA, harnessOpts{})
+
+	const senders, perSender = 4, 50
+	var (
+		wg      sync.WaitGroup
+		failed  atomic.Int64
+		mu      sync.Mutex
+		answers = map[string]int{}
+	)
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perSender {
+				// Every event twice: a first delivery and a duplicate.
+				body := fmt.Sprintf(`{"id":"evt_%d_%d"}`, s, i/2)
+				resp, err := h.try(context.Background(), http.MethodPost, "/hooks/orders", body)
+				if err != nil || (resp.Status != 200) {
+					failed.Add(1)
+					continue
+				}
+				mu.Lock()
+				answers[resp.Header.Get(HeaderDedupStatus)]++
+				mu.Unlock()
+			}
+		}()
+	}
+	reloads := 0
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+loop:
+	for {
+		select {
+		case <-done:
+			break loop
+		default:
+		}
+		cfg := cfgA
+		if reloads%2 == 0 {
+			cfg = cfgB
+		}
+		if err := h.gw.Reload(cfg); err != nil {
+			t.Fatalf("Reload: %v", err)
+		}
+		reloads++
+	}
+	if n := failed.Load(); n != 0 {
+		t.Errorf("got %d failed requests during %d reloads, want 0", n, reloads)
+	}
+	if answers["forwarded"] != senders*perSender/2 || answers["duplicate"] != senders*perSender/2 {
+		t.Errorf("got answers %v, want %d forwarded and %d duplicate", answers, senders*perSender/2, senders*perSender/2)
+	}
+	if got := upA.count() + upB.count(); got != senders*perSender/2 {
+		t.Errorf("got %d upstream requests, want %d", got, senders*perSender/2)
+	}
+	if got := counterValue(t, h.gw.metrics.reloads, "success"); got != float64(reloads) {
+		t.Errorf("config_reloads_total{result=success}: got %v, want %d", got, reloads)
+	}
+	t.Logf("%d reloads while %d deliveries flowed", reloads, senders*perSender)
+}
+
+// TestReloadInvalidKeepsOld: an invalid config is refused with its keys
+// named and the old routes keep serving.
+func TestReloadInvalidKeepsOld(t *testing.T) {
+	up := newUpstream(t, nil)
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{})
+	bad := genericRoute("orders", "/hooks/new", up.URL)
+	bad.Lease, bad.UpstreamTimeout = time.Second, 2*time.Second
+	err := h.gw.Reload(Config{Routes: []Route{bad}})
+	if err == nil || !strings.Contains(err.Error(), "routes[0] (orders): lease (1s) must be longer than upstream_timeout (2s)") {
+		t.Fatalf("Reload: got %v, want the lease error", err)
+	}
+	if resp := h.send("/hooks/orders", `{"id":"evt_1"}`); resp.Status != 200 {
+		t.Errorf("old route after a failed reload: got %d, want 200", resp.Status)
+	}
+	if resp := h.send("/hooks/new", `{"id":"evt_1"}`); resp.Status != 404 {
+		t.Errorf("new route after a failed reload: got %d, want 404", resp.Status)
+	}
+	if got := counterValue(t, h.gw.metrics.reloads, "failure"); got != 1 {
+		t.Errorf("config_reloads_total{result=failure}: got %v, want 1", got)
+	}
+}
+
+// TestReloadInFlightFinishesOnOldRoute: a delivery being forwarded when the
+// routes change is answered by the upstream it started with.
+func TestReloadInFlightFinishesOnOldRoute(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	upOld := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		arrived <- struct{}{}
+		<-release
+		fmt.Fprint(w, "old")
+	})
+	upNew := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) { fmt.Fprint(w, "new") })
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", upOld.URL)}}, harnessOpts{})
+	first := make(chan response, 1)
+	go func() {
+		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+		first <- resp
+	}()
+	<-arrived
+	if err := h.gw.Reload(Config{Routes: []Route{genericRoute("orders", "/hooks/orders", upNew.URL)}}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if got := string((<-first).Body); got != "old" {
+		t.Errorf("in-flight delivery: got body %q, want old", got)
+	}
+	if got := string(h.send("/hooks/orders", `{"id":"evt_2"}`).Body); got != "new" {
+		t.Errorf("delivery after reload: got body %q, want new", got)
+	}
+}
