@@ -561,6 +561,8 @@ func TestProblems(t *testing.T) {
 		{"admin public insecure", "admin:\n  listen: \"[::]:9090\"\n  insecure: true\n" + minimal, nil, nil},
 		{"admin localhost", "admin:\n  listen: \"localhost:9090\"\n" + minimal, nil, nil},
 		{"admin ipv6 loopback", "admin:\n  listen: \"[::1]:9090\"\n" + minimal, nil, nil},
+		{"same listen and admin", "listen: 127.0.0.1:9090\n" + minimal, nil, []string{`admin.listen: "127.0.0.1:9090" is also listen: the two listeners need different addresses`}},
+		{"both on port 0", "listen: 127.0.0.1:0\nadmin:\n  listen: 127.0.0.1:0\n" + minimal, nil, nil},
 		{"bad log", "log:\n  level: trace\n  format: xml\n" + minimal, nil, []string{
 			`log.level: invalid value "trace" (want debug, info, warn or error)`,
 			`log.format: invalid value "xml" (want json or console)`,

@@ -88,6 +88,7 @@ func newLogger(cfg Log, w zapcore.WriteSyncer) (*zap.Logger, zap.AtomicLevel, er
 	case "json":
 		enc = zapcore.NewJSONEncoder(ec)
 	case "console":
+		ec.EncodeLevel = zapcore.CapitalLevelEncoder
 		enc = zapcore.NewConsoleEncoder(ec)
 	default:
 		return nil, level, fmt.Errorf("log.format: unknown format %q", cfg.Format)
@@ -225,9 +226,31 @@ loop:
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	start := time.Now()
+	stopWatch, watchDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		// A second SIGTERM or SIGINT cuts the drain short; what is still
+		// running is then cancelled and released by gw.Close.
+		defer close(watchDone)
+		for {
+			select {
+			case sig := <-sigs:
+				if sig == syscall.SIGHUP {
+					s.log.Warn("reload ignored: draining")
+					continue
+				}
+				s.log.Warn("second signal: cutting the drain short", zap.String("signal", sig.String()))
+				cancel()
+				return
+			case <-stopWatch:
+				return
+			}
+		}
+	}()
 	if err := gwSrv.Shutdown(ctx); err != nil {
-		s.log.Warn("drain deadline passed: cancelling the deliveries left", zap.Duration("drain", drain), zap.Error(err))
+		s.log.Warn("drain cut short: cancelling the deliveries left", zap.Duration("drain", drain), zap.Error(err))
 	}
+	close(stopWatch)
+	<-watchDone
 	_ = gw.Close()
 	gwClosed = true
 	_ = gwSrv.Close()

@@ -24,6 +24,9 @@ func (f *File) Validate() error {
 		f.Admin.Token == "" && !f.Admin.Insecure && !isLoopback(f.Admin.Listen) {
 		ps.add("admin.listen", "%q is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one)", f.Admin.Listen)
 	}
+	if f.Listen == f.Admin.Listen && !strings.HasSuffix(f.Listen, ":0") {
+		ps.add("admin.listen", "%q is also listen: the two listeners need different addresses", f.Admin.Listen)
+	}
 	oneOf(&ps, "log.level", f.Log.Level, "debug", "info", "warn", "error")
 	oneOf(&ps, "log.format", f.Log.Format, "json", "console")
 	f.checkStore(&ps)

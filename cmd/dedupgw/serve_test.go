@@ -1,0 +1,235 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// inProcess runs server.run in the test process, so the race detector and
+// goleak see the serve wiring itself (the e2e tests see it from outside).
+type inProcess struct {
+	t       *testing.T
+	sigs    chan os.Signal
+	logs    *observer.ObservedLogs
+	done    chan error
+	addr    string
+	admin   string
+	client  *http.Client
+	cfgPath string
+	level   zap.AtomicLevel
+}
+
+func startInProcess(t *testing.T, cfgPath string) *inProcess {
+	t.Helper()
+	f, err := loadConfig(cfgPath, nil)
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	p := &inProcess{
+		t: t, sigs: make(chan os.Signal, 1), logs: logs, done: make(chan error, 1), cfgPath: cfgPath,
+		client: &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second},
+	}
+	p.level = zap.NewAtomicLevelAt(zap.InfoLevel)
+	s := &server{path: cfgPath, log: zap.New(core), level: p.level, file: f}
+	go func() { p.done <- s.run(p.sigs) }()
+	p.waitLog("dedupgw started", 1)
+	started := logs.FilterMessage("dedupgw started").All()[0].ContextMap()
+	p.addr, p.admin = started["listen"].(string), started["admin_listen"].(string)
+	return p
+}
+
+func (p *inProcess) waitLog(msg string, n int) {
+	p.t.Helper()
+	eventually(p.t, 10*time.Second, func() bool { return p.logs.FilterMessage(msg).Len() >= n },
+		func() string { return fmt.Sprintf("%d log entries %q", n, msg) })
+}
+
+func (p *inProcess) stop() error {
+	p.t.Helper()
+	p.sigs <- syscall.SIGTERM
+	select {
+	case err := <-p.done:
+		p.client.CloseIdleConnections()
+		return err
+	case <-time.After(30 * time.Second):
+		p.t.Fatal("server.run did not return within 30s of SIGTERM")
+		return nil
+	}
+}
+
+func (p *inProcess) get(url string) int {
+	p.t.Helper()
+	resp, err := p.client.Get(url)
+	if err != nil {
+		p.t.Fatalf("GET %s: %v", url, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func TestServeLifecycleInProcess(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	defer up.Close()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	text := fmt.Sprintf(`listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+  token: one
+store:
+  bolt:
+    path: %q
+routes:
+  - name: orders
+    path: /hooks/orders
+    upstream: %q
+    keys: ["header:Idempotency-Key"]
+`, filepath.Join(dir, "x.db"), up.URL)
+	writeFileAtomic(t, cfg, text)
+
+	p := startInProcess(t, cfg)
+	if got := p.get("http://" + p.admin + "/healthz"); got != 200 {
+		t.Errorf("/healthz: got %d, want 200", got)
+	}
+	keyURL := "http://" + p.admin + "/v1/keys/orders/k"
+	authGet := func(token string) int {
+		req, _ := http.NewRequest(http.MethodGet, keyURL, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := p.client.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", keyURL, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := authGet("one"); got != 404 {
+		t.Errorf("keys API with token one: got %d, want 404 (authorized, absent)", got)
+	}
+
+	// Reload: a new token and level apply; a store change is refused with a warning.
+	writeFileAtomic(t, cfg, strings.Replace(strings.Replace(text, "token: one", "token: two", 1), "x.db", "y.db", 1)+"log:\n  level: debug\n")
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reloaded", 1)
+	if p.logs.FilterMessage("store change needs a restart: keeping the running store, applying the rest").Len() != 1 {
+		t.Error("log: got no store-change warning, want one")
+	}
+	if got := p.level.Level(); got != zap.DebugLevel {
+		t.Errorf("log level after reload: got %v, want debug", got)
+	}
+	tests := []struct {
+		token string
+		want  int
+	}{{"one", 401}, {"two", 404}}
+	for _, tt := range tests {
+		if got := authGet(tt.token); got != tt.want {
+			t.Errorf("keys API with token %s after reload: got %d, want %d", tt.token, got, tt.want)
+		}
+	}
+
+	// An invalid file is rejected and counted.
+	writeFileAtomic(t, cfg, "routes: []\n")
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reload rejected: keeping the running config", 1)
+	if got := authGet("two"); got != 404 {
+		t.Errorf("keys API after a rejected reload: got %d, want 404 (old config serving)", got)
+	}
+
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "y.db")); !os.IsNotExist(err) {
+		t.Errorf("y.db: got %v, want it never created (store changes need a restart)", err)
+	}
+}
+
+func TestServeListenFailure(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	busy := httptest.NewServer(http.NotFoundHandler())
+	defer busy.Close()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	writeFileAtomic(t, cfg, fmt.Sprintf(`listen: %q
+store:
+  backend: memory
+routes:
+  - name: a
+    path: /a
+    upstream: http://127.0.0.1:1
+    keys: [body]
+`, busy.Listener.Addr().String()))
+	f, err := loadConfig(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &server{path: cfg, log: zap.NewNop(), level: zap.NewAtomicLevel(), file: f}
+	err = s.run(make(chan os.Signal))
+	if err == nil || !strings.Contains(err.Error(), "listen") || !strings.Contains(err.Error(), "address already in use") {
+		t.Errorf("run on a busy port: got %v, want a listen error", err)
+	}
+}
+
+func TestNewLogger(t *testing.T) {
+	tests := []struct {
+		cfg     Log
+		want    string
+		wantErr bool
+	}{
+		{Log{Level: "info", Format: "json"}, `"msg":"hello"`, false},
+		{Log{Level: "info", Format: "console"}, "INFO\thello", false},
+		{Log{Level: "warn", Format: "json"}, "", false}, // info is below warn
+		{Log{Level: "loud", Format: "json"}, "", true},
+		{Log{Level: "info", Format: "xml"}, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.cfg.Level+"/"+tt.cfg.Format, func(t *testing.T) {
+			var buf strings.Builder
+			log, _, err := newLogger(tt.cfg, zapcore.AddSync(&buf))
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("got error %v, want error %v", err, tt.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			log.Info("hello")
+			if got := buf.String(); tt.want == "" && got != "" || !strings.Contains(got, tt.want) {
+				t.Errorf("got %q, want it to contain %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestReadTimeout(t *testing.T) {
+	tests := []struct {
+		maxBody int64
+		want    time.Duration
+	}{
+		{1 << 10, minReadTimeout},
+		{1 << 20, minReadTimeout},
+		{64 << 20, readHeaderTimeout + 1024*time.Second},
+	}
+	for _, tt := range tests {
+		f := &File{Routes: []Route{{Policy: Policy{MaxBodyBytes: ptr(tt.maxBody)}}}}
+		if got := readTimeout(f); got != tt.want {
+			t.Errorf("max body %d: got %v, want %v", tt.maxBody, got, tt.want)
+		}
+	}
+}
