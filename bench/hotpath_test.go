@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/dedupgw/dedupgw/dedup/memstore"
 	"github.com/dedupgw/dedupgw/providers"
@@ -59,6 +60,15 @@ func (w *discardWriter) WriteHeader(code int) {
 		w.status = code
 	}
 }
+
+// SetReadDeadline and SetWriteDeadline make discardWriter support
+// http.ResponseController as a server's writer does, so the gateway's
+// deadline calls take their real path.
+func (w *discardWriter) SetReadDeadline(time.Time) error  { return nil }
+func (w *discardWriter) SetWriteDeadline(time.Time) error { return nil }
+
+// Flush is a no-op, like flushing a buffered server response.
+func (w *discardWriter) Flush() {}
 
 // reset readies w for the next delivery without allocating.
 func (w *discardWriter) reset() {
