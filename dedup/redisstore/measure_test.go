@@ -30,7 +30,8 @@ func BenchmarkStore(b *testing.B) {
 
 // TestMeasure loads DEDUPGW_MEASURE_KEYS (e.g. 100000) processed keys shaped
 // like Stripe events into a fresh redis-server and reports the memory per key
-// and the claim latency at that size. It is skipped unless the variable is set:
+// and the claim latency at that size, once with a body SHA-256 on every record
+// and once without. It is skipped unless the variable is set:
 //
 //	DEDUPGW_MEASURE_KEYS=100000 go test -run TestMeasure -v ./dedup/redisstore/
 func TestMeasure(t *testing.T) {
@@ -38,6 +39,11 @@ func TestMeasure(t *testing.T) {
 	if n <= 0 {
 		t.Skip("set DEDUPGW_MEASURE_KEYS to measure")
 	}
+	t.Run("with body_sha256", func(t *testing.T) { measure(t, n, true) })
+	t.Run("without body_sha256", func(t *testing.T) { measure(t, n, false) })
+}
+
+func measure(t *testing.T, n int, withSHA bool) {
 	srv := redistest.Start(t)
 	admin := srv.Client()
 	ctx := context.Background()
@@ -63,8 +69,12 @@ func TestMeasure(t *testing.T) {
 			defer wg.Done()
 			for i := w; i < n; i += workers {
 				k := key(i)
-				sum := sha256.Sum256([]byte(k.ID))
-				res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute, BodySHA256: hex.EncodeToString(sum[:])})
+				opts := dedup.ClaimOptions{Lease: time.Minute}
+				if withSHA {
+					sum := sha256.Sum256([]byte(k.ID))
+					opts.BodySHA256 = hex.EncodeToString(sum[:])
+				}
+				res, err := s.Claim(ctx, k, opts)
 				if err == nil {
 					err = s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: 72 * time.Hour, Status: 200})
 				}
@@ -78,7 +88,6 @@ func TestMeasure(t *testing.T) {
 	wg.Wait()
 	load := time.Since(start)
 	after := usedMemory(t, srv)
-	t.Logf("INFO memory after the load:\n%s", memoryInfo(t, srv))
 	sample, err := admin.MemoryUsage(ctx, s.Key(key(n/2))).Result()
 	if err != nil {
 		t.Fatalf("MEMORY USAGE: %v", err)
@@ -86,7 +95,7 @@ func TestMeasure(t *testing.T) {
 	value, _ := admin.Get(ctx, s.Key(key(n/2))).Result()
 	t.Logf("%d keys loaded (claim+commit, %d workers) in %s: %.0f first deliveries/s",
 		n, workers, load.Round(time.Millisecond), float64(n)/load.Seconds())
-	t.Logf("used_memory %d -> %d: %.1f bytes per key; MEMORY USAGE of one key %d bytes; key %d bytes, value %d bytes",
+	t.Logf("used_memory - mem_clients_normal %d -> %d: %.1f bytes per key; MEMORY USAGE of one key %d bytes; key %d bytes, value %d bytes",
 		before, after, float64(after-before)/float64(n), sample, len(s.Key(key(n/2))), len(value))
 
 	// Latency of one caller at this size: duplicates and first deliveries.
@@ -116,36 +125,28 @@ func TestMeasure(t *testing.T) {
 		n, pct(dup, 50), pct(dup, 99), pct(first, 50), pct(first, 99))
 }
 
-var usedMemoryRE = regexp.MustCompile(`(?m)^used_memory:(\d+)\r?$`)
+var (
+	usedMemoryRE = regexp.MustCompile(`(?m)^used_memory:(\d+)\r?$`)
+	clientsRE    = regexp.MustCompile(`(?m)^mem_clients_normal:(\d+)\r?$`)
+)
 
+// usedMemory returns INFO memory's used_memory less mem_clients_normal: the
+// connections' buffers depend on the client pool, not on the keys.
 func usedMemory(t *testing.T, srv *redistest.Server) int64 {
 	t.Helper()
 	info, err := srv.Client().Info(context.Background(), "memory").Result()
 	if err != nil {
 		t.Fatalf("INFO memory: %v", err)
 	}
-	m := usedMemoryRE.FindStringSubmatch(info)
-	if m == nil {
-		t.Fatalf("INFO memory: no used_memory in %q", info)
-	}
-	v, _ := strconv.ParseInt(m[1], 10, 64)
-	return v
-}
-
-func memoryInfo(t *testing.T, srv *redistest.Server) string {
-	info, err := srv.Client().Info(context.Background(), "memory").Result()
-	if err != nil {
-		t.Fatalf("INFO memory: %v", err)
-	}
-	var keep []string
-	for _, line := range strings.Split(info, "\r\n") {
-		for _, f := range []string{"used_memory:", "used_memory_overhead:", "used_memory_dataset:", "mem_clients_normal:", "used_memory_scripts:", "mem_allocator:"} {
-			if strings.HasPrefix(line, f) {
-				keep = append(keep, line)
-			}
+	var v [2]int64
+	for i, re := range []*regexp.Regexp{usedMemoryRE, clientsRE} {
+		m := re.FindStringSubmatch(info)
+		if m == nil {
+			t.Fatalf("INFO memory: no %s in %q", re, info)
 		}
+		v[i], _ = strconv.ParseInt(m[1], 10, 64)
 	}
-	return strings.Join(keep, "\n")
+	return v[0] - v[1]
 }
 
 func pct(d []time.Duration, p int) time.Duration {
