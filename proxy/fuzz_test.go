@@ -17,7 +17,7 @@ import (
 // documentedStatus lists every status the gateway itself may answer (the
 // test upstream only answers 200).
 var documentedStatus = map[int]bool{
-	200: true, 400: true, 401: true, 404: true, 405: true, 409: true,
+	200: true, 400: true, 401: true, 404: true, 405: true, 408: true, 409: true,
 	413: true, 502: true, 503: true, 504: true,
 }
 

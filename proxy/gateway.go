@@ -44,9 +44,18 @@ type Options struct {
 	// Commit and release run under it even after the sender hung up. Zero
 	// means 5s.
 	StoreTimeout time.Duration
+	// BodyTimeout bounds reading one delivery's body, so a slow-body sender
+	// is cut off with 408 instead of holding a goroutine. It is applied with
+	// http.ResponseController.SetReadDeadline (writers without deadline
+	// support, like httptest.ResponseRecorder, are not bounded). Zero means
+	// 30s. Slow headers are the http.Server's job (ReadHeaderTimeout).
+	BodyTimeout time.Duration
 }
 
-const defaultStoreTimeout = 5 * time.Second
+const (
+	defaultStoreTimeout = 5 * time.Second
+	defaultBodyTimeout  = 30 * time.Second
+)
 
 // Gateway is the deduplicating reverse proxy. It is an http.Handler; its
 // routes can be swapped with Reload while it serves.
@@ -60,6 +69,7 @@ type Gateway struct {
 	transport    http.RoundTripper
 	ownTransport *http.Transport
 	storeTimeout time.Duration
+	bodyTimeout  time.Duration
 	newProvider  newProviderFunc
 
 	routes   atomic.Pointer[routeTable]
@@ -90,6 +100,7 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 		now:          opts.Now,
 		transport:    opts.Transport,
 		storeTimeout: opts.StoreTimeout,
+		bodyTimeout:  opts.BodyTimeout,
 		newProvider:  providers.New,
 	}
 	if g.log == nil {
@@ -104,6 +115,9 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 	}
 	if g.storeTimeout <= 0 {
 		g.storeTimeout = defaultStoreTimeout
+	}
+	if g.bodyTimeout <= 0 {
+		g.bodyTimeout = defaultBodyTimeout
 	}
 	if g.transport == nil {
 		g.ownTransport = newTransport()

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -78,10 +79,15 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	body, err := readBody(w, r, rt.MaxBodyBytes)
+	body, err := g.readBody(w, r, rt.MaxBodyBytes)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			g.reject(w, d, outcomeRejectedBody, probBodyTooLarge.with(rt.Name, fmt.Sprintf("the body exceeds max_body_bytes (%d)", rt.MaxBodyBytes)))
+			return
+		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			w.Header().Set("Connection", "close")
+			g.reject(w, d, outcomeRejectedBody, probBodyTimeout.with(rt.Name, fmt.Sprintf("the body was not received within %s", g.bodyTimeout)))
 			return
 		}
 		g.reject(w, d, outcomeRejectedBody, probBodyUnread.with(rt.Name, "the request body could not be read"))
@@ -138,7 +144,7 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 		g.forward(w, r, d, body, statusForwarded)
 	case dedup.Duplicate:
 		d.outcome = outcomeDuplicate
-		writeDuplicate(w, d.rt, d.key, res.Record)
+		d.answer = writeDuplicate(w, d.rt, d.key, res.Record)
 	case dedup.InFlight:
 		if d.rt.OnInFlight == Wait {
 			g.wait(w, r, d, body, bodySHA, res.Record)
@@ -196,7 +202,7 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 		switch {
 		case err == nil && cur.State == dedup.StateProcessed:
 			d.outcome = outcomeDuplicate
-			writeDuplicate(w, d.rt, d.key, cur)
+			d.answer = writeDuplicate(w, d.rt, d.key, cur)
 			return
 		case err == nil && cur.State == dedup.StateProcessing:
 			rec = cur
@@ -287,14 +293,21 @@ func (g *Gateway) finish(d *delivery) {
 	d.rt.log.Info("delivery", fields...)
 }
 
-// readBody reads the whole body, at most limit bytes; beyond that it returns
-// an *http.MaxBytesError.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+// readBody reads the whole body, at most limit bytes (beyond that it returns
+// an *http.MaxBytesError) and within the gateway's body timeout (beyond that
+// a net.Error whose Timeout is true).
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
 	if r.ContentLength > limit {
 		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)); err == nil {
+		// Clear it afterwards: the server's background read must not time
+		// out (and cancel the request) while the upstream works.
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
 	var buf bytes.Buffer
 	if r.ContentLength > 0 {

@@ -50,6 +50,7 @@ var (
 	probNoRoute       = problem{Type: problemTypePrefix + "no-route", Title: "No route for this path", Status: http.StatusNotFound}
 	probMethod        = problem{Type: problemTypePrefix + "method-not-allowed", Title: "Method not allowed on this route", Status: http.StatusMethodNotAllowed}
 	probBodyTooLarge  = problem{Type: problemTypePrefix + "body-too-large", Title: "Request body too large", Status: http.StatusRequestEntityTooLarge}
+	probBodyTimeout   = problem{Type: problemTypePrefix + "body-timeout", Title: "Request body not received in time", Status: http.StatusRequestTimeout}
 	probBodyUnread    = problem{Type: problemTypePrefix + "body-unreadable", Title: "Request body could not be read", Status: http.StatusBadRequest}
 	probSignature     = problem{Type: problemTypePrefix + "invalid-signature", Title: "Signature missing, invalid or stale", Status: http.StatusUnauthorized}
 	probMissingKey    = problem{Type: problemTypePrefix + "missing-key", Title: "Idempotency key missing or invalid", Status: http.StatusBadRequest}
@@ -109,8 +110,9 @@ type duplicateBody struct {
 }
 
 // writeDuplicate answers a duplicate: the stored upstream response when the
-// route replays and one was stored, else the small JSON acknowledgement.
-func writeDuplicate(w http.ResponseWriter, rt *route, key dedup.Key, rec dedup.Record) {
+// route replays and one was stored, else the small JSON acknowledgement. It
+// returns the status written.
+func writeDuplicate(w http.ResponseWriter, rt *route, key dedup.Key, rec dedup.Record) int {
 	w.Header().Set(HeaderDedupStatus, statusDuplicate)
 	if rt.DuplicateResponse == Replay && rec.Response != nil && rec.Response.Status >= 200 && rec.Response.Status < 300 {
 		h := w.Header()
@@ -120,7 +122,7 @@ func writeDuplicate(w http.ResponseWriter, rt *route, key dedup.Key, rec dedup.R
 		h.Set("Content-Length", strconv.Itoa(len(rec.Response.Body)))
 		w.WriteHeader(rec.Response.Status)
 		_, _ = w.Write(rec.Response.Body)
-		return
+		return rec.Response.Status
 	}
 	writeJSON(w, http.StatusOK, "application/json", duplicateBody{
 		Status:    "duplicate",
@@ -128,6 +130,7 @@ func writeDuplicate(w http.ResponseWriter, rt *route, key dedup.Key, rec dedup.R
 		Key:       key.ID,
 		FirstSeen: rec.FirstSeen.UTC(),
 	})
+	return http.StatusOK
 }
 
 // retryAfterSeconds is the Retry-After for a key whose lease ends at until:

@@ -1,0 +1,245 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/memstore"
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+// settleStore fails Commit or Release on demand.
+type settleStore struct {
+	dedup.Store
+	commitErr, releaseErr atomic.Pointer[error]
+}
+
+func (s *settleStore) Commit(ctx context.Context, k dedup.Key, tok string, o dedup.CommitOptions) error {
+	if err := s.commitErr.Load(); err != nil {
+		return *err
+	}
+	return s.Store.Commit(ctx, k, tok, o)
+}
+
+func (s *settleStore) Release(ctx context.Context, k dedup.Key, tok string, o dedup.ReleaseOptions) error {
+	if err := s.releaseErr.Load(); err != nil {
+		return *err
+	}
+	return s.Store.Release(ctx, k, tok, o)
+}
+
+// observedGateway is a gateway whose log lines the test reads.
+func observedGateway(t *testing.T, store dedup.Store, routes ...Route) (*Gateway, *httptest.Server, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zapcore.DebugLevel)
+	gw, err := New(Config{Routes: routes}, store, Options{Logger: zap.New(core), Registerer: prometheus.NewRegistry(), Backend: "memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(func() { srv.Close(); gw.Close() })
+	return gw, srv, logs
+}
+
+func post(t *testing.T, srv *httptest.Server, path, body string, headers ...string) response {
+	t.Helper()
+	h := &harness{t: t, srv: srv}
+	return h.send(path, body, headers...)
+}
+
+// TestSettleErrors: a commit error after the upstream's 2xx still returns the
+// upstream's answer (the event was processed) and is logged; so is a release
+// error after a 5xx, and a lost lease.
+func TestSettleErrors(t *testing.T) {
+	errBoom := errors.New("boom")
+	tests := []struct {
+		name       string
+		upStatus   int
+		commitErr  error
+		releaseErr error
+		wantLog    string
+		wantLevel  zapcore.Level
+	}{
+		{"commit fails after 2xx", 200, errBoom, nil, "commit failed after the upstream's 2xx", zapcore.ErrorLevel},
+		{"commit finds the lease lost", 200, dedup.ErrNotOwner, nil, "lease lost before commit", zapcore.WarnLevel},
+		{"release fails after 5xx", 500, nil, errBoom, "release failed", zapcore.ErrorLevel},
+		{"release finds the lease lost", 500, nil, dedup.ErrNotOwner, "lease lost before release", zapcore.WarnLevel},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(tc.upStatus) })
+			mem := memstore.New(memstore.Options{SweepInterval: -1})
+			defer mem.Close()
+			ss := &settleStore{Store: mem}
+			if tc.commitErr != nil {
+				ss.commitErr.Store(&tc.commitErr)
+			}
+			if tc.releaseErr != nil {
+				ss.releaseErr.Store(&tc.releaseErr)
+			}
+			_, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
+			resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`)
+			if resp.Status != tc.upStatus || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+				t.Errorf("got %d %q, want the upstream's %d forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus), tc.upStatus)
+			}
+			found := logs.FilterMessageSnippet(tc.wantLog).All()
+			if len(found) != 1 || found[0].Level != tc.wantLevel {
+				t.Errorf("got log entries %v, want one %s containing %q", found, tc.wantLevel, tc.wantLog)
+			}
+		})
+	}
+}
+
+// TestDeliveryLogLine: one info line per delivery with route, key, outcome,
+// status, duration and request ID; never the body or a secret.
+func TestDeliveryLogLine(t *testing.T) {
+	up := newUpstream(t, nil)
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	defer mem.Close()
+	gh := genericRoute("github", "/hooks/github", up.URL)
+	gh.Provider = providers.Config{Provider: providers.GitHub, Secrets: []string{"gh-secret-value"}}
+	_, srv, logs := observedGateway(t, mem, genericRoute("orders", "/hooks/orders", up.URL), gh)
+
+	post(t, srv, "/hooks/orders", `{"id":"evt_1","card":"4242424242424242"}`)
+	post(t, srv, "/hooks/orders", `{"id":"evt_1","card":"4242424242424242"}`)
+	post(t, srv, "/hooks/github", `{"secret":"payload"}`, "X-GitHub-Delivery: d-123", "X-Hub-Signature-256: sha256=00")
+
+	lines := logs.FilterMessage("delivery").All()
+	if len(lines) != 3 {
+		t.Fatalf("got %d delivery lines, want 3", len(lines))
+	}
+	want := []map[string]any{
+		{"route": "orders", "key": "evt_1", "outcome": "forwarded", "status": int64(200), "upstream_status": int64(200)},
+		{"route": "orders", "key": "evt_1", "outcome": "duplicate", "status": int64(200)},
+		{"route": "github", "outcome": "rejected_signature", "status": int64(401), "request_id": "d-123"},
+	}
+	for i, l := range lines {
+		if l.Level != zapcore.InfoLevel {
+			t.Errorf("line %d: got level %s, want info", i, l.Level)
+		}
+		fields := l.ContextMap()
+		for k, v := range want[i] {
+			if fields[k] != v {
+				t.Errorf("line %d: got %s=%v, want %v", i, k, fields[k], v)
+			}
+		}
+		if _, ok := fields["duration_ms"]; !ok {
+			t.Errorf("line %d: duration_ms missing", i)
+		}
+	}
+	for _, e := range logs.All() {
+		s := fmt.Sprint(e.Message, e.ContextMap())
+		for _, secret := range []string{"4242424242424242", "gh-secret-value", "payload"} {
+			if strings.Contains(s, secret) {
+				t.Errorf("log line %q contains %q", s, secret)
+			}
+		}
+	}
+}
+
+// TestWaitAcrossReplicas: two gateways share one store; a duplicate reaching
+// replica B while replica A forwards waits for A's result.
+func TestWaitAcrossReplicas(t *testing.T) {
+	for _, firstStatus := range []int{200, 500} {
+		t.Run(fmt.Sprint("first answered ", firstStatus), func(t *testing.T) {
+			release := make(chan struct{})
+			arrived := make(chan struct{}, 1)
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+				if n == 0 {
+					arrived <- struct{}{}
+					<-release
+					w.WriteHeader(firstStatus)
+				}
+			})
+			mem := memstore.New(memstore.Options{SweepInterval: -1})
+			defer mem.Close()
+			r := genericRoute("orders", "/hooks/orders", up.URL)
+			r.OnInFlight = Wait
+			_, srvA, _ := observedGateway(t, mem, r)
+			b, srvB, _ := observedGateway(t, mem, r)
+			first := make(chan response, 1)
+			go func() {
+				resp, _ := (&harness{srv: srvA}).try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+				first <- resp
+			}()
+			<-arrived
+			second := make(chan response, 1)
+			go func() {
+				resp, _ := (&harness{srv: srvB}).try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+				second <- resp
+			}()
+			waitFor(t, "replica B to poll the store", func() bool {
+				return histCount(t, b.Gatherer(), "dedupgw_store_operation_duration_seconds", "op", "get") > 0
+			})
+			close(release)
+			gotA, gotB := <-first, <-second
+			wantB := "duplicate"
+			if firstStatus != 200 {
+				wantB = "forwarded"
+			}
+			if gotA.Status != firstStatus {
+				t.Errorf("replica A: got %d, want %d", gotA.Status, firstStatus)
+			}
+			if gotB.Status != 200 || gotB.Header.Get(HeaderDedupStatus) != wantB {
+				t.Errorf("replica B: got %d %q, want 200 %q", gotB.Status, gotB.Header.Get(HeaderDedupStatus), wantB)
+			}
+		})
+	}
+}
+
+// TestSlowBodyCutOff: a sender that stops sending its body mid-way gets 408
+// after the body timeout and nothing is recorded.
+func TestSlowBodyCutOff(t *testing.T) {
+	up := newUpstream(t, nil)
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	defer mem.Close()
+	gw, err := New(Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, mem,
+		Options{Registerer: prometheus.NewRegistry(), BodyTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	defer func() { srv.Close(); gw.Close() }()
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Promise 100 bytes, send 10, then go quiet.
+	fmt.Fprintf(conn, "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow\r\nContent-Length: 100\r\n\r\n0123456789")
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second)) // test guard only
+	start := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || resp.Header.Get(HeaderDedupStatus) != "rejected" {
+		t.Errorf("got %d %q, want 408 rejected", resp.StatusCode, resp.Header.Get(HeaderDedupStatus))
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("cut off after %s, want about the 100ms body timeout", took)
+	}
+	if up.count() != 0 {
+		t.Errorf("got %d upstream requests, want 0", up.count())
+	}
+	if _, err := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "slow"}); !errors.Is(err, dedup.ErrNotFound) {
+		t.Errorf("got record err %v, want ErrNotFound", err)
+	}
+}
