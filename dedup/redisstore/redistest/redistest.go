@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,6 +74,14 @@ func Start(t testing.TB) *Server {
 	return startServer(t, freePort(t, false), nil)
 }
 
+// StartWith is Start with extra redis-server arguments appended after the
+// defaults, which they override (for instance "--appendonly", "yes",
+// "--appendfsync", "always" for a server whose data survives Stop and Start).
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
+	return startServer(t, freePort(t, false), args)
+}
+
 // startServer creates and starts a server on port with extra arguments.
 func startServer(t testing.TB, port int, extra []string) *Server {
 	t.Helper()
@@ -100,7 +109,8 @@ func (s *Server) Dir() string { return s.dir }
 
 // Start starts the server again on the same port after Stop (an outage that
 // ends) and waits until it answers PING. It does nothing if it is running.
-// Data is not kept across Stop and Start: the server persists nothing.
+// Data is not kept across Stop and Start unless StartWith enabled persistence
+// (the files stay in Dir).
 func (s *Server) Start() {
 	s.t.Helper()
 	s.mu.Lock()
@@ -154,6 +164,20 @@ func (s *Server) Stop() {
 		return
 	}
 	_ = s.proc.cmd.Process.Kill()
+	<-s.proc.done
+	s.proc = nil
+}
+
+// Shutdown stops the server gracefully (SIGTERM: Redis flushes its append-only
+// file or snapshot as configured) and waits until it exited. It does nothing
+// if stopped.
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return
+	}
+	_ = s.proc.cmd.Process.Signal(syscall.SIGTERM)
 	<-s.proc.done
 	s.proc = nil
 }

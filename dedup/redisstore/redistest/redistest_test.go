@@ -69,3 +69,18 @@ func TestSentinel(t *testing.T) {
 		t.Fatalf("GET on master: got %q, %v; want \"v\", nil", got, err)
 	}
 }
+
+func TestServerPersistence(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.StartWith(t, "--appendonly", "yes", "--appendfsync", "always")
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET: got %v, want nil", err)
+	}
+	s.Shutdown()
+	s.Start()
+	if got, err := c.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET after Shutdown and Start with AOF: got (%q, %v), want (\"v\", nil)", got, err)
+	}
+}
