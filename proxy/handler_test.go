@@ -685,3 +685,36 @@ func (r Route) effectiveLease() time.Duration {
 	}
 	return r.Lease
 }
+
+// TestCloseWakesWaiters: Close answers a delivery held by on_in_flight: wait
+// with 409 instead of leaving it until the lease ends.
+func TestCloseWakesWaiters(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		arrived <- struct{}{}
+		<-r.Context().Done()
+	})
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.OnInFlight = Wait
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	first, second := make(chan response, 1), make(chan response, 1)
+	go func() {
+		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+		first <- resp
+	}()
+	<-arrived
+	go func() {
+		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+		second <- resp
+	}()
+	waitFor(t, "the waiter to poll", func() bool { return testutilCount(h, "get") > 0 })
+	if err := h.gw.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if got := <-second; got.Status != http.StatusConflict || got.Header.Get(HeaderDedupStatus) != "in-flight" {
+		t.Errorf("waiter: got %d %q, want 409 in-flight", got.Status, got.Header.Get(HeaderDedupStatus))
+	}
+	if got := (<-first).Status; got != http.StatusServiceUnavailable {
+		t.Errorf("first: got %d, want 503", got)
+	}
+}

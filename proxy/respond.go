@@ -113,17 +113,18 @@ type duplicateBody struct {
 // route replays and one was stored, else the small JSON acknowledgement. It
 // returns the status written.
 func writeDuplicate(w http.ResponseWriter, rt *route, key dedup.Key, rec dedup.Record) int {
-	w.Header().Set(HeaderDedupStatus, statusDuplicate)
 	if rt.DuplicateResponse == Replay && rec.Response != nil && rec.Response.Status >= 200 && rec.Response.Status < 300 {
 		h := w.Header()
 		for name, vals := range rec.Response.Header {
 			h[http.CanonicalHeaderKey(name)] = append([]string(nil), vals...)
 		}
+		h.Set(HeaderDedupStatus, statusDuplicate)
 		h.Set("Content-Length", strconv.Itoa(len(rec.Response.Body)))
 		w.WriteHeader(rec.Response.Status)
 		_, _ = w.Write(rec.Response.Body)
 		return rec.Response.Status
 	}
+	w.Header().Set(HeaderDedupStatus, statusDuplicate)
 	writeJSON(w, http.StatusOK, "application/json", duplicateBody{
 		Status:    "duplicate",
 		Route:     rt.Name,
