@@ -76,6 +76,17 @@ func (c Config) validate() error {
 	return nil
 }
 
+// mode names the topology New picks for c: "sentinel", "cluster" or "single".
+func (c Config) mode() string {
+	switch {
+	case c.MasterName != "":
+		return "sentinel"
+	case len(c.Addrs) > 1:
+		return "cluster"
+	}
+	return "single"
+}
+
 // universalOptions returns the go-redis options for c with defaults filled
 // in. redis.NewUniversalClient picks the client from them: MasterName set
 // means a failover (Sentinel) client, several Addrs a cluster client, one

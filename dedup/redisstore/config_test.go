@@ -69,10 +69,11 @@ func TestNewPicksClient(t *testing.T) {
 		name string
 		cfg  Config
 		want string
+		mode string
 	}{
-		{"one address is a single node", Config{Addrs: []string{"127.0.0.1:1"}}, "*redis.Client"},
-		{"several addresses are a cluster", Config{Addrs: []string{"127.0.0.1:1", "127.0.0.1:2"}}, "*redis.ClusterClient"},
-		{"master name is sentinel", Config{Addrs: []string{"127.0.0.1:1", "127.0.0.1:2"}, MasterName: "m"}, "*redis.Client"},
+		{"one address is a single node", Config{Addrs: []string{"127.0.0.1:1"}}, "*redis.Client", "single"},
+		{"several addresses are a cluster", Config{Addrs: []string{"127.0.0.1:1", "127.0.0.1:2"}}, "*redis.ClusterClient", "cluster"},
+		{"master name is sentinel", Config{Addrs: []string{"127.0.0.1:1", "127.0.0.1:2"}, MasterName: "m"}, "*redis.Client", "sentinel"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -84,6 +85,9 @@ func TestNewPicksClient(t *testing.T) {
 			got := typeName(s.Client())
 			if got != tt.want {
 				t.Errorf("client type: got %s, want %s", got, tt.want)
+			}
+			if got := tt.cfg.mode(); got != tt.mode {
+				t.Errorf("mode: got %s, want %s", got, tt.mode)
 			}
 			// go-redis marks a Sentinel (failover) client by this address.
 			c, ok := s.Client().(*redis.Client)

@@ -70,7 +70,9 @@ type Options struct {
 	// means time.Now. All replicas sharing a Redis should have synchronised
 	// clocks (NTP); a skew of s shifts each lease and window by up to s.
 	Now dedup.Clock
-	// Logger receives the store's rare diagnostics. Nil means zap.NewNop().
+	// Logger receives one line from New naming the topology it chose
+	// (single, cluster or sentinel); operation errors are returned, never
+	// logged. Nil means zap.NewNop().
 	Logger *zap.Logger
 }
 
@@ -94,6 +96,9 @@ func New(cfg Config, opts Options) (*Store, error) {
 	client := redis.NewUniversalClient(cfg.universalOptions())
 	s := NewFromClient(client, cfg.KeyPrefix, opts)
 	s.ownsClient = true
+	s.log.Info("redis store configured",
+		zap.String("mode", cfg.mode()), zap.Strings("addrs", cfg.Addrs),
+		zap.String("key_prefix", s.prefix), zap.Bool("tls", cfg.TLS))
 	return s, nil
 }
 
