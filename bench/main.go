@@ -48,6 +48,7 @@ type options struct {
 	targets     []string
 	baseline    string
 	dedupgw     string
+	dedupgwAlt  string
 	logLevel    string
 	cpuprofile  string
 	keep        bool
@@ -70,6 +71,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	targets := fs.String("targets", strings.Join(allTargets, ","), "comma-separated targets: "+strings.Join(allTargets, ", ")+" (nginx is skipped when not installed)")
 	fs.StringVar(&o.baseline, "baseline", TargetBare, "target the ratio column divides by")
 	fs.StringVar(&o.dedupgw, "dedupgw", "", "dedupgw binary to measure (default: go build ./cmd/dedupgw)")
+	fs.StringVar(&o.dedupgwAlt, "dedupgw-alt", "", "a second dedupgw binary: each dedupgw target is also measured with it, as \"<backend> (alt)\", interleaved (A/B test of a change)")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "dedupgw's log.level (info logs every delivery)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write CPU profiles of the bare proxy and dedupgw (first round of each workload) into this directory; perturbs the numbers")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run's directory (configs, logs, databases)")
@@ -108,6 +110,16 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		if !slices.Contains(allTargets, t) {
 			return nil, fmt.Errorf("unknown target %q (want some of %s)", t, strings.Join(allTargets, ", "))
 		}
+	}
+	if o.dedupgwAlt != "" {
+		var withAlt []string
+		for _, t := range o.targets {
+			withAlt = append(withAlt, t)
+			if isGateway(t) {
+				withAlt = append(withAlt, t+altSuffix)
+			}
+		}
+		o.targets = withAlt
 	}
 	switch {
 	case len(o.workloads) == 0:
@@ -161,7 +173,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
-	e := &env{dir: dir, self: self, concurrency: o.concurrency, logLevel: o.logLevel, profile: o.cpuprofile != ""}
+	e := &env{dir: dir, self: self, concurrency: o.concurrency, logLevel: o.logLevel, profile: o.cpuprofile != "", dedupgwAlt: o.dedupgwAlt}
 	if e.profile {
 		if err := os.MkdirAll(o.cpuprofile, 0o755); err != nil {
 			return fmt.Errorf("make profile directory: %w", err)
@@ -173,11 +185,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		skipped = append(skipped, fmt.Sprintf("%s (%v)", t, firstLine(why)))
 		o.targets = slices.DeleteFunc(o.targets, func(s string) bool { return s == t })
 	}
-	if slices.ContainsFunc(o.targets, isGateway) {
+	if slices.ContainsFunc(o.targets, func(t string) bool { return isGateway(t) && !isAlt(t) }) {
 		e.dedupgw, e.dedupgwPprof, err = dedupgwBinary(ctx, o.dedupgw, dir, e.profile, stderr)
 		if err != nil {
 			for _, t := range slices.Clone(o.targets) {
-				if isGateway(t) {
+				if isGateway(t) && !isAlt(t) {
 					skip(t, err)
 				}
 			}

@@ -70,9 +70,20 @@ func (t *target) stop() {
 	}
 }
 
+// altSuffix marks a target that runs the -dedupgw-alt binary ("bolt@alt"), for
+// A/B comparisons of two dedupgw builds in one interleaved run.
+const altSuffix = "@alt"
+
+// backendOf returns the target name without altSuffix.
+func backendOf(name string) string { return strings.TrimSuffix(name, altSuffix) }
+
+// isAlt reports whether the named target runs the -dedupgw-alt binary.
+func isAlt(name string) bool { return strings.HasSuffix(name, altSuffix) }
+
 // isGateway reports whether the named target is dedupgw.
 func isGateway(name string) bool {
-	return name == TargetMemory || name == TargetBolt || name == TargetRedis
+	b := backendOf(name)
+	return b == TargetMemory || b == TargetBolt || b == TargetRedis
 }
 
 // labelOf returns the table label of a target name.
@@ -85,6 +96,9 @@ func labelOf(name string) string {
 	case TargetNginx:
 		return "nginx"
 	}
+	if isAlt(name) {
+		return "dedupgw " + backendOf(name) + " (alt)"
+	}
 	return "dedupgw " + name
 }
 
@@ -95,6 +109,7 @@ type env struct {
 	dedupgw string // the dedupgw binary, empty when it could not be built
 	// dedupgwPprof is set when dedupgw was built with the pprof overlay.
 	dedupgwPprof bool
+	dedupgwAlt   string // the -dedupgw-alt binary, for targets named with altSuffix
 	nginx        string // the nginx binary, empty when not installed
 	upstreamURL  string // base URL of the upstream app
 	concurrency  int
@@ -125,7 +140,7 @@ func startUpstream(ctx context.Context, e *env) (*child, string, error) {
 func startTarget(ctx context.Context, e *env, name string) (*target, error) {
 	t := &target{name: name, label: labelOf(name), gateway: isGateway(name)}
 	var err error
-	switch name {
+	switch backendOf(name) {
 	case TargetUpstream:
 		t.url = e.upstreamURL + webhookPath
 	case TargetBare:
@@ -188,9 +203,14 @@ routes:
 `
 
 func startDedupgw(ctx context.Context, e *env, t *target) error {
-	if e.dedupgw == "" {
+	bin, pprof := e.dedupgw, e.dedupgwPprof
+	if isAlt(t.name) {
+		bin, pprof = e.dedupgwAlt, false
+	}
+	if bin == "" {
 		return fmt.Errorf("no dedupgw binary")
 	}
+	file := "dedupgw-" + strings.ReplaceAll(t.name, altSuffix, "-alt")
 	listen, err := freeAddr()
 	if err != nil {
 		return err
@@ -200,7 +220,7 @@ func startDedupgw(ctx context.Context, e *env, t *target) error {
 		return err
 	}
 	redisAddr := "127.0.0.1:6379"
-	if t.name == TargetRedis {
+	if backendOf(t.name) == TargetRedis {
 		r, addr, err := startRedis(ctx, e)
 		if err != nil {
 			return err
@@ -211,21 +231,21 @@ func startDedupgw(ctx context.Context, e *env, t *target) error {
 	cfg := strings.NewReplacer(
 		"{{listen}}", listen,
 		"{{admin}}", admin,
-		"{{backend}}", t.name,
-		"{{bolt}}", filepath.Join(e.dir, "dedupgw-bolt.db"),
+		"{{backend}}", backendOf(t.name),
+		"{{bolt}}", filepath.Join(e.dir, file+".db"),
 		"{{redis}}", redisAddr,
 		"{{upstream}}", e.upstreamURL,
 		"{{loglevel}}", e.logLevel,
 	).Replace(dedupgwConfig)
-	cfgPath := filepath.Join(e.dir, "dedupgw-"+t.name+".yaml")
+	cfgPath := filepath.Join(e.dir, file+".yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return fmt.Errorf("write dedupgw config: %w", err)
 	}
-	env, err := t.pprofEnv(e, e.dedupgwPprof)
+	env, err := t.pprofEnv(e, pprof)
 	if err != nil {
 		return err
 	}
-	c, err := startChild(ctx, e.dir, "dedupgw-"+t.name, env, e.dedupgw, "serve", "--config", cfgPath)
+	c, err := startChild(ctx, e.dir, file, env, bin, "serve", "--config", cfgPath)
 	if err != nil {
 		return err
 	}
