@@ -305,3 +305,44 @@ func TestChaosFaults(t *testing.T) {
 		})
 	}
 }
+
+// TestChaosVariants runs in full mode only: policies and faults beyond the
+// default plan.
+func TestChaosVariants(t *testing.T) {
+	if !fullMode() {
+		t.Skip("full mode only (DEDUPGW_CHAOS=full)")
+	}
+	needRedis(t)
+	leakCheck(t)
+	tests := []struct {
+		name string
+		s    Scenario
+	}{
+		{
+			// Held duplicates (on_in_flight: wait) under the usual faults.
+			name: "redis-wait",
+			s: Scenario{
+				Backend: "redis", Replicas: 3, OnInFlight: "wait",
+				Sim: traffic(600, 60), App: upstreamFaults, Deadline: 60 * time.Second,
+				Faults: faultPlan("redis", 3, 10*time.Second),
+			},
+		},
+		{
+			// Redis slower than the gateway's store timeouts and than the
+			// lease: the gateway must fail open and say so, never lose.
+			name: "redis-slower-than-lease",
+			s: Scenario{
+				Backend: "redis", Replicas: 2,
+				Sim: traffic(300, 30), App: upstreamFaults, Deadline: 60 * time.Second,
+				Faults: []FaultSpec{{At: 2 * time.Second, Kind: FaultRedisSlow, For: 4 * time.Second, Delay: 1200 * time.Millisecond}},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.s.Name = tt.name
+			rep := runScenario(t, tt.s)
+			checkInvariants(t, rep, true)
+		})
+	}
+}

@@ -46,6 +46,8 @@ type Scenario struct {
 	// Deadline bounds the traffic: deliveries still without a 2xx then are
 	// given up (and their events may be lost). Zero means 60s.
 	Deadline time.Duration
+	// OnInFlight is the defaults' on_in_flight. Empty means reject.
+	OnInFlight string
 	// ExtraConfig is appended verbatim to each replica's YAML.
 	ExtraConfig string
 	// Logf, when set, receives progress lines.
@@ -69,13 +71,13 @@ defaults:
   lease: %s
   upstream_timeout: %s
   on_store_error: forward
-  on_in_flight: reject
+  on_in_flight: %s
 routes:
   - name: %s
     path: /webhooks/stripe
     upstream: %q
     provider: stripe
-%s`, addr, admin, store, s.Lease, s.UpstreamTimeout, routeName, upstream, s.ExtraConfig)
+%s`, addr, admin, store, s.Lease, s.UpstreamTimeout, s.OnInFlight, routeName, upstream, s.ExtraConfig)
 }
 
 func (s *Scenario) logf(format string, args ...any) {
@@ -100,6 +102,9 @@ func (s *Scenario) Run(ctx context.Context) (*Report, error) {
 	}
 	if s.Deadline == 0 {
 		s.Deadline = 60 * time.Second
+	}
+	if s.OnInFlight == "" {
+		s.OnInFlight = "reject"
 	}
 	if s.Backend == "bolt" && s.Replicas != 1 {
 		return nil, errors.New("bolt runs one replica: a bolt file is owned by one process")
