@@ -179,3 +179,44 @@ func waitReady(t testing.TB, s dedup.Store) {
 		<-tick.C
 	}
 }
+
+func TestACLUser(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	// The least the store needs: the README lists these commands.
+	err := srv.Client().Do(ctx, "ACL", "SETUSER", "dedupgw", "on", ">s3cret", "~dedupgw:*", "resetchannels",
+		"-@all", "+evalsha", "+eval", "+get", "+set", "+del", "+ping").Err()
+	if err != nil {
+		t.Fatalf("ACL SETUSER: got %v, want nil", err)
+	}
+	tests := []struct {
+		name    string
+		cfg     redisstore.Config
+		wantErr bool
+	}{
+		{"right password", redisstore.Config{Username: "dedupgw", Password: "s3cret"}, false},
+		{"wrong password", redisstore.Config{Username: "dedupgw", Password: "wrong"}, true},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.Addrs = []string{srv.Addr()}
+			tt.cfg.KeyPrefix = redisstore.DefaultKeyPrefix
+			s := newStore(t, tt.cfg, nil)
+			if err := s.Ping(ctx); (err != nil) != tt.wantErr {
+				t.Fatalf("Ping: got %v, want error %v", err, tt.wantErr)
+			}
+			if tt.wantErr {
+				return
+			}
+			k := dedup.Key{Namespace: "acl", ID: "evt_" + strconv.Itoa(i)}
+			claimCommit(t, s, k)
+			wantDuplicate(t, s, k)
+			if _, err := s.Get(ctx, k); err != nil {
+				t.Fatalf("Get: got %v, want nil", err)
+			}
+			if existed, err := s.Forget(ctx, k); err != nil || !existed {
+				t.Fatalf("Forget: got (%v, %v), want (true, nil)", existed, err)
+			}
+		})
+	}
+}
