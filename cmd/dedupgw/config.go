@@ -80,41 +80,66 @@ type Bolt struct {
 type Redis struct {
 	// Addrs: one is a single node, several a Cluster, and with MasterName the
 	// Sentinel addresses. Empty means ["127.0.0.1:6379"].
-	Addrs      []string `config:"addrs"`
-	MasterName string   `config:"master_name"`
-	Username   string   `config:"username"`
-	Password   string   `config:"password"`
-	DB         int      `config:"db"`
-	TLS        bool     `config:"tls"`
+	Addrs []string `config:"addrs"`
+	// MasterName selects Sentinel. Empty means single node or Cluster.
+	MasterName string `config:"master_name"`
+	// Username (Redis 6 ACL) and Password authenticate. Empty means none.
+	Username string `config:"username"`
+	Password string `config:"password"`
+	// DB is the logical database (single node or Sentinel). Zero means 0.
+	DB int `config:"db"`
+	// TLS connects with TLS 1.2+ and the system roots. False means plain TCP.
+	TLS bool `config:"tls"`
 	// KeyPrefix is prepended to every key. Empty means "dedupgw:".
-	KeyPrefix    string        `config:"key_prefix"`
+	KeyPrefix string `config:"key_prefix"`
+	// DialTimeout, ReadTimeout and WriteTimeout bound connecting and one
+	// command's socket I/O. Zero means the backend's default.
 	DialTimeout  time.Duration `config:"dial_timeout"`
 	ReadTimeout  time.Duration `config:"read_timeout"`
 	WriteTimeout time.Duration `config:"write_timeout"`
-	PoolSize     int           `config:"pool_size"`
+	// PoolSize is the number of connections per node. Zero means the
+	// backend's default.
+	PoolSize int `config:"pool_size"`
 }
 
 // Policy holds the keys that the defaults: block sets for every route and a
 // route may override. A nil field is not set at this level.
 type Policy struct {
-	Window                *time.Duration `config:"window"`
-	Lease                 *time.Duration `config:"lease"`
-	UpstreamTimeout       *time.Duration `config:"upstream_timeout"`
-	MaxBodyBytes          *int64         `config:"max_body_bytes"`
-	OnMissingKey          *string        `config:"on_missing_key"`
-	OnStoreError          *string        `config:"on_store_error"`
-	OnInFlight            *string        `config:"on_in_flight"`
-	DuplicateResponse     *string        `config:"duplicate_response"`
-	OnFingerprintMismatch *string        `config:"on_fingerprint_mismatch"`
-	MaxReplayBytes        *int64         `config:"max_replay_bytes"`
-	// ReplayHeaders is nil when not set; an empty list stores no headers.
+	// Window is how long a processed key is remembered (default 24h).
+	Window *time.Duration `config:"window"`
+	// Lease is how long an in-flight claim holds its key (default 60s); it
+	// must be longer than UpstreamTimeout.
+	Lease *time.Duration `config:"lease"`
+	// UpstreamTimeout bounds one forward (default 30s).
+	UpstreamTimeout *time.Duration `config:"upstream_timeout"`
+	// MaxBodyBytes bounds a delivery's body; larger ones get 413 (default 1 MiB).
+	MaxBodyBytes *int64 `config:"max_body_bytes"`
+	// OnMissingKey is forward (default) or reject.
+	OnMissingKey *string `config:"on_missing_key"`
+	// OnStoreError is forward (default, fail open) or reject.
+	OnStoreError *string `config:"on_store_error"`
+	// OnInFlight is reject (default) or wait.
+	OnInFlight *string `config:"on_in_flight"`
+	// DuplicateResponse is ack (default) or replay.
+	DuplicateResponse *string `config:"duplicate_response"`
+	// OnFingerprintMismatch is ack (default) or reject.
+	OnFingerprintMismatch *string `config:"on_fingerprint_mismatch"`
+	// MaxReplayBytes bounds a stored response body (default 65536).
+	MaxReplayBytes *int64 `config:"max_replay_bytes"`
+	// ReplayHeaders are the response headers stored for replay (default
+	// [Content-Type]). Nil when not set; an empty list stores none.
 	ReplayHeaders []string `config:"replay_headers"`
 }
 
 // Route is one routes: entry.
 type Route struct {
-	Name     string `config:"name"`
-	Path     string `config:"path"`
+	// Name is unique among routes: metric label, keys API name, default
+	// namespace. Required.
+	Name string `config:"name"`
+	// Path is an exact path or a prefix ending in "/*". Required.
+	Path string `config:"path"`
+	// Upstream is the application's base URL; the request path is appended.
+	// Required.
 	Upstream string `config:"upstream"`
 	// Namespace scopes keys. Empty means Name.
 	Namespace string `config:"namespace"`
