@@ -161,7 +161,7 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 	case !existed:
 		writeProblem(w, probKeyNotFound.with(rt.Name, "the store has no record of this key"), 0)
 	default:
-		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), zap.String("key", key.ID))
+		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), keyField(key.ID))
 		w.WriteHeader(http.StatusNoContent)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -209,7 +210,7 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 		case errors.Is(err, dedup.ErrNotFound) || (err == nil && cur.State == dedup.StateFailed):
 			res, err := g.claim(r.Context(), d, bodySHA)
 			if err != nil {
-				d.rt.log.Debug("claim while waiting failed", zap.String("key", d.key.ID), zap.Error(err))
+				d.rt.log.Debug("claim while waiting failed", keyField(d.key.ID), zap.Error(err))
 				break
 			}
 			if res.Outcome != dedup.InFlight {
@@ -218,7 +219,7 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 			}
 			rec = res.Record
 		default:
-			d.rt.log.Debug("store read while waiting failed", zap.String("key", d.key.ID), zap.Error(err))
+			d.rt.log.Debug("store read while waiting failed", keyField(d.key.ID), zap.Error(err))
 		}
 
 		now := g.now()
@@ -245,13 +246,13 @@ func (g *Gateway) inFlight(w http.ResponseWriter, d *delivery, rec dedup.Record)
 func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, err error) {
 	d.outcome = outcomeStoreError
 	if d.rt.OnStoreError == Reject {
-		d.rt.log.Warn("store unavailable: delivery rejected", zap.String("key", d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
+		d.rt.log.Warn("store unavailable: delivery rejected", keyField(d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
 		d.answer = http.StatusServiceUnavailable
 		w.Header().Set(HeaderDedupStatus, statusStoreError)
 		writeProblem(w, probStoreError.with(d.rt.Name, "the dedup store is unavailable; retry the delivery"), probRetryLaterSec)
 		return
 	}
-	d.rt.log.Warn("store unavailable: forwarding without deduplication (fail open)", zap.String("key", d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
+	d.rt.log.Warn("store unavailable: forwarding without deduplication (fail open)", keyField(d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
 	g.forward(w, r, d, body, statusStoreError)
 }
 
@@ -279,7 +280,7 @@ func (g *Gateway) finish(d *delivery) {
 		zap.Float64("duration_ms", float64(time.Since(d.start).Microseconds())/1000),
 	}
 	if d.keyed {
-		fields = append(fields, zap.String("key", d.key.ID))
+		fields = append(fields, keyField(d.key.ID))
 	}
 	if d.requestID != "" {
 		fields = append(fields, zap.String("request_id", d.requestID))
@@ -309,15 +310,32 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) 
 		// out (and cancel the request) while the upstream works.
 		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
-	var buf bytes.Buffer
+	body := http.MaxBytesReader(w, r.Body, limit)
 	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
+		// The server's body reader stops at Content-Length: read exactly that.
+		buf := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(body, buf); err != nil {
+			return nil, fmt.Errorf("read body: %w", err)
+		}
+		return buf, nil
 	}
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(body); err != nil {
 		return nil, fmt.Errorf("read body: %w", err)
 	}
 	return buf.Bytes(), nil
+}
+
+// maxLoggedKey bounds a key in log lines; keys come from senders.
+const maxLoggedKey = 256
+
+// keyField is the log field for a delivery's key, truncated to maxLoggedKey
+// bytes.
+func keyField(id string) zap.Field {
+	if len(id) > maxLoggedKey {
+		id = id[:maxLoggedKey] + "…"
+	}
+	return zap.String("key", id)
 }
 
 // validAPIKey reports whether key is acceptable on an API idempotency route:

@@ -1,0 +1,61 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupgw/dedupgw/dedup/memstore"
+)
+
+// BenchmarkHandler measures the handler in process (httptest recorder in,
+// real loopback upstream out) on a memstore: first deliveries (claim,
+// forward, commit) and duplicates (one claim, no forward).
+func BenchmarkHandler(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	defer up.Close()
+	store := memstore.New(memstore.Options{})
+	defer store.Close()
+	gw, err := New(Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, store,
+		Options{Registerer: prometheus.NewRegistry(), Backend: "memory"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer gw.Close()
+	body := bytes.Repeat([]byte("x"), 1024)
+
+	run := func(b *testing.B, key func() string, want string) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				req := httptest.NewRequest(http.MethodPost, "/hooks/orders", bytes.NewReader(body))
+				req.Header.Set("Idempotency-Key", key())
+				rec := httptest.NewRecorder()
+				gw.ServeHTTP(rec, req)
+				if got := rec.Header().Get(HeaderDedupStatus); got != want {
+					b.Fatalf("got Dedup-Status %q, want %q", got, want)
+				}
+			}
+		})
+	}
+	var n atomic.Int64
+	b.Run("first", func(b *testing.B) {
+		run(b, func() string { return fmt.Sprint("evt_", n.Add(1)) }, statusForwarded)
+	})
+	gw.ServeHTTP(httptest.NewRecorder(), func() *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/hooks/orders", bytes.NewReader(body))
+		r.Header.Set("Idempotency-Key", "dup")
+		return r
+	}())
+	b.Run("duplicate", func(b *testing.B) {
+		run(b, func() string { return "dup" }, statusDuplicate)
+	})
+}
