@@ -20,6 +20,7 @@ type DelayProxy struct {
 	target string
 	ln     net.Listener
 	delay  atomic.Int64 // nanoseconds
+	relays atomic.Int64 // client connections being relayed
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -56,6 +57,9 @@ func (p *DelayProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // Delay returns the current delay.
 func (p *DelayProxy) Delay() time.Duration { return time.Duration(p.delay.Load()) }
+
+// Conns returns how many client connections are being relayed now.
+func (p *DelayProxy) Conns() int { return int(p.relays.Load()) }
 
 // DropConnections closes every relayed connection without stopping the
 // listener, as a network blip would.
@@ -125,6 +129,8 @@ func (p *DelayProxy) serve() {
 func (p *DelayProxy) relay(client net.Conn) {
 	defer p.wg.Done()
 	defer p.untrack(client)
+	p.relays.Add(1)
+	defer p.relays.Add(-1)
 	d := net.Dialer{Timeout: time.Second}
 	server, err := d.Dial("tcp", p.target)
 	if err != nil {

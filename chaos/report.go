@@ -211,6 +211,9 @@ type Report struct {
 	App       AppStats
 	// Logs counts delivery log lines by outcome, over all replicas.
 	LogOutcomes map[string]int
+	// Gauges describes each replica's goroutines and descriptors, fresh and
+	// after the run.
+	Gauges []string
 	// Trouble are crash-looking lines from the gateways' output and exits
 	// nobody asked for.
 	Trouble []string
@@ -500,6 +503,9 @@ func (r *Report) Details() string {
 	fmt.Fprintf(&b, "run %s: answers by status %v, by Dedup-Status %v, log outcomes %v, final key states %v\n",
 		r.Name, r.Statuses, r.DedupStatuses, r.LogOutcomes, r.KeyStates)
 	fmt.Fprintf(&b, "upstream: %+v\n", r.App)
+	if len(r.Gauges) > 0 {
+		fmt.Fprintf(&b, "gateway process: %s\n", strings.Join(r.Gauges, "; "))
+	}
 	for _, f := range r.Faults {
 		fmt.Fprintf(&b, "fault %-10s %-3s %s → %s", f.Kind, f.Replica, clock(f.Start), clock(f.End))
 		if f.Drain > 0 {

@@ -164,6 +164,10 @@ func (s *Scenario) Run(ctx context.Context) (*Report, error) {
 		}
 		gws[i], urls[i] = g, g.URL()+"/webhooks/stripe"
 	}
+	base, haveGauges, err := ScrapeGauges(ctx, gws[0].AdminURL())
+	if err != nil {
+		return nil, err
+	}
 	// An attempt waits at most the upstream timeout plus a lease (on_in_flight
 	// wait) plus the store's own timeouts.
 	rr := NewRoundRobin(s.UpstreamTimeout+s.Lease+5*time.Second, urls...)
@@ -243,6 +247,36 @@ func (s *Scenario) Run(ctx context.Context) (*Report, error) {
 
 	// A clean shutdown of every replica is part of the contract too.
 	s.logf("%s: keys read at +%s", s.Name, time.Since(trafficStart).Round(time.Millisecond))
+
+	// With the provider's and the upstream's connections closed, every
+	// replica must be back near the idle baseline of a fresh one.
+	rr.CloseIdleConnections()
+	app.CloseClientConnections()
+	if haveGauges {
+		// Connections to Redis are the pool's and legitimate: the proxy
+		// relays every one of them, so it can tell how many there are.
+		var redisConns, extraFDs int
+		if proxy != nil {
+			redisConns = proxy.Conns()
+		}
+		for _, g := range gws {
+			end, _, err := settleGauges(ctx, g.AdminURL(), base, redisConns)
+			if err != nil {
+				return nil, err
+			}
+			rep.Gauges = append(rep.Gauges, fmt.Sprintf("%s goroutines %d→%d fds %d→%d", g.Name, base.Goroutines, end.Goroutines, base.OpenFDs, end.OpenFDs))
+			if end.Goroutines > base.Goroutines+goroutineSlack {
+				rep.Trouble = append(rep.Trouble, fmt.Sprintf("%s leaks goroutines: %d with no connection open, a fresh replica has %d",
+					g.Name, end.Goroutines, base.Goroutines))
+			}
+			extraFDs += max(0, end.OpenFDs-base.OpenFDs-fdSlack)
+		}
+		rep.Gauges = append(rep.Gauges, fmt.Sprintf("redis pool connections %d", redisConns))
+		if extraFDs > redisConns {
+			rep.Trouble = append(rep.Trouble, fmt.Sprintf("replicas leak descriptors: %d open beyond a fresh replica's (plus %d slack each) with no connection open and %d to Redis",
+				extraFDs, fdSlack, redisConns))
+		}
+	}
 	for _, g := range gws {
 		d, err := g.Term(15 * time.Second)
 		if err != nil {
