@@ -3,8 +3,8 @@
 BENCHFLAGS ?=
 
 .PHONY: bench
-# bench runs the load benchmark (bench/README in the project README, "Performance"):
-# upstream, bare ReverseProxy and dedupgw on memory, bolt and redis, interleaved.
+# bench runs the load benchmark (README, "Performance"): the upstream app,
+# a bare ReverseProxy, nginx if installed and dedupgw on memory, bolt and redis, interleaved.
 # Pass flags with BENCHFLAGS, e.g. make bench BENCHFLAGS=-quick
 bench:
 	go run ./bench $(BENCHFLAGS)
