@@ -262,7 +262,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 					}
 				}
 				if err != nil {
-					return fmt.Errorf("round %d, %s, %s: %w", r+1, w, t.name, err)
+					if ctx.Err() != nil {
+						return fmt.Errorf("round %d, %s, %s: %w", r+1, w, t.name, err)
+					}
+					// A target that cannot be primed is reported, not fatal:
+					// the other targets' numbers still stand.
+					fmt.Fprintf(stderr, "round %d/%d %-9s %-18s failed: %v\n", r+1, o.rounds, w, t.label, err)
+					continue
 				}
 				after, err := d.upstreamCount(ctx, upURL)
 				if err != nil {
