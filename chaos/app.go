@@ -25,6 +25,9 @@ type AppConfig struct {
 	// an application that commits its work only when it answers would do.
 	// Zero means 3s.
 	SlowDelay time.Duration
+	// Delay, when set, is how long every request not failed on purpose
+	// waits before it is answered (abandoned if the client goes away first).
+	Delay time.Duration
 	// ResetRate is the fraction of requests whose connection is reset without
 	// an answer (and without processing). Zero means none.
 	ResetRate float64
@@ -174,6 +177,15 @@ func (a *App) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
+	if a.cfg.Delay > 0 {
+		t := time.NewTimer(a.cfg.Delay)
+		select {
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 	a.mu.Lock()
 	a.processed[ev.ID] = append(a.processed[ev.ID], Processing{
 		At:       time.Now(),
