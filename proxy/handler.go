@@ -61,10 +61,12 @@ type delivery struct {
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt := g.routes.Load().match(r.URL.Path)
 	if rt == nil {
+		closeIfUnread(w, r)
 		writeProblem(w, probNoRoute.with("", "no route is configured for this path"), 0)
 		return
 	}
 	if !g.enter() {
+		closeIfUnread(w, r)
 		w.Header().Set(HeaderDedupStatus, statusRejected)
 		writeProblem(w, probShuttingDown.with(rt.Name, "the gateway is shutting down; retry the delivery"), probRetryLaterSec)
 		return
@@ -75,6 +77,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer g.finish(d)
 
 	if !rt.allows(r.Method) {
+		closeIfUnread(w, r)
 		w.Header().Set("Allow", strings.Join(rt.methods, ", "))
 		g.reject(w, d, "", probMethod.with(rt.Name, fmt.Sprintf("this route accepts %s", strings.Join(rt.methods, ", "))))
 		return
@@ -302,13 +305,20 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) 
 		return nil, nil
 	}
 	if r.ContentLength > limit {
+		closeIfUnread(w, r)
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
 	rc := http.NewResponseController(w)
 	if err := rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)); err == nil {
-		// Clear it afterwards: the server's background read must not time
-		// out (and cancel the request) while the upstream works.
-		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+		// Close cuts a body still arriving short, so it does not wait for
+		// a slow sender.
+		stop := context.AfterFunc(g.ctx, func() { _ = rc.SetReadDeadline(time.Unix(1, 0)) })
+		// Clear the deadline afterwards: the server's background read must
+		// not time out (and cancel the request) while the upstream works.
+		defer func() {
+			stop()
+			_ = rc.SetReadDeadline(time.Time{})
+		}()
 	}
 	body := http.MaxBytesReader(w, r.Body, limit)
 	if r.ContentLength > 0 {
@@ -336,6 +346,15 @@ func keyField(id string) zap.Field {
 		id = id[:maxLoggedKey] + "…"
 	}
 	return zap.String("key", id)
+}
+
+// closeIfUnread asks the server to close the connection after an answer
+// written without reading the request's body; otherwise the server would
+// first wait to drain a body the sender may be sending slowly.
+func closeIfUnread(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
+	}
 }
 
 // validAPIKey reports whether key is acceptable on an API idempotency route:

@@ -243,3 +243,94 @@ func TestSlowBodyCutOff(t *testing.T) {
 		t.Errorf("got record err %v, want ErrNotFound", err)
 	}
 }
+
+// TestCloseCutsSlowBody: Close does not wait for a sender still trickling
+// its body.
+func TestCloseCutsSlowBody(t *testing.T) {
+	up := newUpstream(t, nil)
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	defer mem.Close()
+	gw, err := New(Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, mem,
+		Options{Registerer: prometheus.NewRegistry(), BodyTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		gw.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+	<-entered
+	start := time.Now()
+	if err := gw.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Close took %s with a slow sender, want it not to wait for the body timeout", took)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second)) // test guard only
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("got %d, want 408 (body cut) or 503 (closed before the read)", resp.StatusCode)
+	}
+}
+
+// TestAnswersWithoutBodyDoNotWait: answers given before the body is read
+// (no route, wrong method, Content-Length over the limit, gateway closed)
+// reach a sender that is still sending its body, and close the connection.
+func TestAnswersWithoutBodyDoNotWait(t *testing.T) {
+	tests := []struct {
+		name, request string
+		closeFirst    bool
+		want          int
+	}{
+		{"no route", "POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123", false, 404},
+		{"wrong method", "PUT /hooks/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123", false, 405},
+		{"declared body too large", "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n0123", false, 413},
+		{"gateway closed", "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123", true, 503},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, nil)
+			mem := memstore.New(memstore.Options{SweepInterval: -1})
+			defer mem.Close()
+			gw, err := New(Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, mem,
+				Options{Registerer: prometheus.NewRegistry(), BodyTimeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(gw)
+			defer func() { srv.Close(); gw.Close() }()
+			if tc.closeFirst {
+				gw.Close()
+			}
+			conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			fmt.Fprint(conn, tc.request)
+			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second)) // test guard only
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("reading the answer: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want || !resp.Close {
+				t.Errorf("got %d (close %v), want %d with the connection closed", resp.StatusCode, resp.Close, tc.want)
+			}
+		})
+	}
+}
