@@ -11,12 +11,14 @@
 --
 -- Record: state,first_seen,expires_at,attempts,aux,claim_len,<claim><result>
 -- (see record.go). Returns {0, new record} when claimed, {1, record} for a
--- processed key inside its window, {2, record} for a held lease.
+-- processed key inside its window, {2, record} for a held lease. A call
+-- repeated with the same owner token (a client retry after a lost reply)
+-- returns {0, record} again, so a retry never turns a claim into in-flight.
 local rec = redis.call('GET', KEYS[1])
 local now = tonumber(ARGV[1])
 local first, attempts, result = ARGV[2], 0, ''
 if rec then
-  local st, fs, exp, att, _, clen, pos =
+  local st, fs, exp, att, aux, clen, pos =
     string.match(rec, '^(%a),(%w+),(%w+),(%d+),(%w*),(%d+),()')
   if not st then
     return redis.error_reply('ERR dedupgw: undecodable record')
@@ -26,6 +28,10 @@ if rec then
   if live and st == 'd' then
     return {1, rec}
   elseif live and st == 'p' then
+    if aux == ARGV[5] then
+      -- Our own claim: the client re-sent this call after a lost reply.
+      return {0, rec}
+    end
     return {2, rec}
   end
   if st == 'p' or (st == 'f' and live) then

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"regexp"
 	"slices"
@@ -75,6 +76,9 @@ func measure(t *testing.T, n int, withSHA bool) {
 					opts.BodySHA256 = hex.EncodeToString(sum[:])
 				}
 				res, err := s.Claim(ctx, k, opts)
+				if err == nil && res.Outcome != dedup.Claimed {
+					err = fmt.Errorf("claim: got %v, want claimed", res.Outcome)
+				}
 				if err == nil {
 					err = s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: 72 * time.Hour, Status: 200})
 				}

@@ -8,7 +8,8 @@
 -- ARGV[5] retain, ms (TTL backstop); 0 deletes the key at once
 -- ARGV[6] result part (status, error), opaque here
 --
--- Returns 1 when released, 0 when the caller is not the owner (nothing changed).
+-- Returns 1 when released (also when this same call is repeated by a client
+-- retry), 0 when the caller is not the owner (nothing changed).
 local rec = redis.call('GET', KEYS[1])
 if not rec then
   return 0
@@ -17,6 +18,12 @@ local st, fs, exp, att, aux, clen, pos =
   string.match(rec, '^(%a),(%w+),(%w+),(%d+),(%w*),(%d+),()')
 if not st then
   return redis.error_reply('ERR dedupgw: undecodable record')
+end
+if st == 'f' and aux == ARGV[3] and exp == ARGV[4] and
+    string.sub(rec, pos + tonumber(clen)) == ARGV[6] then
+  -- Exactly what this call writes is already in place, to the millisecond:
+  -- the client re-sent the call after a lost reply.
+  return 1
 end
 if st ~= 'p' or aux ~= ARGV[2] or tonumber(exp, 36) < tonumber(ARGV[1]) then
   return 0

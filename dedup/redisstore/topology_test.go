@@ -199,3 +199,54 @@ func TestRoundTrips(t *testing.T) {
 		})
 	}
 }
+
+// replayHook sends every script call twice, as a client does when it retries
+// a call whose reply was lost after Redis ran it.
+type replayHook struct{ countingHook }
+
+func (h *replayHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			_ = next(ctx, cmd)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func TestRetriedCallsAreIdempotent(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	client.AddHook(&replayHook{})
+	s := redisstore.NewFromClient(client, uniquePrefix(), redisstore.Options{})
+	ctx := context.Background()
+
+	tests := []struct {
+		name   string
+		finish func(k dedup.Key, token string) error
+		want   dedup.State
+	}{
+		{"commit", func(k dedup.Key, token string) error {
+			return s.Commit(ctx, k, token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+		}, dedup.StateProcessed},
+		{"release", func(k dedup.Key, token string) error {
+			return s.Release(ctx, k, token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500})
+		}, dedup.StateFailed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := dedup.Key{Namespace: "retry", ID: tt.name}
+			res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+			if err != nil || res.Outcome != dedup.Claimed {
+				t.Fatalf("retried Claim: got (%v, %v), want (claimed, nil)", res.Outcome, err)
+			}
+			if err := tt.finish(k, res.Token); err != nil {
+				t.Fatalf("retried %s: got %v, want nil", tt.name, err)
+			}
+			rec, err := s.Get(ctx, k)
+			if err != nil || rec.State != tt.want || rec.Attempts != 1 {
+				t.Fatalf("Get: got (%q, attempts %d, %v), want (%q, 1, nil)", rec.State, rec.Attempts, err, tt.want)
+			}
+		})
+	}
+}
