@@ -718,3 +718,32 @@ func TestCloseWakesWaiters(t *testing.T) {
 		t.Errorf("first: got %d, want 503", got)
 	}
 }
+
+// TestNamespacesIsolateRoutes: the same key on two routes is two events
+// unless the routes share a namespace.
+func TestNamespacesIsolateRoutes(t *testing.T) {
+	tests := []struct {
+		name       string
+		nsA, nsB   string
+		wantSecond string
+	}{
+		{"default namespaces (route names)", "", "", "forwarded"},
+		{"shared namespace", "shop", "shop", "duplicate"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, nil)
+			a := genericRoute("a", "/a", up.URL)
+			a.Namespace = tc.nsA
+			b := genericRoute("b", "/b", up.URL)
+			b.Namespace = tc.nsB
+			h := newHarness(t, Config{Routes: []Route{a, b}}, harnessOpts{})
+			if got := h.send("/a", `{"id":"evt_1"}`).Header.Get(HeaderDedupStatus); got != "forwarded" {
+				t.Errorf("route a: got %q, want forwarded", got)
+			}
+			if got := h.send("/b", `{"id":"evt_1"}`).Header.Get(HeaderDedupStatus); got != tc.wantSecond {
+				t.Errorf("route b: got %q, want %q", got, tc.wantSecond)
+			}
+		})
+	}
+}
