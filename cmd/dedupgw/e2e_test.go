@@ -57,6 +57,18 @@ func testMain(m *testing.M) int {
 	return m.Run()
 }
 
+// testEnv is the environment for dedupgw processes: the test's own, less
+// any DEDUPGW_* variable that would override the test's configuration.
+func testEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, EnvPrefix) {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
 // upstream is an httptest application that counts deliveries by Dedup-Key.
 // handle, when set, answers instead of the default 200 {"ok":true}.
 type upstream struct {
@@ -172,7 +184,7 @@ func startGatewayIn(t *testing.T, dir, path string, env ...string) *gateway {
 	g := &gateway{t: t, done: make(chan struct{}), started: make(chan struct{})}
 	g.cmd = exec.Command(binPath, "serve", "--config", path)
 	g.cmd.Dir = dir
-	g.cmd.Env = append(os.Environ(), env...)
+	g.cmd.Env = append(testEnv(), env...)
 	stderr, err := g.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -508,7 +520,7 @@ func TestE2ERejections(t *testing.T) {
 func runCLI(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	cmd := exec.Command(binPath, args...)
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(testEnv(), env...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
