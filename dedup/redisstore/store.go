@@ -8,8 +8,10 @@
 // (claim, commit) for a first delivery. The scripts take the caller's clock
 // as an argument and compare it with the times stored in the record, so
 // every replica's decisions follow the same rule and tests can move time. Each
-// key also gets a Redis TTL equal to the record's remaining life, so Redis
-// drops expired records by itself.
+// key also gets a Redis TTL, the record's remaining life (plus leaseGrace for
+// a processing record), so Redis drops expired records by itself. Every script
+// is safe to run twice with the same arguments, as go-redis does when it
+// retries after a lost reply.
 //
 // Keys are "{KeyPrefix}{namespace}:{id}" (see redisKey for ids stored by
 // their SHA-256) and values are one compact string (see record.go).
