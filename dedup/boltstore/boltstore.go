@@ -54,7 +54,7 @@ const schemaVersion = 1
 const (
 	DefaultOpenTimeout   = time.Second
 	DefaultSweepInterval = time.Minute
-	DefaultSweepBatch    = 1000
+	DefaultSweepBatch    = 250
 )
 
 // maxRawKey is the longest namespace:id stored as is; longer keys are stored
@@ -78,7 +78,8 @@ type Options struct {
 	// DefaultSweepInterval (1m); negative disables the sweeper (call Sweep).
 	SweepInterval time.Duration
 	// SweepBatch is how many expired records one sweep transaction deletes.
-	// Zero means DefaultSweepBatch (1000).
+	// Zero means DefaultSweepBatch (250): a sweep of random keys dirties about
+	// one page per record, and smaller transactions stall commits less.
 	SweepBatch int
 }
 
