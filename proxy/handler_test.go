@@ -747,3 +747,50 @@ func TestNamespacesIsolateRoutes(t *testing.T) {
 		})
 	}
 }
+
+// TestReplayLimits: a 2xx body over max_replay_bytes is not stored (its
+// duplicates are acked and counted); only replay_headers are replayed.
+func TestReplayLimits(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Secret-Cookie", "no")
+		w.Header().Set("X-Request-Id", "r1")
+		if strings.Contains(r.Header.Get("Idempotency-Key"), "big") {
+			fmt.Fprint(w, strings.Repeat("x", 100))
+			return
+		}
+		fmt.Fprint(w, `{"ok":1}`)
+	})
+	r := genericRoute("api", "/api", up.URL)
+	r.DuplicateResponse = Replay
+	r.MaxReplayBytes = 50
+	r.ReplayHeaders = []string{"content-type", "X-Request-Id"}
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+
+	first := h.send("/api", "", "Idempotency-Key: big")
+	dup := h.send("/api", "", "Idempotency-Key: big")
+	if len(first.Body) != 100 {
+		t.Errorf("first big answer: got %d bytes, want 100 (the whole body despite the capture)", len(first.Body))
+	}
+	if !hasBody(dup.Body, `"status":"duplicate"`) {
+		t.Errorf("duplicate of a too-large response: got %s, want the JSON ack", dup.Body)
+	}
+	if got := counterValue(t, h.gw.metrics.replayTooLarge, "api"); got != 1 {
+		t.Errorf("replay_too_large_total: got %v, want 1", got)
+	}
+
+	h.send("/api", "", "Idempotency-Key: small")
+	dup = h.send("/api", "", "Idempotency-Key: small")
+	checks := []struct{ name, got, want string }{
+		{"body", string(dup.Body), `{"ok":1}`},
+		{"Content-Type", dup.Header.Get("Content-Type"), "application/json"},
+		{"X-Request-Id", dup.Header.Get("X-Request-Id"), "r1"},
+		{"X-Secret-Cookie", dup.Header.Get("X-Secret-Cookie"), ""},
+		{"Dedup-Status", dup.Header.Get(HeaderDedupStatus), "duplicate"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("replayed %s: got %q, want %q", c.name, c.got, c.want)
+		}
+	}
+}

@@ -208,3 +208,18 @@ func TestMetricsOwnRegistry(t *testing.T) {
 		}
 	}
 }
+
+func TestCodeClass(t *testing.T) {
+	tests := []struct {
+		status int
+		want   string
+	}{
+		{0, "error"}, {101, "error"}, {200, "2xx"}, {204, "2xx"}, {299, "2xx"}, {301, "3xx"},
+		{404, "4xx"}, {499, "4xx"}, {500, "5xx"}, {599, "5xx"}, {600, "error"},
+	}
+	for _, tc := range tests {
+		if got := codeClass(tc.status); got != tc.want {
+			t.Errorf("codeClass(%d): got %q, want %q", tc.status, got, tc.want)
+		}
+	}
+}

@@ -36,9 +36,7 @@ type route struct {
 	log      *zap.Logger
 }
 
-// label names the route in validation errors: "routes[1] (stripe)".
-func (rt *route) label() string { return routeLabel(rt.index, rt.Name) }
-
+// routeLabel names a route in validation errors: "routes[1] (stripe)".
 func routeLabel(i int, name string) string {
 	if name == "" {
 		return fmt.Sprintf("routes[%d]", i)
