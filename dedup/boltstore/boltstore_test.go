@@ -238,3 +238,36 @@ func TestBackgroundSweeperRunsAndStops(t *testing.T) {
 	}
 	// goleak in TestMain checks the writer and sweeper goroutines are gone.
 }
+
+// A lease whose Commit is being written cannot be taken over even when it
+// runs out meanwhile, and a failed write leaves it with its owner.
+func TestFinishingLeaseIsNotTakenOver(t *testing.T) {
+	ctx := context.Background()
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	s, _ := openTemp(t, Options{Now: clk.Now})
+	defer s.Close()
+	k := dedup.Key{Namespace: "n", ID: "a"}
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Second})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim: got (%v, %v), want (claimed, nil)", res.Outcome, err)
+	}
+	rk := recordKey(k)
+	l, err := s.beginFinish(rk, res.Token)
+	if err != nil {
+		t.Fatalf("beginFinish: %v", err)
+	}
+	clk.Advance(time.Minute)
+	if got, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Second}); err != nil || got.Outcome != dedup.InFlight {
+		t.Errorf("Claim during a finishing write: got (%v, %v), want (in-flight, nil)", got.Outcome, err)
+	}
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); !errors.Is(err, dedup.ErrNotOwner) {
+		t.Errorf("second Commit while the first is being written: got %v, want ErrNotOwner", err)
+	}
+	s.endFinish(rk, l, false) // the write failed: the owner keeps the lease
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+		t.Errorf("Commit after a failed write: got %v, want nil", err)
+	}
+	if got, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Second}); err != nil || got.Outcome != dedup.Duplicate {
+		t.Errorf("Claim after Commit: got (%v, %v), want (duplicate, nil)", got.Outcome, err)
+	}
+}
