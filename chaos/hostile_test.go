@@ -165,10 +165,51 @@ func dribble(t *testing.T, addr string, prefix, payload []byte, interval, cutBou
 	}
 }
 
-func TestSlowSendersAreCutOff(t *testing.T) {
+// TestHostileInput sends hostile deliveries to one real replica, in parallel
+// so the slow ones overlap: slow senders, JSON depth bombs, hostile event IDs.
+// The replica must survive all of them.
+func TestHostileInput(t *testing.T) {
 	leakCheck(t)
 	yaml, headerTimeout, bodyTimeout := serverTimeouts(t, gatewayBinary(t))
 	g, app := hostileGateway(t, yaml)
+	// The group returns when every parallel subtest has ended.
+	t.Run("group", func(t *testing.T) {
+		t.Run("slow senders", func(t *testing.T) {
+			t.Parallel()
+			testSlowSenders(t, g, app, headerTimeout, bodyTimeout)
+		})
+		t.Run("deep JSON", func(t *testing.T) {
+			t.Parallel()
+			testDeepJSON(t, g)
+		})
+		t.Run("event IDs", func(t *testing.T) {
+			t.Parallel()
+			testHostileKeys(t, g, app)
+		})
+	})
+	assertHealthy(t, g)
+	// A key is attacker-chosen: logging it whole lets one delivery write
+	// tens of KiB into every log line about it.
+	t.Run("log lines bound the key", func(t *testing.T) {
+		gl, err := ReadLogFile(g.Name, g.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range gl.Lines {
+			if len(l.Key) > maxLoggedKey {
+				t.Fatalf("got a log line (%q) carrying a %d-byte key, want at most %d bytes (truncate, or log a hash of long keys)", l.Msg, len(l.Key), maxLoggedKey)
+			}
+		}
+	})
+}
+
+// maxLoggedKey is the longest key a log line may carry.
+const maxLoggedKey = 1024
+
+// testSlowSenders dribbles headers (slowloris) and a body; the replica must
+// cut both within its timeouts and forward neither.
+func testSlowSenders(t *testing.T, g *Gateway, app *App, headerTimeout, bodyTimeout time.Duration) {
+	const slowID = "evt_slow_body"
 	tests := []struct {
 		name    string
 		prefix  string
@@ -184,42 +225,37 @@ func TestSlowSendersAreCutOff(t *testing.T) {
 		{
 			name:    "slow body: body dribbled after complete headers",
 			prefix:  "POST /webhooks/stripe HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
-			payload: `{"id":"evt_slow_body","pad":"` + strings.Repeat("x", 200) + `"}`,
+			payload: `{"id":"` + slowID + `","pad":"` + strings.Repeat("x", 200) + `"}`,
 			within:  bodyTimeout + cutSlack,
 		},
 	}
-	// The subtests run in parallel (they mostly wait) and end before the
-	// group does, so the checks after it see their effects.
-	t.Run("group", func(t *testing.T) {
-		for _, tt := range tests {
-			t.Run(tt.name, func(t *testing.T) {
-				if tt.within > 15*time.Second && !fullMode() {
-					t.Skipf("the cut is expected only after %s; short mode skips it (DEDUPGW_CHAOS=full runs it, or give the gateway a server.read_timeout key)", tt.within)
-				}
-				t.Parallel()
-				took, ans, cut := dribble(t, g.Addr, []byte(tt.prefix), []byte(tt.payload), 100*time.Millisecond, tt.within+5*time.Second)
-				t.Logf("cut after %s, answer %q", took.Round(time.Millisecond), ans)
-				if !cut {
-					t.Fatalf("connection still open after %s of dribbling, want it cut within %s", took.Round(time.Millisecond), tt.within)
-				}
-				if took > tt.within {
-					t.Errorf("got the connection cut after %s, want within %s", took.Round(time.Millisecond), tt.within)
-				}
-				if ans != "" && !strings.HasPrefix(ans, "HTTP/1.1 4") {
-					t.Errorf("got answer %q, want a 4xx or a plain close", ans)
-				}
-			})
-		}
-	})
-	if got := app.Stats().Requests; got != 0 {
-		t.Errorf("got %d requests at the upstream, want 0: a cut delivery must not be forwarded", got)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.within > 15*time.Second && !fullMode() {
+				t.Skipf("the cut is expected only after %s; short mode skips it (DEDUPGW_CHAOS=full runs it, or give the gateway a server.read_timeout key)", tt.within)
+			}
+			t.Parallel()
+			took, ans, cut := dribble(t, g.Addr, []byte(tt.prefix), []byte(tt.payload), 100*time.Millisecond, tt.within+5*time.Second)
+			t.Logf("cut after %s, answer %q", took.Round(time.Millisecond), ans)
+			if !cut {
+				t.Fatalf("connection still open after %s of dribbling, want it cut within %s", took.Round(time.Millisecond), tt.within)
+			}
+			if took > tt.within {
+				t.Errorf("got the connection cut after %s, want within %s", took.Round(time.Millisecond), tt.within)
+			}
+			if ans != "" && !strings.HasPrefix(ans, "HTTP/1.1 4") {
+				t.Errorf("got answer %q, want a 4xx or a plain close", ans)
+			}
+			if got := len(app.Processed()[slowID]); got != 0 {
+				t.Errorf("got the slow body processed %d times upstream, want 0: a cut delivery must not be forwarded", got)
+			}
+		})
 	}
-	assertHealthy(t, g)
 }
 
-func TestDeepJSONIsBounded(t *testing.T) {
-	leakCheck(t)
-	g, _ := hostileGateway(t, "")
+// testDeepJSON posts JSON nested up to a million deep to a json:id route and
+// a body-hash route: a bounded answer below 500 each time.
+func testDeepJSON(t *testing.T, g *Gateway) {
 	c := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
 	nest := func(open, close string, n int, inner string) []byte {
@@ -260,5 +296,4 @@ func TestDeepJSONIsBounded(t *testing.T) {
 			})
 		}
 	}
-	assertHealthy(t, g)
 }
