@@ -215,7 +215,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 	for _, name := range slices.Clone(o.targets) {
-		t, err := startTarget(ctx, e, name)
+		t, err := startTarget(ctx, e, name, up)
 		if err != nil {
 			skip(name, err)
 			continue
@@ -255,6 +255,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 						fmt.Fprintf(stderr, "bench: %v\n", err)
 					}
 				}
+				cpuBefore, cpuOK := t.cpu()
 				rr, err := d.run(ctx, round{url: t.url, workload: w, warmup: o.warmup, duration: o.duration})
 				if profiled != nil {
 					if perr := <-profiled; perr != nil {
@@ -275,6 +276,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 					return err
 				}
 				res.cell(w, t.name).add(rr, after-before)
+				cpuNote := ""
+				if cpuAfter, ok := t.cpu(); ok && cpuOK && rr.sent > 0 {
+					res.cell(w, t.name).addCPU(cpuAfter-cpuBefore, rr.sent)
+					cpuNote = fmt.Sprintf("  cpu %4.0f µs/req", float64(cpuAfter-cpuBefore)/float64(time.Microsecond)/float64(rr.sent))
+				}
 				opsNote := ""
 				if opsBefore != nil {
 					if opsAfter, err := scrapeStoreOps(ctx, d.client, t.metrics); err == nil {
@@ -286,9 +292,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 						opsNote = fmt.Sprintf("  claim %.3f ms commit %.3f ms", delta["claim"].meanMillis(), delta["commit"].meanMillis())
 					}
 				}
-				fmt.Fprintf(stderr, "round %d/%d %-9s %-18s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  failed %d%s %s\n",
+				fmt.Fprintf(stderr, "round %d/%d %-9s %-18s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  failed %d%s%s %s\n",
 					r+1, o.rounds, w, t.label, float64(rr.requests)/rr.elapsed.Seconds(),
-					millis(rr.lat.quantile(0.5)), millis(rr.lat.quantile(0.99)), rr.failures, opsNote, rr.firstFailure)
+					millis(rr.lat.quantile(0.5)), millis(rr.lat.quantile(0.99)), rr.failures, cpuNote, opsNote, rr.firstFailure)
 			}
 		}
 	}

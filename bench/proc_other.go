@@ -2,7 +2,16 @@
 
 package main
 
-import "syscall"
+import (
+	"errors"
+	"syscall"
+	"time"
+)
 
 // childAttr returns nil: only Linux can tie a child's life to the runner's.
 func childAttr() *syscall.SysProcAttr { return nil }
+
+// cpuTime is not implemented outside Linux.
+func cpuTime(int) (time.Duration, error) {
+	return 0, errors.New("cpu time is only measured on linux")
+}

@@ -39,7 +39,7 @@ func TestChildTargetsServeAndStop(t *testing.T) {
 	defer d.Close()
 	for _, name := range []string{TargetUpstream, TargetBare} {
 		t.Run(name, func(t *testing.T) {
-			tg, err := startTarget(ctx, e, name)
+			tg, err := startTarget(ctx, e, name, up)
 			if err != nil {
 				t.Fatalf("start %s: %v", name, err)
 			}
@@ -60,6 +60,9 @@ func TestChildTargetsServeAndStop(t *testing.T) {
 			}
 			if got := after - before; got != int64(res.sent) {
 				t.Errorf("got %d deliveries at the upstream, want %d (all sent)", got, res.sent)
+			}
+			if cpu, ok := tg.cpu(); ok && cpu <= 0 {
+				t.Errorf("got %s of CPU for %s after a round, want > 0", cpu, name)
 			}
 			tg.stop()
 			for _, c := range tg.procs {
@@ -108,7 +111,20 @@ func TestStartRedis(t *testing.T) {
 
 func TestDedupgwTargetNeedsBinary(t *testing.T) {
 	e := testEnv(t)
-	if _, err := startTarget(context.Background(), e, TargetBolt); err == nil || !strings.Contains(err.Error(), "no dedupgw binary") {
+	if _, err := startTarget(context.Background(), e, TargetBolt, nil); err == nil || !strings.Contains(err.Error(), "no dedupgw binary") {
 		t.Errorf("got %v, want an error about the missing binary", err)
+	}
+}
+
+func TestCPUTime(t *testing.T) {
+	got, err := cpuTime(os.Getpid())
+	if err != nil {
+		t.Skipf("cpu time not measurable here: %v", err)
+	}
+	if got < 0 {
+		t.Errorf("got %s of CPU for this test binary, want >= 0", got)
+	}
+	if _, err := cpuTime(-1); err == nil {
+		t.Errorf("got no error for pid -1, want one")
 	}
 }

@@ -21,6 +21,10 @@ type cell struct {
 	failures int
 	failure  string // the first failure seen
 	rounds   int
+	// cpu is the CPU time the target's processes used during the rounds,
+	// over cpuReqs requests (warm-up included).
+	cpu     time.Duration
+	cpuReqs int
 	// storeOps are dedupgw's own store operation timings during the rounds.
 	storeOps map[string]opStat
 }
@@ -41,6 +45,20 @@ func (c *cell) add(r roundResult, reached int64) {
 	if c.failure == "" {
 		c.failure = r.firstFailure
 	}
+}
+
+// addCPU folds the CPU time one round cost for its requests into the cell.
+func (c *cell) addCPU(d time.Duration, requests int) {
+	c.cpu += d
+	c.cpuReqs += requests
+}
+
+// cpuPerRequest returns the target's CPU time per request, 0 if unmeasured.
+func (c *cell) cpuPerRequest() time.Duration {
+	if c.cpuReqs == 0 {
+		return 0
+	}
+	return c.cpu / time.Duration(c.cpuReqs)
 }
 
 // addStoreOps folds the store operations of one round into the cell.
@@ -116,17 +134,17 @@ func (r *results) ratio(c *cell) float64 {
 
 // writeTable writes the results as one Markdown table.
 func (r *results) writeTable(w io.Writer) {
-	fmt.Fprintf(w, "| workload | target | req/s | × %s | p50 | p99 | reached upstream | failed |\n", labelOf(r.baseline))
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|")
+	fmt.Fprintf(w, "| workload | target | req/s | × %s | p50 | p99 | CPU/req | reached upstream | failed |\n", labelOf(r.baseline))
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|")
 	for _, wl := range r.workloads {
 		for _, t := range r.targets {
 			c := r.cell(wl, t)
 			if c == nil || c.requests == 0 {
 				continue
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %d |\n",
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %d |\n",
 				wl, labelOf(t), formatRPS(c.rps(), c.spread()), formatRatio(r.ratio(c)),
-				formatMillis(c.lat.quantile(0.50)), formatMillis(c.lat.quantile(0.99)),
+				formatMillis(c.lat.quantile(0.50)), formatMillis(c.lat.quantile(0.99)), formatCPU(c.cpuPerRequest()),
 				formatReached(c.reached, c.sent, c.rounds), c.failures)
 		}
 	}
@@ -220,6 +238,13 @@ func verdict(ok bool) string {
 func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func formatMillis(d time.Duration) string { return fmt.Sprintf("%.2f ms", millis(d)) }
+
+func formatCPU(d time.Duration) string {
+	if d <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+}
 
 func formatRPS(rps, spread float64) string {
 	if spread == 0 {

@@ -31,6 +31,8 @@ func fixedResults() *results {
 	add(Unique, TargetBolt, 7000, 7350, 7350, ms(35, 45, 150))
 	add(Duplicate, TargetBare, 9000, 9450, 9450, ms(30, 40, 100))
 	add(Duplicate, TargetBolt, 20000, 21001, 1, ms(10, 15, 40))
+	r.cell(Unique, TargetBare).addCPU(1800*time.Millisecond, 18900)
+	r.cell(Unique, TargetBolt).addCPU(900*time.Millisecond, 7350)
 	r.cell(Unique, TargetBolt).addStoreOps(map[string]opStat{"claim": {sum: 0.07, count: 7350}, "commit": {sum: 22, count: 7350}})
 	return r
 }

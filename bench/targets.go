@@ -38,6 +38,9 @@ type target struct {
 	url     string   // where events are posted
 	gateway bool     // dedupgw: duplicates are answered without the upstream
 	procs   []*child // stopped in reverse order by stop
+	// cpuProcs are the processes whose CPU time is the target's: its own, or
+	// the upstream's for the upstream itself.
+	cpuProcs []*child
 	// metrics is dedupgw's admin /metrics URL, empty for other targets.
 	metrics string
 	// pprof is the address of the target's net/http/pprof listener, empty
@@ -137,7 +140,7 @@ func startUpstream(ctx context.Context, e *env) (*child, string, error) {
 }
 
 // startTarget starts the named target and waits until it answers.
-func startTarget(ctx context.Context, e *env, name string) (*target, error) {
+func startTarget(ctx context.Context, e *env, name string, up *child) (*target, error) {
 	t := &target{name: name, label: labelOf(name), gateway: isGateway(name)}
 	var err error
 	switch backendOf(name) {
@@ -156,7 +159,25 @@ func startTarget(ctx context.Context, e *env, name string) (*target, error) {
 		t.stop()
 		return nil, err
 	}
+	t.cpuProcs = t.procs
+	if backendOf(name) == TargetUpstream {
+		t.cpuProcs = []*child{up}
+	}
 	return t, nil
+}
+
+// cpu returns the CPU time the target's processes have used so far, and
+// false when it cannot be measured.
+func (t *target) cpu() (time.Duration, bool) {
+	var sum time.Duration
+	for _, c := range t.cpuProcs {
+		d, err := cpuTime(c.cmd.Process.Pid)
+		if err != nil {
+			return 0, false
+		}
+		sum += d
+	}
+	return sum, len(t.cpuProcs) > 0
 }
 
 func startBare(ctx context.Context, e *env, t *target) error {
