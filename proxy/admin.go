@@ -142,7 +142,7 @@ func (a *admin) getKey(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, probKeyNotFound.with(rt.Name, "the store has no record of this key"), 0)
 	case err != nil:
 		a.log.Warn("keys API: get failed", zap.String("route", rt.Name), zap.Error(err))
-		writeProblem(w, probAdminStore.with(rt.Name, "the dedup store did not answer"), probRetryLaterSec)
+		writeProblem(w, probStoreError.with(rt.Name, "the dedup store did not answer"), retryLaterSeconds)
 	default:
 		writeJSON(w, http.StatusOK, "application/json", keyRecord{Route: rt.Name, Namespace: key.Namespace, Key: key.ID, Record: rec})
 	}
@@ -157,7 +157,7 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err != nil:
 		a.log.Warn("keys API: forget failed", zap.String("route", rt.Name), zap.Error(err))
-		writeProblem(w, probAdminStore.with(rt.Name, "the dedup store did not answer"), probRetryLaterSec)
+		writeProblem(w, probStoreError.with(rt.Name, "the dedup store did not answer"), retryLaterSeconds)
 	case !existed:
 		writeProblem(w, probKeyNotFound.with(rt.Name, "the store has no record of this key"), 0)
 	default:

@@ -174,7 +174,7 @@ func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	)
 	switch {
 	case g.ctx.Err() != nil:
-		reason, prob, retry, text = reasonShutdown, probShuttingDown.with(d.rt.Name, "the gateway is shutting down; retry the delivery"), probRetryLaterSec, "shutdown"
+		reason, prob, retry, text = reasonShutdown, probShuttingDown.with(d.rt.Name, "the gateway is shutting down; retry the delivery"), retryLaterSeconds, "shutdown"
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded):
 		reason, prob, text = reasonTimeout, probTimeout.with(d.rt.Name, fmt.Sprintf("the upstream did not answer within %s", d.rt.UpstreamTimeout)), "timeout"
 	default:

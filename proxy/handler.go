@@ -68,7 +68,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !g.enter() {
 		closeIfUnread(w, r)
 		w.Header().Set(HeaderDedupStatus, statusRejected)
-		writeProblem(w, probShuttingDown.with(rt.Name, "the gateway is shutting down; retry the delivery"), probRetryLaterSec)
+		writeProblem(w, probShuttingDown.with(rt.Name, "the gateway is shutting down; retry the delivery"), retryLaterSeconds)
 		return
 	}
 	defer g.active.Done()
@@ -252,7 +252,7 @@ func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, d *delivery
 		d.rt.log.Warn("store unavailable: delivery rejected", keyField(d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
 		d.answer = http.StatusServiceUnavailable
 		w.Header().Set(HeaderDedupStatus, statusStoreError)
-		writeProblem(w, probStoreError.with(d.rt.Name, "the dedup store is unavailable; retry the delivery"), probRetryLaterSec)
+		writeProblem(w, probStoreError.with(d.rt.Name, "the dedup store is unavailable; retry the delivery"), retryLaterSeconds)
 		return
 	}
 	d.rt.log.Warn("store unavailable: forwarding without deduplication (fail open)", keyField(d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
