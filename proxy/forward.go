@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"syscall"
 	"time"
 
@@ -54,9 +55,35 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 			}
 		},
 		Transport:      g.transport,
+		BufferPool:     g.buffers,
 		ModifyResponse: g.modifyResponse,
 		ErrorHandler:   g.errorHandler,
 		ErrorLog:       errLog,
+	}
+}
+
+// copyBufferSize is the size of the buffers the reverse proxies copy
+// response bodies with (what ReverseProxy allocates per response otherwise).
+const copyBufferSize = 32 << 10
+
+// bufferPool recycles response copy buffers across deliveries and routes.
+type bufferPool struct{ p sync.Pool }
+
+var _ httputil.BufferPool = (*bufferPool)(nil)
+
+// Get returns a buffer of copyBufferSize bytes.
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, copyBufferSize)
+}
+
+// Put returns buf to the pool.
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) == copyBufferSize {
+		buf = buf[:copyBufferSize]
+		b.p.Put(&buf)
 	}
 }
 

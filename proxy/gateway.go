@@ -68,6 +68,7 @@ type Gateway struct {
 	now          func() time.Time
 	transport    http.RoundTripper
 	ownTransport *http.Transport
+	buffers      *bufferPool
 	storeTimeout time.Duration
 	bodyTimeout  time.Duration
 	newProvider  newProviderFunc
@@ -102,6 +103,7 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 		storeTimeout: opts.StoreTimeout,
 		bodyTimeout:  opts.BodyTimeout,
 		newProvider:  providers.New,
+		buffers:      &bufferPool{},
 	}
 	if g.log == nil {
 		g.log = zap.NewNop()
