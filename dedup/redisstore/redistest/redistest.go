@@ -396,29 +396,53 @@ func (c *Cluster) waitOK(ctx context.Context) {
 	}
 }
 
-// Sentinel is one master watched by one redis-sentinel.
+// Sentinel is a master with one replica, watched by one sentinel.
 type Sentinel struct {
-	// Master is the monitored master.
+	// Master is the master StartSentinel started; after Failover it is a
+	// replica.
 	Master *Server
+	// Replica replicates Master; after Failover it is the master.
+	Replica *Server
 	// Sentinel is the sentinel process (redis-server --sentinel).
 	Sentinel *Server
 	// MasterName is the name the sentinel monitors the master under.
 	MasterName string
+	t          testing.TB
 }
 
 // MasterName is the master name StartSentinel uses.
 const MasterName = "dedupgw-test"
 
-// StartSentinel starts a master and a sentinel monitoring it under
-// MasterName, and waits until the sentinel reports the master's address.
+// StartSentinel starts a master, a replica of it, and a sentinel monitoring
+// the master under MasterName, and waits until the replica is in sync and the
+// sentinel reports the master and knows the replica.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
-	master := Start(t)
+	// Without the delay a master waits 5s for more replicas before the
+	// first (diskless) sync.
+	master := StartWith(t, "--repl-diskless-sync-delay", "0")
+	replica := StartWith(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port()))
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	st := &Sentinel{Master: master, Replica: replica, MasterName: MasterName, t: t}
+	// The replica must be attached before the sentinel's first look at the
+	// master (it lists replicas from the master's INFO, then only every 10s).
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
+	defer rc.Close()
+	st.waitFor(ctx, "the replica in sync", func() (bool, string) {
+		info, err := rc.Info(ctx, "replication").Result()
+		if err != nil || !strings.Contains(info, "master_link_status:up") {
+			return false, fmt.Sprintf("replica INFO replication: %v %q", err, info)
+		}
+		return true, ""
+	})
+
 	port := freePort(t, false)
 	// A sentinel rewrites its configuration file, so it must have one of its
 	// own, writable.
 	conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nsentinel monitor %s 127.0.0.1 %d 1\n"+
-		"sentinel down-after-milliseconds %s 5000\n", port, MasterName, master.Port(), MasterName)
+		"sentinel down-after-milliseconds %s 5000\nsentinel failover-timeout %s 10000\n",
+		port, MasterName, master.Port(), MasterName, MasterName)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sentinel.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
@@ -429,22 +453,70 @@ func StartSentinel(t testing.TB) *Sentinel {
 	sent := &Server{t: t, bin: Binary(t), dir: dir, port: port, conf: path, args: []string{"--sentinel"}}
 	t.Cleanup(sent.Stop)
 	sent.Start()
+	st.Sentinel = sent
 
 	sc := redis.NewSentinelClient(&redis.Options{Addr: sent.Addr(), MaxRetries: -1})
 	defer sc.Close()
+	st.waitFor(ctx, "the sentinel to know master and replica", func() (bool, string) {
+		addr, err := sc.GetMasterAddrByName(ctx, MasterName).Result()
+		if err != nil || len(addr) != 2 || addr[1] != strconv.Itoa(master.Port()) {
+			return false, fmt.Sprintf("get-master-addr-by-name: %v %v", addr, err)
+		}
+		replicas, err := sc.Replicas(ctx, MasterName).Result()
+		if err != nil || len(replicas) != 1 || replicas[0]["port"] != strconv.Itoa(replica.Port()) ||
+			strings.Contains(replicas[0]["flags"], "disconnected") {
+			return false, fmt.Sprintf("SENTINEL REPLICAS: %v %v", replicas, err)
+		}
+		return true, ""
+	})
+	return st
+}
+
+// Failover makes the sentinel promote the replica (SENTINEL FAILOVER) and
+// waits until it reports the replica as the master, which then accepts
+// writes. The old master becomes its replica.
+func (st *Sentinel) Failover() {
+	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr(), MaxRetries: -1})
+	defer sc.Close()
+	if err := sc.Failover(ctx, st.MasterName).Err(); err != nil {
+		st.t.Fatalf("SENTINEL FAILOVER %s: %v", st.MasterName, err)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: st.Replica.Addr(), MaxRetries: -1})
+	defer rc.Close()
+	st.waitFor(ctx, "the replica promoted", func() (bool, string) {
+		addr, err := sc.GetMasterAddrByName(ctx, st.MasterName).Result()
+		if err != nil || len(addr) != 2 || addr[1] != strconv.Itoa(st.Replica.Port()) {
+			return false, fmt.Sprintf("get-master-addr-by-name: %v %v", addr, err)
+		}
+		info, err := rc.Info(ctx, "replication").Result()
+		if err != nil || !strings.Contains(info, "role:master") {
+			return false, fmt.Sprintf("new master INFO replication: %v %q", err, info)
+		}
+		return true, ""
+	})
+}
+
+// waitFor polls cond until it holds, failing the test with cond's last
+// explanation when ctx ends.
+func (st *Sentinel) waitFor(ctx context.Context, what string, cond func() (bool, string)) {
+	st.t.Helper()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		addr, err := sc.GetMasterAddrByName(ctx, MasterName).Result()
-		if err == nil && len(addr) == 2 && addr[1] == strconv.Itoa(master.Port()) {
-			return &Sentinel{Master: master, Sentinel: sent, MasterName: MasterName}
+		ok, why := cond()
+		if ok {
+			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("sentinel on %s does not know master %s: got %v, %v\n%s",
-				sent.Addr(), MasterName, addr, err, sent.logTail())
+			log := ""
+			if st.Sentinel != nil {
+				log = st.Sentinel.logTail()
+			}
+			st.t.Fatalf("sentinel set-up: waiting for %s: %s\n%s", what, why, log)
 		case <-tick.C:
 		}
 	}

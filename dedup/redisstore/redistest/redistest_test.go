@@ -84,3 +84,14 @@ func TestServerPersistence(t *testing.T) {
 		t.Fatalf("GET after Shutdown and Start with AOF: got (%q, %v), want (\"v\", nil)", got, err)
 	}
 }
+
+func TestSentinelFailover(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.StartSentinel(t)
+	s.Failover()
+	c := redis.NewClient(&redis.Options{Addr: s.Replica.Addr(), MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET on the promoted replica: got %v, want nil", err)
+	}
+}
