@@ -34,7 +34,10 @@ type Options struct {
 	Backend string
 	// Version is reported by dedupgw_build_info. Empty means "unknown".
 	Version string
-	// Now is the clock for Retry-After and wait deadlines. Nil means time.Now.
+	// Now is the clock for Retry-After, on_in_flight: wait deadlines and
+	// lease-expiry warnings, and for the signature tolerance of routes whose
+	// providers.Config has no Now. Nil means time.Now. Durations are always
+	// measured on the monotonic clock.
 	Now func() time.Time
 	// Transport forwards requests upstream. Nil means a tuned *http.Transport
 	// (many idle connections per host, not net/http's default 2) that Close
