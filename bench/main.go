@@ -62,7 +62,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	o := &options{args: args, explicit: map[string]bool{}}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measured time of one round")
+	fs.DurationVar(&o.duration, "duration", 2500*time.Millisecond, "measured time of one round")
 	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured load before each round")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds per target and workload, interleaved")
 	fs.IntVar(&o.concurrency, "concurrency", 32, "concurrent senders")

@@ -87,11 +87,11 @@ func TestParseOptions(t *testing.T) {
 		rounds   int
 		targets  string
 	}{
-		{name: "defaults", duration: 3 * time.Second, rounds: 3, targets: "upstream,bare,nginx,memory,bolt,redis"},
+		{name: "defaults", duration: 2500 * time.Millisecond, rounds: 3, targets: "upstream,bare,nginx,memory,bolt,redis"},
 		{name: "quick", args: []string{"-quick"}, duration: time.Second, rounds: 1, targets: "upstream,bare,nginx,memory,bolt,redis"},
 		{name: "quick keeps explicit rounds", args: []string{"-quick", "-rounds", "2"}, duration: time.Second, rounds: 2, targets: "upstream,bare,nginx,memory,bolt,redis"},
-		{name: "targets in table order", args: []string{"-targets", "redis,bare"}, duration: 3 * time.Second, rounds: 3, targets: "bare,redis"},
-		{name: "alt binary adds targets", args: []string{"-targets", "bare,bolt", "-dedupgw-alt", "/x/dedupgw"}, duration: 3 * time.Second, rounds: 3, targets: "bare,bolt,bolt@alt"},
+		{name: "targets in table order", args: []string{"-targets", "redis,bare"}, duration: 2500 * time.Millisecond, rounds: 3, targets: "bare,redis"},
+		{name: "alt binary adds targets", args: []string{"-targets", "bare,bolt", "-dedupgw-alt", "/x/dedupgw"}, duration: 2500 * time.Millisecond, rounds: 3, targets: "bare,bolt,bolt@alt"},
 		{name: "unknown target", args: []string{"-targets", "haproxy"}, wantErr: `unknown target "haproxy"`},
 		{name: "unknown workload", args: []string{"-workloads", "burst"}, wantErr: `unknown workload "burst"`},
 		{name: "no rounds", args: []string{"-rounds", "0"}, wantErr: "want at least 1"},
