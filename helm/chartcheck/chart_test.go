@@ -436,6 +436,12 @@ func checkGatewayPods(t *testing.T, r *rendered) {
 			t.Errorf("%s: pod fsGroup: want %d so the gateway can write its data volume", d.Name, gatewayUID)
 		}
 
+		// DEDUPGW_* is the prefix of config overrides; service links must
+		// not inject DEDUPGW_SERVICE_HOST and friends.
+		if ps.EnableServiceLinks == nil || *ps.EnableServiceLinks {
+			t.Errorf("%s: enableServiceLinks: got %v, want false", d.Name, ps.EnableServiceLinks)
+		}
+
 		// Config: mounted from a rendered ConfigMap, and the one serve reads.
 		if want := []string{"serve", "--config", "/etc/dedupgw/config.yaml"}; !slices.Equal(c.Args, want) {
 			t.Errorf("%s: args: got %v, want %v", d.Name, c.Args, want)
