@@ -299,7 +299,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	fmt.Fprintf(stdout, "dedupgw load benchmark, %s: `go run ./bench %s`\n\n", started.Format("2006-01-02 15:04 UTC"), strings.Join(o.args, " "))
+	fmt.Fprintf(stdout, "dedupgw load benchmark, %s: `%s`\n\n", started.Format("2006-01-02 15:04 UTC"), strings.Join(append([]string{"go run ./bench"}, o.args...), " "))
 	fmt.Fprintf(stdout, "%s; %s %s/%s; %d senders, ~%d B Stripe events; %d × %s measured (+%s warm-up) per target and workload, interleaved.\n\n",
 		machine(), runtime.Version(), runtime.GOOS, runtime.GOARCH, o.concurrency, len(appendEvent(nil, []byte(ids.newID()))),
 		o.rounds, o.duration, o.warmup)
