@@ -28,6 +28,9 @@ type AppConfig struct {
 	// Delay, when set, is how long every request not failed on purpose
 	// waits before it is answered (abandoned if the client goes away first).
 	Delay time.Duration
+	// OnRequest, when set, is called with the event ID of every request
+	// before it is answered (tests use it to change the world mid-flight).
+	OnRequest func(id string)
 	// ResetRate is the fraction of requests whose connection is reset without
 	// an answer (and without processing). Zero means none.
 	ResetRate float64
@@ -156,6 +159,9 @@ func (a *App) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		a.count(func(s *AppStats) { s.BadDedupKey++ })
 	}
 
+	if a.cfg.OnRequest != nil {
+		a.cfg.OnRequest(ev.ID)
+	}
 	switch a.draw() {
 	case fate5xx:
 		a.count(func(s *AppStats) { s.Failed5xx++ })

@@ -29,6 +29,7 @@ func TestSIGTERMDrainsInFlight(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			shortParallel(t)
 			dir := t.TempDir()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()

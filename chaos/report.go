@@ -61,6 +61,11 @@ const (
 	// (fail open), or its commit could not be written, and the gateway said
 	// so (Dedup-Status: store-error, or a log line for the key).
 	CauseStoreDown Cause = "store-down"
+	// CauseLeaseOverrun: the gateway logged that the key's lease ended
+	// before an attempt's commit (a stalled host or a store slower than
+	// lease − upstream_timeout), so another copy could claim the key. The
+	// gateway detects it, but DESIGN.md does not list it as a limit.
+	CauseLeaseOverrun Cause = "lease-overrun"
 	// CauseUnexplained: none of the above. Every one is a bug.
 	CauseUnexplained Cause = "unexplained"
 )
@@ -294,6 +299,7 @@ func Analyze(r *Report, a Analysis) {
 	// Log evidence: a store-error outcome, or any warning or error that
 	// names the key (a failed commit, say).
 	logged := map[string]bool{}
+	overrun := map[string]bool{}
 	for _, gl := range a.Logs {
 		for k, n := range gl.Outcomes {
 			r.LogOutcomes[k] += n
@@ -305,6 +311,9 @@ func Analyze(r *Report, a Analysis) {
 			}
 			if storeTrouble(l) {
 				logged[keyID(l.Key)] = true
+			}
+			if leaseOverrun(l) {
+				overrun[keyID(l.Key)] = true
 			}
 		}
 	}
@@ -319,6 +328,10 @@ func Analyze(r *Report, a Analysis) {
 		for j := 1; j < len(ps); j++ {
 			d := Duplicate{ID: id, First: ps[j-1], This: ps[j]}
 			d.Cause, d.Note = explain(ps[:j+1], a, storeErr[id] || logged[id], acked[id])
+			if d.Cause == CauseUnexplained && overrun[id] {
+				d.Cause = CauseLeaseOverrun
+				d.Note = "the gateway logged a lease that ended before the commit; " + d.Note
+			}
 			r.Duplicates = append(r.Duplicates, d)
 		}
 	}
@@ -341,6 +354,13 @@ func storeTrouble(l LogLine) bool {
 		}
 	}
 	return false
+}
+
+// leaseOverrun reports whether a log line says an attempt's lease ended
+// before its commit or release.
+func leaseOverrun(l LogLine) bool {
+	m := strings.ToLower(l.Msg)
+	return strings.Contains(m, "lease expired before") || strings.Contains(m, "lease lost before")
 }
 
 // keyID strips a "namespace:" prefix from a logged key, if it has one (the
@@ -479,7 +499,7 @@ func WriteTable(w io.Writer, reports ...*Report) error {
 	row("retries", func(r *Report) string { return itoa(r.Retries) })
 	row("duplicates sent", func(r *Report) string { return itoa(r.DuplicatesSent) })
 	row("duplicates forwarded", func(r *Report) string { return itoa(len(r.Duplicates)) })
-	for _, c := range []Cause{CauseCrash, CauseStoreDown, CauseUnexplained} {
+	for _, c := range []Cause{CauseCrash, CauseStoreDown, CauseLeaseOverrun, CauseUnexplained} {
 		row("  · "+string(c), func(r *Report) string { return itoa(r.ByCause()[c]) })
 	}
 	row("events lost", func(r *Report) string { return itoa(len(r.Lost)) })

@@ -114,6 +114,12 @@ func TestAnalyzeExplainsDuplicates(t *testing.T) {
 			want:      CauseStoreDown,
 		},
 		{
+			name:      "no fault, but the gateway logged a lease that ended before the commit",
+			processed: []Processing{{At: at(0), Via: "a"}, {At: at(2 * time.Second), Via: "a"}},
+			logs:      []LogLine{{Key: "evt_x", Level: "warn", Msg: "lease lost before commit: the upstream processed the event"}},
+			want:      CauseLeaseOverrun,
+		},
+		{
 			name:      "during a redis outage but the gateway never said so",
 			processed: []Processing{{At: at(0), Via: "a"}, {At: at(1500 * ms), Via: "a"}},
 			faults:    []Fault{{Kind: FaultRedisStop, Start: at(time.Second), End: at(2 * time.Second)}},

@@ -39,13 +39,17 @@ type Scenario struct {
 	Bin, Dir string
 	Sim      SimConfig
 	App      AppConfig
-	// Lease and UpstreamTimeout are the gateway's defaults. Zero means 2s
-	// and 1s.
+	// Lease and UpstreamTimeout are the gateway's defaults. Zero means 3s
+	// and 1s: a 2s margin for claim and commit, so a loaded machine does not
+	// overrun leases.
 	Lease, UpstreamTimeout time.Duration
 	Faults                 []FaultSpec
 	// Deadline bounds the traffic: deliveries still without a 2xx then are
 	// given up (and their events may be lost). Zero means 60s.
 	Deadline time.Duration
+	// RedisOptions are extra YAML lines for store.redis, each indented by
+	// four spaces ("    read_timeout: 3s").
+	RedisOptions string
 	// OnInFlight is the defaults' on_in_flight. Empty means reject.
 	OnInFlight string
 	// ExtraConfig is appended verbatim to each replica's YAML.
@@ -95,7 +99,7 @@ func (s *Scenario) Run(ctx context.Context) (*Report, error) {
 		s.Replicas = 1
 	}
 	if s.Lease == 0 {
-		s.Lease = 2 * time.Second
+		s.Lease = 3 * time.Second
 	}
 	if s.UpstreamTimeout == 0 {
 		s.UpstreamTimeout = time.Second
@@ -144,7 +148,7 @@ func (s *Scenario) Run(ctx context.Context) (*Report, error) {
 			return nil, err
 		}
 		defer proxy.Close()
-		store = fmt.Sprintf("  backend: redis\n  redis:\n    addrs: [%q]", proxy.Addr())
+		store = fmt.Sprintf("  backend: redis\n  redis:\n    addrs: [%q]\n%s", proxy.Addr(), s.RedisOptions)
 	default:
 		return nil, fmt.Errorf("unknown backend %q", s.Backend)
 	}
