@@ -208,7 +208,7 @@ func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		reason, prob, text = reasonUpstreamError, probBadGateway.with(d.rt.Name, "the upstream could not be reached"), upstreamErrorText(err)
 	}
 	d.upstreamErr = text
-	d.rt.log.Warn("upstream failed", keyField(d.key.ID), zap.String("reason", reason), zap.Error(err))
+	d.rt.log.Warn("upstream failed", keyField(d.clientKey), zap.String("reason", reason), zap.Error(err))
 	if d.token != "" {
 		g.release(r.Context(), d, reason, 0, text)
 	}
@@ -254,10 +254,10 @@ func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored
 	case err == nil:
 	case errors.Is(err, dedup.ErrNotOwner):
 		d.rt.log.Warn("lease lost before commit: the upstream processed the event, but another delivery holds or took the key",
-			keyField(d.key.ID), zap.String("request_id", d.requestID))
+			keyField(d.clientKey), zap.String("request_id", d.requestID))
 	default:
 		d.rt.log.Error("commit failed after the upstream's 2xx: the key stays processing until its lease ends, then a retry is forwarded again",
-			keyField(d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
+			keyField(d.clientKey), zap.String("request_id", d.requestID), zap.Error(err))
 	}
 }
 
@@ -273,10 +273,10 @@ func (g *Gateway) release(parent context.Context, d *delivery, reason string, st
 	case err == nil:
 	case errors.Is(err, dedup.ErrNotOwner):
 		d.rt.log.Warn("lease lost before release: another delivery holds or took the key",
-			keyField(d.key.ID), zap.String("request_id", d.requestID))
+			keyField(d.clientKey), zap.String("request_id", d.requestID))
 	default:
 		d.rt.log.Error("release failed: the key stays processing until its lease ends",
-			keyField(d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
+			keyField(d.clientKey), zap.String("request_id", d.requestID), zap.Error(err))
 	}
 }
 
@@ -285,6 +285,6 @@ func (g *Gateway) release(parent context.Context, d *delivery, reason string, st
 func (g *Gateway) warnLateFinish(d *delivery, op string) {
 	if !d.leaseUntil.IsZero() && g.now().After(d.leaseUntil) {
 		d.rt.log.Warn("lease expired before "+op+": a duplicate may have been forwarded meanwhile",
-			keyField(d.key.ID), zap.Time("lease_until", d.leaseUntil))
+			keyField(d.clientKey), zap.Time("lease_until", d.leaseUntil))
 	}
 }

@@ -38,6 +38,12 @@ type delivery struct {
 
 	key   dedup.Key
 	keyed bool
+	// clientKey is the key as the sender gave it: key.ID without the client
+	// scope of a client_identity route. Logs and the duplicate ack show it.
+	clientKey string
+	// fingerprint binds the key to this request on routes that fingerprint;
+	// empty elsewhere.
+	fingerprint string
 	// token is the owner token while this delivery holds the claim.
 	token      string
 	leaseUntil time.Time
@@ -127,8 +133,38 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, fmt.Sprintf("the key must be 1 to %d printable ASCII characters; expected %s", maxAPIKeyLen, expectedKey(rt))))
 		return
 	}
+	d.clientKey = id
+	if rt.ClientIdentity != "" {
+		scope, ok := clientScope(r, rt.ClientIdentity)
+		if !ok {
+			// Without the identity the key cannot be scoped: it is missing.
+			if rt.OnMissingKey == Reject {
+				g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, "no "+rt.ClientIdentity+" header; this route scopes idempotency keys per client"))
+				return
+			}
+			d.outcome = outcomeUnkeyed
+			g.forward(w, r, d, body, statusUnkeyed)
+			return
+		}
+		id = scope + ":" + id
+	}
 	d.key = dedup.Key{Namespace: rt.Namespace, ID: id}
 	d.keyed = true
+
+	if rt.fingerprints() {
+		d.fingerprint = fingerprint(r.Method, r.URL.Path, body, rt.FingerprintExclude)
+		// A failed key stays bound to its payload, but a claim would take it
+		// over: look first. Claim checks processed and in-flight keys again.
+		rec, err := g.get(r.Context(), d.key)
+		switch {
+		case err == nil && d.mismatch(rec):
+			g.rejectFingerprint(w, d)
+			return
+		case err != nil && !errors.Is(err, dedup.ErrNotFound):
+			g.storeError(w, r, d, body, err)
+			return
+		}
+	}
 
 	sum := sha256.Sum256(body)
 	bodySHA := hex.EncodeToString(sum[:])
@@ -147,9 +183,17 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 		d.outcome = outcomeForwarded
 		g.forward(w, r, d, body, statusForwarded)
 	case dedup.Duplicate:
+		if d.mismatch(res.Record) {
+			g.rejectFingerprint(w, d)
+			return
+		}
 		d.outcome = outcomeDuplicate
-		d.answer = writeDuplicate(w, d.rt, d.key, res.Record)
+		d.answer = writeDuplicate(w, d.rt, d.clientKey, res.Record)
 	case dedup.InFlight:
+		if d.mismatch(res.Record) {
+			g.rejectFingerprint(w, d)
+			return
+		}
 		if d.rt.OnInFlight == Wait {
 			g.wait(w, r, d, body, bodySHA, res.Record)
 			return
@@ -165,7 +209,7 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (dedup.ClaimResult, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
 	defer cancel()
-	res, err := g.store.Claim(ctx, d.key, dedup.ClaimOptions{Lease: d.rt.Lease, BodySHA256: bodySHA})
+	res, err := g.store.Claim(ctx, d.key, dedup.ClaimOptions{Lease: d.rt.Lease, BodySHA256: bodySHA, Fingerprint: d.fingerprint})
 	if err != nil {
 		return res, fmt.Errorf("claim %s: %w", d.key, err)
 	}
@@ -205,15 +249,19 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 		cancel()
 		switch {
 		case err == nil && cur.State == dedup.StateProcessed:
+			if d.mismatch(cur) { // another request took the key meanwhile
+				g.rejectFingerprint(w, d)
+				return
+			}
 			d.outcome = outcomeDuplicate
-			d.answer = writeDuplicate(w, d.rt, d.key, cur)
+			d.answer = writeDuplicate(w, d.rt, d.clientKey, cur)
 			return
 		case err == nil && cur.State == dedup.StateProcessing:
 			rec = cur
 		case errors.Is(err, dedup.ErrNotFound) || (err == nil && cur.State == dedup.StateFailed):
 			res, err := g.claim(r.Context(), d, bodySHA)
 			if err != nil {
-				d.rt.log.Debug("claim while waiting failed", keyField(d.key.ID), zap.Error(err))
+				d.rt.log.Debug("claim while waiting failed", keyField(d.clientKey), zap.Error(err))
 				break
 			}
 			if res.Outcome != dedup.InFlight {
@@ -222,7 +270,7 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 			}
 			rec = res.Record
 		default:
-			d.rt.log.Debug("store read while waiting failed", keyField(d.key.ID), zap.Error(err))
+			d.rt.log.Debug("store read while waiting failed", keyField(d.clientKey), zap.Error(err))
 		}
 
 		now := g.now()
@@ -244,18 +292,37 @@ func (g *Gateway) inFlight(w http.ResponseWriter, d *delivery, rec dedup.Record)
 		retryAfterSeconds(g.now(), rec.LeaseUntil, d.rt.Lease))
 }
 
+// get reads key's record under the store timeout, on a context the sender
+// cannot cancel (as claim does: a hang-up is not a store error).
+func (g *Gateway) get(parent context.Context, key dedup.Key) (dedup.Record, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
+	defer cancel()
+	rec, err := g.store.Get(ctx, key)
+	if err != nil {
+		return rec, fmt.Errorf("get %s: %w", key, err)
+	}
+	return rec, nil
+}
+
+// rejectFingerprint answers 422: d's key was first used for another request
+// (on_fingerprint_mismatch: reject).
+func (g *Gateway) rejectFingerprint(w http.ResponseWriter, d *delivery) {
+	d.rt.log.Info("idempotency key reused with a different payload", keyField(d.clientKey), zap.String("request_id", d.requestID))
+	g.reject(w, d, outcomeRejectedFingerprint, probKeyReused.with(d.rt.Name, "key reused with a different payload; send a new request under a new key"))
+}
+
 // storeError applies on_store_error after a failed claim: forward without a
 // claim (fail open, Dedup-Status: store-error) or 503 with Retry-After.
 func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, err error) {
 	d.outcome = outcomeStoreError
 	if d.rt.OnStoreError == Reject {
-		d.rt.log.Warn("store unavailable: delivery rejected", keyField(d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
+		d.rt.log.Warn("store unavailable: delivery rejected", keyField(d.clientKey), zap.String("request_id", d.requestID), zap.Error(err))
 		d.answer = http.StatusServiceUnavailable
 		w.Header().Set(HeaderDedupStatus, statusStoreError)
 		writeProblem(w, probStoreError.with(d.rt.Name, "the dedup store is unavailable; retry the delivery"), retryLaterSeconds)
 		return
 	}
-	d.rt.log.Warn("store unavailable: forwarding without deduplication (fail open)", keyField(d.key.ID), zap.String("request_id", d.requestID), zap.Error(err))
+	d.rt.log.Warn("store unavailable: forwarding without deduplication (fail open)", keyField(d.clientKey), zap.String("request_id", d.requestID), zap.Error(err))
 	g.forward(w, r, d, body, statusStoreError)
 }
 
@@ -283,7 +350,7 @@ func (g *Gateway) finish(d *delivery) {
 		zap.Float64("duration_ms", float64(time.Since(d.start).Microseconds())/1000),
 	}
 	if d.keyed {
-		fields = append(fields, keyField(d.key.ID))
+		fields = append(fields, keyField(d.clientKey))
 	}
 	if d.requestID != "" {
 		fields = append(fields, zap.String("request_id", d.requestID))

@@ -54,6 +54,7 @@ var (
 	probBodyUnread   = problem{Type: problemTypePrefix + "body-unreadable", Title: "Request body could not be read", Status: http.StatusBadRequest}
 	probSignature    = problem{Type: problemTypePrefix + "invalid-signature", Title: "Signature missing, invalid or stale", Status: http.StatusUnauthorized}
 	probMissingKey   = problem{Type: problemTypePrefix + "missing-key", Title: "Idempotency key missing or invalid", Status: http.StatusBadRequest}
+	probKeyReused    = problem{Type: problemTypePrefix + "key-reused", Title: "Idempotency key reused with a different payload", Status: http.StatusUnprocessableEntity}
 	probInFlight     = problem{Type: problemTypePrefix + "in-flight", Title: "A delivery with this key is being processed", Status: http.StatusConflict}
 	probStoreError   = problem{Type: problemTypePrefix + "store-unavailable", Title: "Dedup store unavailable", Status: http.StatusServiceUnavailable}
 	probBadGateway   = problem{Type: problemTypePrefix + "upstream-unreachable", Title: "Upstream unreachable", Status: http.StatusBadGateway}
@@ -111,9 +112,9 @@ type duplicateBody struct {
 }
 
 // writeDuplicate answers a duplicate: the stored upstream response when the
-// route replays and one was stored, else the small JSON acknowledgement. It
-// returns the status written.
-func writeDuplicate(w http.ResponseWriter, rt *route, key dedup.Key, rec dedup.Record) int {
+// route replays and one was stored, else the small JSON acknowledgement
+// naming key (the key as the sender gave it). It returns the status written.
+func writeDuplicate(w http.ResponseWriter, rt *route, key string, rec dedup.Record) int {
 	if rt.DuplicateResponse == Replay && rec.Response != nil && rec.Response.Status >= 200 && rec.Response.Status < 300 {
 		h := w.Header()
 		for name, vals := range rec.Response.Header {
@@ -129,7 +130,7 @@ func writeDuplicate(w http.ResponseWriter, rt *route, key dedup.Key, rec dedup.R
 	writeJSON(w, http.StatusOK, "application/json", duplicateBody{
 		Status:    "duplicate",
 		Route:     rt.Name,
-		Key:       key.ID,
+		Key:       key,
 		FirstSeen: rec.FirstSeen.UTC(),
 	})
 	return http.StatusOK

@@ -1,0 +1,432 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/boltstore"
+	"github.com/dedupgw/dedupgw/dedup/redisstore"
+	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+// paymentsRoute is an API idempotency route as config.example.yaml shows it:
+// Idempotency-Key required, fingerprints checked, responses replayed.
+func paymentsRoute(upstreamURL string) Route {
+	return Route{
+		Name:                  "payments",
+		Path:                  "/api/payments/*",
+		Upstream:              upstreamURL,
+		Provider:              providers.Config{Provider: providers.Generic, Keys: []string{"header:Idempotency-Key"}},
+		OnMissingKey:          Reject,
+		OnFingerprintMismatch: Reject,
+		FingerprintExclude:    []string{"request_time"},
+		DuplicateResponse:     Replay,
+	}
+}
+
+// createPayment answers like a payment API: 201, a JSON body and a Location
+// naming the n-th payment. A request with "X-Test-Fail: 1" gets a 500.
+func createPayment(w http.ResponseWriter, r *http.Request, n int) {
+	if r.Header.Get("X-Test-Fail") != "" {
+		http.Error(w, "declined", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/payments/pay_%d", n))
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"id":"pay_%d"}`, n)
+}
+
+// apiStep is one API request and what the client must get.
+type apiStep struct {
+	path        string // empty: /api/payments/charge
+	body        string
+	headers     []string
+	wantStatus  int
+	wantDedup   string
+	wantCT      string            // Content-Type prefix, if set
+	wantBody    string            // exact body, if set
+	wantBodyHas string            // body substring, if set
+	wantHeader  map[string]string // "" means absent
+}
+
+const (
+	key1      = "Idempotency-Key: k1"
+	asAlice   = "Authorization: Bearer alice-token"
+	asBob     = "Authorization: Bearer bob-token"
+	probJSON  = "application/problem+json"
+	appJSON   = "application/json"
+	payCharge = "/api/payments/charge"
+)
+
+// TestIdempotencyKeyMode walks issue 9 on a memory store: replay, 422 on a
+// changed payload, excluded fields, 400 on missing or invalid keys, per-client
+// key scopes.
+func TestIdempotencyKeyMode(t *testing.T) {
+	created := func(n int) string { return fmt.Sprintf(`{"id":"pay_%d"}`, n) }
+	tests := []struct {
+		name         string
+		route        func(*Route)
+		steps        []apiStep
+		wantUpstream int
+		wantOutcomes map[string]float64
+	}{
+		{
+			name: "a retry gets the same status, body and Content-Type; other headers only when listed",
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "forwarded", wantCT: appJSON, wantBody: created(0)},
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "duplicate", wantCT: appJSON, wantBody: created(0),
+					wantHeader: map[string]string{"Location": ""}},
+			},
+			wantUpstream: 1,
+			wantOutcomes: map[string]float64{outcomeForwarded: 1, outcomeDuplicate: 1},
+		},
+		{
+			name:  "replay_headers lists Location",
+			route: func(r *Route) { r.ReplayHeaders = []string{"Content-Type", "Location"} },
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "forwarded"},
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "duplicate", wantBody: created(0),
+					wantHeader: map[string]string{"Location": "/payments/pay_0", "Content-Type": appJSON}},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name: "a changed payload gets 422; the original still replays",
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "forwarded"},
+				{body: `{"amount":200}`, headers: []string{key1}, wantStatus: 422, wantDedup: "rejected", wantCT: probJSON, wantBodyHas: "key reused with a different payload"},
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "duplicate", wantBody: created(0)},
+			},
+			wantUpstream: 1,
+			wantOutcomes: map[string]float64{outcomeForwarded: 1, outcomeRejectedFingerprint: 1, outcomeDuplicate: 1},
+		},
+		{
+			name: "excluded fields, key order and spacing do not change the fingerprint",
+			steps: []apiStep{
+				{body: `{"amount":100,"currency":"eur","request_time":"2026-11-30T10:00:00Z"}`, headers: []string{key1}, wantStatus: 201, wantDedup: "forwarded"},
+				{body: "{ \"request_time\": \"2026-11-30T10:00:07Z\",\n  \"currency\": \"eur\", \"amount\": 100 }", headers: []string{key1}, wantStatus: 201, wantDedup: "duplicate", wantBody: created(0)},
+				{body: `{"amount":100,"currency":"eur"}`, headers: []string{key1}, wantStatus: 201, wantDedup: "duplicate"},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name: "a nested field of an excluded name still counts",
+			steps: []apiStep{
+				{body: `{"amount":100,"meta":{"request_time":"a"}}`, headers: []string{key1}, wantStatus: 201, wantDedup: "forwarded"},
+				{body: `{"amount":100,"meta":{"request_time":"b"}}`, headers: []string{key1}, wantStatus: 422, wantDedup: "rejected"},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name: "a non-JSON payload is fingerprinted byte for byte",
+			steps: []apiStep{
+				{body: `amount=100&currency=eur`, headers: []string{key1}, wantStatus: 201, wantDedup: "forwarded"},
+				{body: `amount=100&currency=eur`, headers: []string{key1}, wantStatus: 201, wantDedup: "duplicate"},
+				{body: `currency=eur&amount=100`, headers: []string{key1}, wantStatus: 422, wantDedup: "rejected"},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name: "the same key and payload on another endpoint gets 422",
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "forwarded"},
+				{path: "/api/payments/refund", body: `{"amount":100}`, headers: []string{key1}, wantStatus: 422, wantDedup: "rejected"},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name:  "on_fingerprint_mismatch: ack answers a changed payload as a duplicate",
+			route: func(r *Route) { r.OnFingerprintMismatch = Ack },
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "forwarded"},
+				{body: `{"amount":200}`, headers: []string{key1}, wantStatus: 201, wantDedup: "duplicate", wantBody: created(0)},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name: "a failed key stays bound to its payload; the same payload is retried",
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1, "X-Test-Fail: 1"}, wantStatus: 500, wantDedup: "forwarded"},
+				{body: `{"amount":200}`, headers: []string{key1}, wantStatus: 422, wantDedup: "rejected"},
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "forwarded", wantBody: created(1)},
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "duplicate", wantBody: created(1)},
+			},
+			wantUpstream: 2,
+			wantOutcomes: map[string]float64{outcomeForwarded: 2, outcomeRejectedFingerprint: 1, outcomeDuplicate: 1},
+		},
+		{
+			name: "a missing, oversized or non-printable key gets 400 naming the header",
+			steps: []apiStep{
+				{body: `{"amount":100}`, wantStatus: 400, wantDedup: "rejected", wantCT: probJSON, wantBodyHas: "header:Idempotency-Key"},
+				{body: `{"amount":100}`, headers: []string{"Idempotency-Key: " + strings.Repeat("k", 256)}, wantStatus: 400, wantDedup: "rejected", wantCT: probJSON, wantBodyHas: "255 printable ASCII"},
+				{body: `{"amount":100}`, headers: []string{"Idempotency-Key: caf\u00e9"}, wantStatus: 400, wantDedup: "rejected"},
+				{body: `{"amount":100}`, headers: []string{"Idempotency-Key: tab\there"}, wantStatus: 400, wantDedup: "rejected"},
+				{body: `{"amount":100}`, headers: []string{"Idempotency-Key: " + strings.Repeat("k", 255)}, wantStatus: 201, wantDedup: "forwarded"},
+			},
+			wantUpstream: 1,
+			wantOutcomes: map[string]float64{outcomeRejectedKey: 4, outcomeForwarded: 1},
+		},
+		{
+			name:  "client_identity: two clients using one key never collide",
+			route: func(r *Route) { r.ClientIdentity = "Authorization" },
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1, asAlice}, wantStatus: 201, wantDedup: "forwarded", wantBody: created(0)},
+				{body: `{"amount":999}`, headers: []string{key1, asBob}, wantStatus: 201, wantDedup: "forwarded", wantBody: created(1)},
+				{body: `{"amount":100}`, headers: []string{key1, asAlice}, wantStatus: 201, wantDedup: "duplicate", wantBody: created(0)},
+				{body: `{"amount":999}`, headers: []string{key1, asBob}, wantStatus: 201, wantDedup: "duplicate", wantBody: created(1)},
+				{body: `{"amount":999}`, headers: []string{key1, asAlice}, wantStatus: 422, wantDedup: "rejected"},
+			},
+			wantUpstream: 2,
+		},
+		{
+			name:  "client_identity: no identity header is a missing key",
+			route: func(r *Route) { r.ClientIdentity = "Authorization" },
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 400, wantDedup: "rejected", wantCT: probJSON, wantBodyHas: "no Authorization header"},
+				{body: `{"amount":100}`, headers: []string{key1, "Authorization:"}, wantStatus: 400, wantDedup: "rejected"},
+			},
+			wantOutcomes: map[string]float64{outcomeRejectedKey: 2},
+		},
+		{
+			name: "client_identity on an on_missing_key: forward route: forwarded unkeyed",
+			route: func(r *Route) {
+				r.ClientIdentity = "Authorization"
+				r.OnMissingKey = Forward
+			},
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "unkeyed"},
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "unkeyed"},
+			},
+			wantUpstream: 2,
+			wantOutcomes: map[string]float64{outcomeUnkeyed: 2},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, createPayment)
+			r := paymentsRoute(up.URL)
+			if tc.route != nil {
+				tc.route(&r)
+			}
+			h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+			for i, s := range tc.steps {
+				s.check(t, i, h.send(s.pathOr(payCharge), s.body, s.headers...))
+			}
+			if got := up.count(); got != tc.wantUpstream {
+				t.Errorf("got %d requests upstream, want %d", got, tc.wantUpstream)
+			}
+			for outcome, want := range tc.wantOutcomes {
+				if got := counterValue(t, h.gw.metrics.deliveries, "payments", outcome); got != want {
+					t.Errorf("deliveries_total{outcome=%q}: got %v, want %v", outcome, got, want)
+				}
+			}
+		})
+	}
+}
+
+func (s apiStep) pathOr(def string) string {
+	if s.path == "" {
+		return def
+	}
+	return s.path
+}
+
+// check compares resp with what step i wants.
+func (s apiStep) check(t *testing.T, i int, resp response) {
+	t.Helper()
+	if resp.Status != s.wantStatus {
+		t.Errorf("step %d: got status %d, want %d (body %s)", i, resp.Status, s.wantStatus, resp.Body)
+	}
+	if got := resp.Header.Get(HeaderDedupStatus); got != s.wantDedup {
+		t.Errorf("step %d: got Dedup-Status %q, want %q", i, got, s.wantDedup)
+	}
+	if s.wantCT != "" && !strings.HasPrefix(resp.Header.Get("Content-Type"), s.wantCT) {
+		t.Errorf("step %d: got Content-Type %q, want %q", i, resp.Header.Get("Content-Type"), s.wantCT)
+	}
+	if s.wantBody != "" && string(resp.Body) != s.wantBody {
+		t.Errorf("step %d: got body %s, want %s", i, resp.Body, s.wantBody)
+	}
+	if s.wantBodyHas != "" && !hasBody(resp.Body, s.wantBodyHas) {
+		t.Errorf("step %d: got body %s, want it to contain %s", i, resp.Body, s.wantBodyHas)
+	}
+	for name, want := range s.wantHeader {
+		if got := resp.Header.Get(name); got != want {
+			t.Errorf("step %d: got %s %q, want %q", i, name, got, want)
+		}
+	}
+}
+
+// scopedKey is the stored key of a client_identity route: the first 32 hex
+// digits of the SHA-256 of the identity header's value, ":", the client's key.
+func scopedKey(identity, key string) string {
+	sum := sha256.Sum256([]byte(identity))
+	return hex.EncodeToString(sum[:])[:32] + ":" + key
+}
+
+// TestClientScopedKeyAddressing: the upstream's Dedup-Key names the stored
+// key, which the keys API finds; the ack names the client's own key.
+func TestClientScopedKeyAddressing(t *testing.T) {
+	up := newUpstream(t, createPayment)
+	r := paymentsRoute(up.URL)
+	r.ClientIdentity = "Authorization"
+	r.DuplicateResponse = Ack
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	h.send(payCharge, `{"amount":100}`, key1, asAlice)
+	dup := h.send(payCharge, `{"amount":100}`, key1, asAlice)
+
+	stored := scopedKey("Bearer alice-token", "k1")
+	if got, want := up.request(0).Header.Get(HeaderDedupKey), "payments:"+stored; got != want {
+		t.Errorf("upstream Dedup-Key: got %q, want %q", got, want)
+	}
+	if !hasBody(dup.Body, `"key":"k1"`) {
+		t.Errorf("duplicate ack: got %s, want the client's key \"k1\"", dup.Body)
+	}
+	admin := httptest.NewServer(NewAdmin(h.gw, h.store, AdminOptions{}))
+	defer admin.Close()
+	resp, err := admin.Client().Get(admin.URL + "/v1/keys/payments/" + stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /v1/keys/payments/%s: got %d, want 200", stored, resp.StatusCode)
+	}
+	rec, err := h.record("payments", stored)
+	if err != nil || rec.Fingerprint == "" {
+		t.Errorf("stored record: got %+v, %v; want one with a fingerprint", rec, err)
+	}
+}
+
+// TestIdempotencyInFlight: a retry while the first request runs gets 409 with
+// Retry-After; a different payload under that key gets 422.
+func TestIdempotencyInFlight(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		arrived <- struct{}{}
+		<-release
+		createPayment(w, r, n)
+	})
+	r := paymentsRoute(up.URL)
+	r.Lease = 45 * time.Second
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	first := make(chan response, 1)
+	go func() {
+		resp, _ := h.try(context.Background(), http.MethodPost, payCharge, `{"amount":100}`, key1)
+		first <- resp
+	}()
+	<-arrived
+	same := h.send(payCharge, `{"amount":100}`, key1)
+	other := h.send(payCharge, `{"amount":200}`, key1)
+	close(release)
+
+	apiStep{wantStatus: 409, wantDedup: "in-flight", wantCT: probJSON}.check(t, 0, same)
+	if ra, err := strconv.Atoi(same.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 45 {
+		t.Errorf("Retry-After: got %q, want 1..45 seconds", same.Header.Get("Retry-After"))
+	}
+	apiStep{wantStatus: 422, wantDedup: "rejected", wantCT: probJSON}.check(t, 1, other)
+	apiStep{wantStatus: 201, wantDedup: "forwarded", wantBody: `{"id":"pay_0"}`}.check(t, 2, <-first)
+	if got := up.count(); got != 1 {
+		t.Errorf("got %d requests upstream, want 1", got)
+	}
+}
+
+// TestIdempotencyReplaySurvivesBoltRestart: the stored response and
+// fingerprint are on disk; a gateway on the reopened file replays the answer
+// and still rejects a changed payload.
+func TestIdempotencyReplaySurvivesBoltRestart(t *testing.T) {
+	up := newUpstream(t, createPayment)
+	r := paymentsRoute(up.URL)
+	r.ClientIdentity = "Authorization"
+	path := filepath.Join(t.TempDir(), "dedupgw.db")
+
+	serve := func(steps ...apiStep) {
+		t.Helper()
+		st, err := boltstore.Open(path, boltstore.Options{SweepInterval: -1})
+		if err != nil {
+			t.Fatalf("open %s: %v", path, err)
+		}
+		h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{store: st})
+		for i, s := range steps {
+			s.check(t, i, h.send(payCharge, s.body, s.headers...))
+		}
+		h.srv.Close()
+		_ = h.gw.Close()
+		if err := st.Close(); err != nil {
+			t.Fatalf("close bolt store: %v", err)
+		}
+	}
+	serve(apiStep{body: `{"amount":100}`, headers: []string{key1, asAlice}, wantStatus: 201, wantDedup: "forwarded", wantBody: `{"id":"pay_0"}`})
+	serve(
+		apiStep{body: `{"amount":100}`, headers: []string{key1, asAlice}, wantStatus: 201, wantDedup: "duplicate", wantCT: appJSON, wantBody: `{"id":"pay_0"}`},
+		apiStep{body: `{"amount":200}`, headers: []string{key1, asAlice}, wantStatus: 422, wantDedup: "rejected"},
+		apiStep{body: `{"amount":200}`, headers: []string{key1, asBob}, wantStatus: 201, wantDedup: "forwarded", wantBody: `{"id":"pay_1"}`},
+	)
+	if got := up.count(); got != 2 {
+		t.Errorf("got %d requests upstream, want 2", got)
+	}
+}
+
+// TestIdempotencyReplaySharedOnRedis: two gateways (replicas) on one real
+// redis-server: the response stored by one is replayed by the other, which
+// also rejects a changed payload and sees the first's in-flight claim.
+func TestIdempotencyReplaySharedOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	open := func() dedup.Store {
+		st, err := redisstore.New(redisstore.Config{Addrs: []string{srv.Addr()}}, redisstore.Options{Logger: zaptest.NewLogger(t)})
+		if err != nil {
+			t.Fatalf("redis store: %v", err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		return st
+	}
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		if r.Header.Get("X-Test-Hold") != "" {
+			arrived <- struct{}{}
+			<-release
+		}
+		createPayment(w, r, n)
+	})
+	r := paymentsRoute(up.URL)
+	r.ReplayHeaders = []string{"Content-Type", "Location"}
+	a := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{store: open()})
+	b := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{store: open()})
+
+	apiStep{wantStatus: 201, wantDedup: "forwarded", wantBody: `{"id":"pay_0"}`}.check(t, 0, a.send(payCharge, `{"amount":100}`, key1))
+	apiStep{wantStatus: 201, wantDedup: "duplicate", wantCT: appJSON, wantBody: `{"id":"pay_0"}`,
+		wantHeader: map[string]string{"Location": "/payments/pay_0"}}.check(t, 1, b.send(payCharge, `{"amount":100}`, key1))
+	apiStep{wantStatus: 422, wantDedup: "rejected"}.check(t, 2, b.send(payCharge, `{"amount":200}`, key1))
+
+	first := make(chan response, 1)
+	go func() {
+		resp, _ := a.try(context.Background(), http.MethodPost, payCharge, `{"amount":300}`, "Idempotency-Key: k2", "X-Test-Hold: 1")
+		first <- resp
+	}()
+	<-arrived
+	apiStep{wantStatus: 409, wantDedup: "in-flight"}.check(t, 3, b.send(payCharge, `{"amount":300}`, "Idempotency-Key: k2"))
+	close(release)
+	apiStep{wantStatus: 201, wantDedup: "forwarded"}.check(t, 4, <-first)
+	apiStep{wantStatus: 201, wantDedup: "duplicate", wantBody: `{"id":"pay_1"}`}.check(t, 5, b.send(payCharge, `{"amount":300}`, "Idempotency-Key: k2"))
+	if got := up.count(); got != 2 {
+		t.Errorf("got %d requests upstream, want 2", got)
+	}
+	if got := counterValue(t, b.gw.metrics.deliveries, "payments", outcomeRejectedFingerprint); got != 1 {
+		t.Errorf("replica B rejected_fingerprint: got %v, want 1", got)
+	}
+}
