@@ -66,6 +66,15 @@ upstream_pid=
 docker_bin=/usr/bin/docker
 dk() { DOCKER_BUILDKIT=1 "$docker_bin" -H "unix://$sock" "$@"; }
 
+# remove_roots unmounts whatever a dockerd left under its roots (overlay and
+# shm mounts survive a killed daemon), then removes the roots.
+remove_roots() {
+	{ grep -oE " (${root}|${exec_root})[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do
+		umount -l "$m" 2>/dev/null || true
+	done
+	rm -rf "$root" "$exec_root" "$sock"
+}
+
 cleanup() {
 	local rc=$?
 	set +e
@@ -82,11 +91,7 @@ cleanup() {
 			sleep 0.1
 		done
 		kill -9 "$dockerd_pid" 2>/dev/null
-		# Unmount anything dockerd left behind before removing its roots.
-		grep -oE " (${root}|${exec_root})[^ ]*" /proc/mounts | sort -r | while read -r m; do
-			umount -l "$m" 2>/dev/null
-		done
-		rm -rf "$root" "$exec_root" "$sock"
+		remove_roots
 	fi
 	if [[ -n $upstream_pid ]]; then
 		kill "$upstream_pid" 2>/dev/null
@@ -130,7 +135,7 @@ if [[ -S $sock ]] && "$docker_bin" -H "unix://$sock" info >/dev/null 2>&1; then
 	echo "docker-smoke: a dockerd already answers on $sock; stop it first" >&2
 	exit 1
 fi
-rm -rf "$root" "$exec_root" "$sock"
+remove_roots # a run that was killed may have left them
 mkdir -p "$root" "$exec_root"
 dockerd -H "unix://$sock" --data-root "$root" --exec-root "$exec_root" \
 	--pidfile "$exec_root/dockerd.pid" --bridge=none --iptables=false --ip6tables=false \
