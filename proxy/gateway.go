@@ -190,6 +190,14 @@ func (g *Gateway) Reload(cfg Config) error {
 	return nil
 }
 
+// ReloadFailed counts a reload rejected before it reached Reload (a
+// configuration file that does not parse or validate) in
+// dedupgw_config_reloads_total{result="failure"}, the series Reload counts
+// its own failures in. The routes are not touched.
+func (g *Gateway) ReloadFailed() {
+	g.metrics.reloads.WithLabelValues("failure").Inc()
+}
+
 // Close stops the gateway: deliveries arriving afterwards get 503, waiters
 // (on_in_flight: wait) are woken and answered 409, forwards still running are
 // cancelled and their claims released with reason shutdown. Close returns

@@ -101,6 +101,17 @@ func TestReloadInvalidKeepsOld(t *testing.T) {
 	if got := counterValue(t, h.gw.metrics.reloads, "failure"); got != 1 {
 		t.Errorf("config_reloads_total{result=failure}: got %v, want 1", got)
 	}
+	// A file that never parsed is counted in the same series.
+	h.gw.ReloadFailed()
+	if got := counterValue(t, h.gw.metrics.reloads, "failure"); got != 2 {
+		t.Errorf("config_reloads_total{result=failure} after ReloadFailed: got %v, want 2", got)
+	}
+	if got := counterValue(t, h.gw.metrics.reloads, "success"); got != 0 {
+		t.Errorf("config_reloads_total{result=success}: got %v, want 0", got)
+	}
+	if resp := h.send("/hooks/orders", `{"id":"evt_2"}`); resp.Status != 200 {
+		t.Errorf("old route after ReloadFailed: got %d, want 200", resp.Status)
+	}
 }
 
 // TestReloadInFlightFinishesOnOldRoute: a delivery being forwarded when the

@@ -106,11 +106,10 @@ type server struct {
 
 	// file is the configuration in force. Keys that need a restart (listen
 	// addresses, store, log format) keep their start-up values across reloads.
-	file    *File
-	store   dedup.Store
-	gw      *proxy.Gateway
-	reg     *prometheus.Registry
-	reloads *reloadCounter
+	file  *File
+	store dedup.Store
+	gw    *proxy.Gateway
+	reg   *prometheus.Registry
 	// admin is the current admin handler; a reload rebuilds it (token).
 	admin atomic.Pointer[http.Handler]
 }
@@ -135,12 +134,12 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
-	s.reloads = &reloadCounter{Registerer: s.reg}
 	gw, err := proxy.New(f.GatewayConfig(), store, proxy.Options{
-		Logger:     s.log,
-		Registerer: s.reloads,
-		Backend:    f.Store.Backend,
-		Version:    version,
+		Logger:      s.log,
+		Registerer:  s.reg,
+		Backend:     f.Store.Backend,
+		Version:     version,
+		BodyTimeout: bodyTimeout(f),
 	})
 	if err != nil {
 		return fmt.Errorf("build gateway: %w", err)
@@ -281,6 +280,14 @@ func readTimeout(f *File) time.Duration {
 	return max(minReadTimeout, readHeaderTimeout+time.Duration(largest/slowestSender)*time.Second)
 }
 
+// bodyTimeout bounds reading one delivery's body inside the gateway
+// (proxy.Options.BodyTimeout). The gateway's read deadline replaces the
+// server's ReadTimeout once the handler runs, so it is the same bound: the
+// largest body at the slowest rate allowed, at least minReadTimeout. Like
+// ReadTimeout it is fixed at start-up; a reload that raises max_body_bytes
+// takes effect on these timeouts at the next restart.
+func bodyTimeout(f *File) time.Duration { return readTimeout(f) }
+
 // setAdmin installs an admin handler guarded by token.
 func (s *server) setAdmin(token string) {
 	h := proxy.NewAdmin(s.gw, s.store, proxy.AdminOptions{Token: token, Gatherer: s.reg})
@@ -294,7 +301,7 @@ func (s *server) setAdmin(token string) {
 func (s *server) reload() {
 	f, err := loadConfig(s.path, s.env)
 	if err != nil {
-		s.reloads.failure()
+		s.gw.ReloadFailed()
 		var ps Problems
 		if errors.As(err, &ps) {
 			list := make([]string, len(ps))
@@ -375,48 +382,4 @@ func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
 		return s, nil
 	}
 	return nil, fmt.Errorf("store.backend: unknown backend %q", cfg.Backend)
-}
-
-// reloadCounter passes registrations through to the registry and keeps the
-// gateway's dedupgw_config_reloads_total counter, so that a reload rejected
-// before it reaches the gateway (an invalid file) is counted in the same
-// series as the ones the gateway counts itself.
-type reloadCounter struct {
-	prometheus.Registerer
-	vec atomic.Pointer[prometheus.CounterVec]
-}
-
-const reloadsMetric = `fqName: "dedupgw_config_reloads_total"`
-
-func (r *reloadCounter) Register(c prometheus.Collector) error {
-	r.keep(c)
-	return r.Registerer.Register(c)
-}
-
-func (r *reloadCounter) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		r.keep(c)
-	}
-	r.Registerer.MustRegister(cs...)
-}
-
-func (r *reloadCounter) keep(c prometheus.Collector) {
-	vec, ok := c.(*prometheus.CounterVec)
-	if !ok {
-		return
-	}
-	descs := make(chan *prometheus.Desc, 1)
-	go func() { vec.Describe(descs); close(descs) }()
-	for d := range descs {
-		if strings.Contains(d.String(), reloadsMetric) {
-			r.vec.Store(vec)
-		}
-	}
-}
-
-// failure counts one rejected reload.
-func (r *reloadCounter) failure() {
-	if vec := r.vec.Load(); vec != nil {
-		vec.WithLabelValues("failure").Inc()
-	}
 }

@@ -229,7 +229,11 @@ func TestReadTimeout(t *testing.T) {
 	for _, tt := range tests {
 		f := &File{Routes: []Route{{Policy: Policy{MaxBodyBytes: ptr(tt.maxBody)}}}}
 		if got := readTimeout(f); got != tt.want {
-			t.Errorf("max body %d: got %v, want %v", tt.maxBody, got, tt.want)
+			t.Errorf("max body %d: got read timeout %v, want %v", tt.maxBody, got, tt.want)
+		}
+		// The gateway's body deadline replaces the server's: the same bound.
+		if got := bodyTimeout(f); got != tt.want {
+			t.Errorf("max body %d: got body timeout %v, want %v", tt.maxBody, got, tt.want)
 		}
 	}
 }
