@@ -1,0 +1,135 @@
+package proxy
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+// stripeSigned returns a Stripe-Signature header for body signed with secret
+// at ts.
+func stripeSigned(secret, body string, ts time.Time) string {
+	t := strconv.FormatInt(ts.Unix(), 10)
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(t + "." + body))
+	return "Stripe-Signature: t=" + t + ",v1=" + hex.EncodeToString(m.Sum(nil))
+}
+
+// githubSigned returns an X-Hub-Signature-256 header for body.
+func githubSigned(secret, body string) string {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(body))
+	return "X-Hub-Signature-256: sha256=" + hex.EncodeToString(m.Sum(nil))
+}
+
+// TestSignedStripeDeliveries (issue 4): a forged delivery carrying a real
+// event ID is refused with 401 and records nothing, so it can neither reach
+// the application nor block the genuine delivery, which is forwarded once;
+// Stripe's retry (signed again, later) is a duplicate.
+func TestSignedStripeDeliveries(t *testing.T) {
+	up := newUpstream(t, nil)
+	r := Route{
+		Name:     "stripe",
+		Path:     "/webhooks/stripe",
+		Upstream: up.URL,
+		Provider: providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}},
+	}
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	const event = `{"id":"evt_real","type":"payment_intent.succeeded","data":{"object":{"amount":1000}}}`
+	const altered = `{"id":"evt_real","type":"payment_intent.succeeded","data":{"object":{"amount":1}}}`
+	now := time.Now()
+	genuine := stripeSigned(stripeSecret, event, now)
+
+	steps := []struct {
+		name       string
+		body       string
+		headers    []string
+		wantStatus int
+		wantDedup  string
+		wantUp     int
+	}{
+		{"forged: unsigned", event, nil, 401, "rejected", 0},
+		{"forged: signed with another secret", event, []string{stripeSigned("whsec_attacker", event, now)}, 401, "rejected", 0},
+		{"forged: a genuine signature on an altered body", altered, []string{genuine}, 401, "rejected", 0},
+		{"forged: a genuine signature, stale", event, []string{stripeSigned(stripeSecret, event, now.Add(-time.Hour))}, 401, "rejected", 0},
+		{"genuine delivery", event, []string{genuine}, 200, "forwarded", 1},
+		{"Stripe's retry, signed again", event, []string{stripeSigned(stripeSecret, event, now.Add(time.Minute))}, 200, "duplicate", 1},
+		{"forged after the genuine one", event, []string{stripeSigned("whsec_attacker", event, now)}, 401, "rejected", 1},
+	}
+	for i, s := range steps {
+		resp := h.send("/webhooks/stripe", s.body, s.headers...)
+		if resp.Status != s.wantStatus || resp.Header.Get(HeaderDedupStatus) != s.wantDedup {
+			t.Errorf("step %d (%s): got %d %q, want %d %q", i, s.name, resp.Status, resp.Header.Get(HeaderDedupStatus), s.wantStatus, s.wantDedup)
+		}
+		if got := up.count(); got != s.wantUp {
+			t.Errorf("step %d (%s): got %d requests upstream, want %d", i, s.name, got, s.wantUp)
+		}
+		if i == 3 { // every forgery so far left no trace
+			if rec, err := h.record("stripe", "evt_real"); !errors.Is(err, dedup.ErrNotFound) {
+				t.Errorf("after the forgeries: got record %+v, %v; want ErrNotFound", rec, err)
+			}
+		}
+	}
+	if got := string(up.request(0).Body); got != event {
+		t.Errorf("upstream body: got %s, want the delivery byte for byte", got)
+	}
+	if got := counterValue(t, h.gw.metrics.deliveries, "stripe", outcomeRejectedSignature); got != 5 {
+		t.Errorf("rejected_signature: got %v, want 5", got)
+	}
+}
+
+// TestGitHubBodyKey: X-GitHub-Delivery is not covered by the signature, so a
+// captured delivery resent under a fresh delivery ID still verifies. With the
+// preset key it is forwarded again; with keys: ["body"] it is a duplicate.
+func TestGitHubBodyKey(t *testing.T) {
+	const secret = "github-secret"
+	const push = `{"ref":"refs/heads/main","after":"6113728f27ae82c7b1a177c8d03f9e96e0adf246"}`
+	tests := []struct {
+		name       string
+		keys       []string
+		wantReplay string
+		wantUp     int
+	}{
+		{"preset key (X-GitHub-Delivery)", nil, "forwarded", 2},
+		{`keys: ["body"]`, []string{"body"}, "duplicate", 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			up := newUpstream(t, nil)
+			r := Route{
+				Name:     "github",
+				Path:     "/webhooks/github",
+				Upstream: up.URL,
+				Provider: providers.Config{Provider: providers.GitHub, Keys: tt.keys, Secrets: []string{secret}},
+			}
+			h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+			send := func(delivery, body string) response {
+				return h.send("/webhooks/github", body, "X-GitHub-Event: push", "X-GitHub-Delivery: "+delivery, githubSigned(secret, body))
+			}
+			if resp := send("d-1", push); resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+				t.Errorf("first delivery: got %d %q, want forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+			}
+			if resp := send("d-1", push); resp.Header.Get(HeaderDedupStatus) != "duplicate" {
+				t.Errorf("GitHub's redelivery (same ID): got %d %q, want duplicate", resp.Status, resp.Header.Get(HeaderDedupStatus))
+			}
+			if resp := send("d-2-fresh", push); resp.Header.Get(HeaderDedupStatus) != tt.wantReplay {
+				t.Errorf("captured body under a fresh ID: got %d %q, want %q", resp.Status, resp.Header.Get(HeaderDedupStatus), tt.wantReplay)
+			}
+			if got := up.count(); got != tt.wantUp {
+				t.Errorf("got %d requests upstream, want %d", got, tt.wantUp)
+			}
+			other := `{"ref":"refs/heads/main","after":"0000000000000000000000000000000000000001"}`
+			if resp := send("d-3", other); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+				t.Errorf("another push: got %d %q, want 200 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+			}
+		})
+	}
+}
