@@ -56,6 +56,11 @@ RUN set -e; \
       > /out/etc/dedupgw/config.yaml
 
 FROM ${BASE_IMAGE}
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="dedupgw" \
+      org.opencontainers.image.description="Webhook deduplication gateway" \
+      org.opencontainers.image.source="https://github.com/dedupgw/dedupgw" \
+      org.opencontainers.image.version="${VERSION}"
 COPY --from=build /out/etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /out/etc/dedupgw/config.yaml /etc/dedupgw/config.yaml
 COPY --from=build --chown=65532:65532 /out/var/lib/dedupgw /var/lib/dedupgw
