@@ -1,0 +1,184 @@
+package main
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// apiReply is a fully read answer, with its headers.
+type apiReply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+// postWith sends body to url with headers ("Name: value").
+func postWith(t *testing.T, url, body string, headers ...string) apiReply {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for _, kv := range headers {
+		k, v, _ := strings.Cut(kv, ":")
+		req.Header.Set(k, strings.TrimSpace(v))
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("POST %s: reading the body: %v", url, err)
+	}
+	return apiReply{status: resp.StatusCode, header: resp.Header, body: string(b)}
+}
+
+// want checks status, Dedup-Status and (when not empty) the exact body.
+func (r apiReply) want(t *testing.T, what string, status int, dedup, body string) {
+	t.Helper()
+	if r.status != status || r.header.Get("Dedup-Status") != dedup {
+		t.Errorf("%s: got %d Dedup-Status %q (%s), want %d %q", what, r.status, r.header.Get("Dedup-Status"), r.body, status, dedup)
+	}
+	if body != "" && r.body != body {
+		t.Errorf("%s: got body %q, want %q", what, r.body, body)
+	}
+}
+
+// TestE2EAPIIdempotency runs the API idempotency route of the README with
+// the real binary on a bolt file: replay, 422, 400, per-client keys, the
+// keys CLI addressing a client's key, and a replay after kill -9.
+func TestE2EAPIIdempotency(t *testing.T) {
+	u := newUpstream(t)
+	u.setHandler(func(w http.ResponseWriter, r *http.Request, _ int) {
+		n := u.total.Load()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/payments/pay_%d", n))
+		w.Header().Set("X-Dedup-Key-Seen", r.Header.Get("Dedup-Key"))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"pay_%d"}`, n)
+	})
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	writeFileAtomic(t, cfg, fmt.Sprintf(`listen: "127.0.0.1:0"
+admin:
+  listen: "127.0.0.1:0"
+store:
+  backend: bolt
+  bolt:
+    path: %q
+routes:
+  - name: payments
+    path: /api/payments/*
+    upstream: %q
+    provider: generic
+    keys: ["header:Idempotency-Key"]
+    on_missing_key: reject
+    on_fingerprint_mismatch: reject
+    fingerprint_exclude: [request_time]
+    client_identity: Authorization
+    duplicate_response: replay
+    replay_headers: [Content-Type, Location, X-Dedup-Key-Seen]
+`, filepath.Join(dir, "dedupgw.db"), u.URL))
+	g := startGateway(t, cfg)
+	url := g.url("/api/payments/charge")
+	const alice, bob = "Authorization: Bearer alice", "Authorization: Bearer bob"
+
+	first := postWith(t, url, `{"amount":100,"request_time":"10:00:00"}`, "Idempotency-Key: k1", alice)
+	first.want(t, "first request", 201, "forwarded", `{"id":"pay_1"}`)
+	postWith(t, url, `{"request_time":"10:00:05", "amount":100}`, "Idempotency-Key: k1", alice).
+		want(t, "retry, other request_time", 201, "duplicate", `{"id":"pay_1"}`)
+	postWith(t, url, `{"amount":200}`, "Idempotency-Key: k1", alice).want(t, "changed payload", 422, "rejected", "")
+	postWith(t, url, `{"amount":200}`, "Idempotency-Key: k1", bob).want(t, "another client, same key", 201, "forwarded", `{"id":"pay_2"}`)
+	postWith(t, url, `{"amount":100}`, alice).want(t, "no key", 400, "rejected", "")
+	postWith(t, url, `{"amount":100}`, "Idempotency-Key: "+strings.Repeat("k", 256), alice).want(t, "256-character key", 400, "rejected", "")
+	postWith(t, url, `{"amount":100}`, "Idempotency-Key: k1").want(t, "no Authorization", 400, "rejected", "")
+
+	// The upstream saw the stored key in Dedup-Key; the keys CLI finds it.
+	stored, ok := strings.CutPrefix(first.header.Get("X-Dedup-Key-Seen"), "payments:")
+	sum := sha256.Sum256([]byte("Bearer alice"))
+	if want := hex.EncodeToString(sum[:])[:32] + ":k1"; !ok || stored != want {
+		t.Fatalf("upstream Dedup-Key: got %q, want payments:%s", first.header.Get("X-Dedup-Key-Seen"), want)
+	}
+	code, stdout, stderr := runCLI(t, nil, "keys", "get", "--admin="+g.adminURL(""), "payments", stored)
+	if code != 0 || !strings.Contains(stdout, `"state": "processed"`) || !strings.Contains(stdout, `"fingerprint": "`) {
+		t.Errorf("keys get payments %s: got exit %d, stdout %s, stderr %s; want the processed record with its fingerprint", stored, code, stdout, stderr)
+	}
+	for series, want := range map[string]string{
+		`dedupgw_deliveries_total{outcome="rejected_fingerprint",route="payments"}`: "1",
+		`dedupgw_deliveries_total{outcome="rejected_key",route="payments"}`:         "3",
+	} {
+		if got := metricValue(t, g, series); got != want {
+			t.Errorf("%s: got %q, want %q", series, got, want)
+		}
+	}
+
+	g.kill()
+	g2 := startGateway(t, cfg)
+	again := postWith(t, g2.url("/api/payments/charge"), `{"amount":100}`, "Idempotency-Key: k1", alice)
+	again.want(t, "retry after kill -9", 201, "duplicate", `{"id":"pay_1"}`)
+	for _, h := range []string{"Content-Type", "Location"} {
+		if got, want := again.header.Get(h), first.header.Get(h); got != want {
+			t.Errorf("replayed %s after restart: got %q, want %q", h, got, want)
+		}
+	}
+	postWith(t, g2.url("/api/payments/charge"), `{"amount":300}`, "Idempotency-Key: k1", alice).want(t, "changed payload after restart", 422, "rejected", "")
+	if got := u.total.Load(); got != 2 {
+		t.Errorf("upstream requests: got %d, want 2", got)
+	}
+}
+
+// TestE2ESignedStripe (issue 4) with the real binary: a forged delivery with
+// a real event ID gets 401 and records nothing; the genuine one is forwarded
+// once and Stripe's re-signed retry is a duplicate.
+func TestE2ESignedStripe(t *testing.T) {
+	const secret = "whsec_e2e_secret"
+	u := newUpstream(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	writeFileAtomic(t, cfg, fmt.Sprintf(`listen: "127.0.0.1:0"
+admin:
+  listen: "127.0.0.1:0"
+store:
+  backend: bolt
+  bolt:
+    path: %q
+routes:
+  - name: stripe
+    path: /webhooks/stripe
+    upstream: %q
+    provider: stripe
+    secrets: ["${STRIPE_WEBHOOK_SECRET}"]
+`, filepath.Join(dir, "dedupgw.db"), u.URL))
+	g := startGateway(t, cfg, "STRIPE_WEBHOOK_SECRET="+secret)
+	url := g.url("/webhooks/stripe")
+	sign := func(key string, ts time.Time, body string) string {
+		m := hmac.New(sha256.New, []byte(key))
+		fmt.Fprintf(m, "%d.%s", ts.Unix(), body)
+		return "Stripe-Signature: t=" + strconv.FormatInt(ts.Unix(), 10) + ",v1=" + hex.EncodeToString(m.Sum(nil))
+	}
+	const event = `{"id":"evt_e2e","type":"invoice.paid"}`
+	now := time.Now()
+
+	postWith(t, url, event, sign("whsec_forged", now, event)).want(t, "forged", 401, "rejected", "")
+	code, _, _ := runCLI(t, nil, "keys", "get", "--admin="+g.adminURL(""), "stripe", "evt_e2e")
+	if code != 1 {
+		t.Errorf("keys get after the forgery: got exit %d, want 1 (not found)", code)
+	}
+	postWith(t, url, event, sign(secret, now, event)).want(t, "genuine", 200, "forwarded", `{"ok":true}`)
+	postWith(t, url, event, sign(secret, now.Add(time.Minute), event)).want(t, "Stripe's retry", 200, "duplicate", "")
+	if got := u.count("stripe:evt_e2e"); got != 1 {
+		t.Errorf("upstream deliveries of evt_e2e: got %d, want 1", got)
+	}
+}
