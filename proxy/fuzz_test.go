@@ -18,7 +18,7 @@ import (
 // test upstream only answers 200).
 var documentedStatus = map[int]bool{
 	200: true, 400: true, 401: true, 404: true, 405: true, 408: true, 409: true,
-	413: true, 502: true, 503: true, 504: true,
+	413: true, 422: true, 502: true, 503: true, 504: true,
 }
 
 var documentedDedupStatus = map[string]bool{
@@ -43,6 +43,11 @@ func FuzzHandler(f *testing.F) {
 		{"POST", "/hooks/orders", "Dedup-Key: forged\nX-Forwarded-For: 1.2.3.4", `{"id":"x"}`},
 		{"POST", "/hooks/api", "Idempotency-Key: bad\tkey", `{}`},
 		{"POST", "/hooks/api", "", `{}`},
+		{"POST", "/hooks/api", "Idempotency-Key: k1\nAuthorization: Bearer a", `{"amount":1,"ts":2}`},
+		{"POST", "/hooks/api", "Idempotency-Key: k1\nAuthorization: Bearer a", `{"ts":3, "amount":1}`},
+		{"POST", "/hooks/api", "Idempotency-Key: k1\nAuthorization: Bearer a", `{"amount":2}`},
+		{"POST", "/hooks/api", "Idempotency-Key: k1\nAuthorization: Bearer b", `{"\u0074s":1,"amount":2}`},
+		{"POST", "/hooks/api", "Idempotency-Key: k1", `{"amount":1}`},
 		{"POST", "/hooks/stripe", "Stripe-Signature: t=1,v1=00", `{"id":"evt_1"}`},
 		{"POST", "/hooks/stripe", "Stripe-Signature: t=99999999999999999999,v1=zz,v1=", `{"id":"evt_1"}`},
 		{"GET", "/hooks/orders", "", ``},
@@ -63,6 +68,10 @@ func FuzzHandler(f *testing.F) {
 	orders.Provider.Keys = []string{"header:Idempotency-Key", "json:data.object.id", "query:id", "body"}
 	api := genericRoute("api", "/hooks/api", up.URL)
 	api.OnMissingKey = Reject
+	api.OnFingerprintMismatch = Reject
+	api.FingerprintExclude = []string{"ts"}
+	api.ClientIdentity = "Authorization"
+	api.DuplicateResponse = Replay
 	stripe := genericRoute("stripe", "/hooks/stripe", up.URL)
 	stripe.Provider = providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}}
 	prefix := genericRoute("prefix", "/prefix/*", up.URL)
