@@ -59,3 +59,48 @@ func BenchmarkHandler(b *testing.B) {
 		run(b, func() string { return "dup" }, statusDuplicate)
 	})
 }
+
+// BenchmarkAPIDuplicate measures a retry of a completed request with a 1 KiB
+// JSON body on a memstore: a plain keyed route (one claim, JSON ack) against
+// an API idempotency route (fingerprint with an excluded field, client scope,
+// a read before the claim, replayed answer).
+func BenchmarkAPIDuplicate(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"pay_1"}`)
+	}))
+	defer up.Close()
+	store := memstore.New(memstore.Options{})
+	defer store.Close()
+	plain := genericRoute("plain", "/plain", up.URL)
+	api := paymentsRoute(up.URL)
+	api.ClientIdentity = "Authorization"
+	gw, err := New(Config{Routes: []Route{plain, api}}, store, Options{Registerer: prometheus.NewRegistry(), Backend: "memory"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer gw.Close()
+	body := []byte(fmt.Sprintf(`{"amount":1000,"currency":"eur","request_time":"2026-11-30T10:00:00Z","description":%q}`, bytes.Repeat([]byte("x"), 940)))
+	send := func(path string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+		req.Header.Set("Idempotency-Key", "k1")
+		req.Header.Set("Authorization", "Bearer sk_test")
+		rec := httptest.NewRecorder()
+		gw.ServeHTTP(rec, req)
+		return rec
+	}
+	for _, path := range []string{"/plain", payCharge} {
+		if got := send(path).Header().Get(HeaderDedupStatus); got != statusForwarded {
+			b.Fatalf("%s first request: got Dedup-Status %q, want forwarded", path, got)
+		}
+		b.Run(path, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if got := send(path).Header().Get(HeaderDedupStatus); got != statusDuplicate {
+					b.Fatalf("got Dedup-Status %q, want duplicate", got)
+				}
+			}
+		})
+	}
+}
