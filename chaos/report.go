@@ -99,10 +99,16 @@ type GatewayLog struct {
 	Outcomes map[string]int
 	// Levels counts lines by level.
 	Levels map[string]int
-	// Trouble holds non-JSON lines that look like a crash: panics, fatal
-	// errors, data races.
+	// Trouble holds lines that should not be there: anything that is not a
+	// JSON log line (panics, data races, a library printing on its own: the
+	// configured format is json), and dpanic/panic/fatal lines. At most
+	// maxTrouble lines are kept; NonJSON counts them all.
 	Trouble []string
+	NonJSON int
 }
+
+// maxTrouble bounds the trouble lines kept per log.
+const maxTrouble = 10
 
 // ParseLog reads a gateway log written by Gateway (zap JSON lines plus
 // anything the process printed outside the logger).
@@ -114,8 +120,9 @@ func ParseLog(replica string, r io.Reader) (*GatewayLog, error) {
 		line := sc.Text()
 		var m map[string]any
 		if json.Unmarshal([]byte(line), &m) != nil {
-			if isTrouble(line) {
-				gl.Trouble = append(gl.Trouble, replica+": "+line)
+			gl.NonJSON++
+			if len(gl.Trouble) < maxTrouble {
+				gl.Trouble = append(gl.Trouble, replica+": not a JSON log line: "+line)
 			}
 			continue
 		}
@@ -133,21 +140,12 @@ func ParseLog(replica string, r io.Reader) (*GatewayLog, error) {
 		if l.Outcome != "" {
 			gl.Outcomes[l.Outcome]++
 		}
-		if l.Level == "dpanic" || l.Level == "panic" || l.Level == "fatal" {
+		if (l.Level == "dpanic" || l.Level == "panic" || l.Level == "fatal") && len(gl.Trouble) < maxTrouble {
 			gl.Trouble = append(gl.Trouble, replica+": "+line)
 		}
 		gl.Lines = append(gl.Lines, l)
 	}
 	return gl, sc.Err()
-}
-
-func isTrouble(line string) bool {
-	for _, s := range []string{"panic:", "fatal error:", "WARNING: DATA RACE", "goroutine "} {
-		if strings.HasPrefix(line, s) {
-			return true
-		}
-	}
-	return false
 }
 
 // parseTS accepts zap's epoch seconds (float) and ISO 8601 strings.
