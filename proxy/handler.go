@@ -60,8 +60,10 @@ type delivery struct {
 }
 
 // ServeHTTP handles one delivery: match the route, check the method, read the
-// body (bounded), verify the signature, extract the key, claim it, and then
-// forward, answer as a duplicate or in flight, or apply the route's
+// body (bounded), verify the signature, extract the key (validated on
+// on_missing_key: reject routes, scoped by client_identity when set), check
+// the request's fingerprint (on_fingerprint_mismatch: reject), claim the key,
+// and then forward, answer as a duplicate or in flight, or apply the route's
 // on_missing_key / on_store_error policy. See DESIGN.md "What each delivery
 // gets". Every answer on a matched route carries Dedup-Status.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -154,11 +156,16 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rt.fingerprints() {
 		d.fingerprint = fingerprint(r.Method, r.URL.Path, body, rt.FingerprintExclude)
 		// A failed key stays bound to its payload, but a claim would take it
-		// over: look first. Claim checks processed and in-flight keys again.
+		// over: look first. Claim checks in-flight keys again; a processed
+		// key stays processed for its window, so it is answered from here.
 		rec, err := g.get(r.Context(), d.key)
 		switch {
 		case err == nil && d.mismatch(rec):
 			g.rejectFingerprint(w, d)
+			return
+		case err == nil && rec.State == dedup.StateProcessed:
+			d.outcome = outcomeDuplicate
+			d.answer = writeDuplicate(w, rt, d.clientKey, rec)
 			return
 		case err != nil && !errors.Is(err, dedup.ErrNotFound):
 			g.storeError(w, r, d, body, err)
