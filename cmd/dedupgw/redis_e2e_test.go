@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -201,6 +202,56 @@ func metricSum(t *testing.T, g *gateway, name string, labels map[string]string) 
 	return sum
 }
 
+// ownRedis reports why the server answering on s's port is not s's own
+// redis-server process (its working directory is not s.Dir()), or "" when it
+// is. redistest.Server.Start accepts a PONG from whatever answers on the
+// port, so when another process took the port between redistest's free-port
+// probe and the bind (or during a Stop), the test would silently share that
+// process's Redis and see its restarts and flushes.
+func ownRedis(s *redistest.Server) string {
+	want, err := filepath.EvalSymlinks(s.Dir())
+	if err != nil {
+		return err.Error()
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer c.Close()
+	got, err := c.ConfigGet(context.Background(), "dir").Result()
+	if err != nil {
+		return fmt.Sprintf("CONFIG GET dir on %s: %v", s.Addr(), err)
+	}
+	if got["dir"] != want {
+		return fmt.Sprintf("%s is served from %q, want %q: another process's redis-server holds the port", s.Addr(), got["dir"], want)
+	}
+	return ""
+}
+
+// mustOwnRedis fails the test unless every server is its own process.
+func mustOwnRedis(t *testing.T, servers ...*redistest.Server) {
+	t.Helper()
+	for _, s := range servers {
+		if why := ownRedis(s); why != "" {
+			t.Fatal(why)
+		}
+	}
+}
+
+// startRedis starts a single redis-server (redistest.Start), moving to
+// another port when the chosen one turned out to be served by another
+// process.
+func startRedis(t *testing.T) *redistest.Server {
+	t.Helper()
+	for range 3 {
+		s := redistest.Start(t)
+		why := ownRedis(s)
+		if why == "" {
+			return s
+		}
+		t.Logf("trying another port: %s", why)
+	}
+	t.Fatal("no port of our own for redis-server after 3 tries")
+	return nil
+}
+
 // holdingUpstream is an upstream whose first delivery of a key in holds
 // reports its arrival and then waits for the status to answer with.
 // Everything else gets 200.
@@ -248,7 +299,7 @@ func newHoldingUpstream(t *testing.T, dedupKeys ...string) *holdingUpstream {
 // the upstream exactly once. Redis's script cache is flushed between two
 // events (a NOSCRIPT fallback must not break anything).
 func TestRedisReplicasForwardOnce(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := startRedis(t)
 	u := newUpstream(t)
 	gws := startReplicas(t, 3, redisConfig(t, u.URL, redisStore{addrs: []string{srv.Addr()}}))
 
@@ -307,7 +358,7 @@ func TestRedisReplicasForwardOnce(t *testing.T) {
 // reject answer as documented while it is down, and deduplication works
 // again afterwards without a gateway restart.
 func TestRedisOutageAndRecovery(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := startRedis(t)
 	u := newUpstream(t)
 	cfg := redisConfig(t, u.URL, redisStore{addrs: []string{srv.Addr()}},
 		redisRoute{name: "orders", path: "/hooks/orders", policy: "    on_store_error: forward\n"},
@@ -365,6 +416,7 @@ func TestRedisOutageAndRecovery(t *testing.T) {
 	}
 
 	srv.Start() // same port, empty (no persistence)
+	mustOwnRedis(t, srv)
 	eventually(t, 10*time.Second, func() bool { last = readyStatus(g); return last == 200 },
 		func() string { return fmt.Sprintf("/readyz 200 once Redis is back; last %d", last) })
 
@@ -405,7 +457,7 @@ func TestRedisInFlightWaitAcrossReplicas(t *testing.T) {
 		{"first succeeds: duplicate", "evt_wait_ok", 200, answer{status: 200, dedup: "duplicate"}, 1},
 		{"first fails: the waiter claims and is forwarded", "evt_wait_fail", 500, answer{status: 200, dedup: "forwarded"}, 2},
 	}
-	srv := redistest.Start(t)
+	srv := startRedis(t)
 	var keys []string
 	for _, tt := range tests {
 		keys = append(keys, "orders:"+tt.key)
@@ -464,7 +516,7 @@ func TestRedisKill9BlocksKeyForOneLease(t *testing.T) {
 		// retry may come: the poll interval plus a delivery's latency.
 		leaseSlack = 1500 * time.Millisecond
 	)
-	srv := redistest.Start(t)
+	srv := startRedis(t)
 	u := newHoldingUpstream(t, "orders:"+key)
 	gws := startReplicas(t, 2, redisConfig(t, u.URL, redisStore{addrs: []string{srv.Addr()}},
 		redisRoute{name: "orders", path: "/hooks/orders", policy: fmt.Sprintf("    lease: %v\n    upstream_timeout: 1s\n", lease)}))
@@ -539,6 +591,7 @@ func TestRedisKill9BlocksKeyForOneLease(t *testing.T) {
 func TestRedisCluster(t *testing.T) {
 	const events, workers = 200, 8
 	cl := redistest.StartCluster(t, 3)
+	mustOwnRedis(t, cl.Nodes...)
 	u := newUpstream(t)
 	gws := startReplicas(t, 2, redisConfig(t, u.URL, redisStore{addrs: cl.Addrs()}))
 
@@ -602,6 +655,7 @@ func TestRedisCluster(t *testing.T) {
 // to the new master and logs how many deliveries fell into that window.
 func TestRedisSentinel(t *testing.T) {
 	st := redistest.StartSentinel(t)
+	mustOwnRedis(t, st.Master, st.Replica)
 	u := newUpstream(t)
 	g := startGateway(t, redisConfig(t, u.URL, redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName},
 		// Reject on store errors, so a delivery that meets the failover is
@@ -665,4 +719,35 @@ func TestRedisSentinel(t *testing.T) {
 	wantAnswer(t, "event from before the failover", deliver(t, url, "evt_s1", "{}"), 200, "duplicate")
 	wantHits(t, u, "evt_s1", 1)
 	wantHits(t, u, "evt_s2", 1)
+}
+
+// TestRedisTestServerStartRejectsForeignServer shows a flaw of redistest:
+// Server.Start after Stop reports success when another process's
+// redis-server has taken the port meanwhile (its own process exited on the
+// bind error), so the test goes on against a Redis it does not control. It
+// fails until redistest checks that the server answering is its own; set
+// DEDUPGW_KNOWN_FAILURES=1 to run it.
+func TestRedisTestServerStartRejectsForeignServer(t *testing.T) {
+	if os.Getenv("DEDUPGW_KNOWN_FAILURES") == "" {
+		t.Skip("known failure of redistest (Server.Start accepts a foreign server); set DEDUPGW_KNOWN_FAILURES=1 to run")
+	}
+	srv := startRedis(t)
+	srv.Stop()
+	foreign := exec.Command(redistest.Binary(t), "--port", strconv.Itoa(srv.Port()), "--bind", "127.0.0.1",
+		"--dir", t.TempDir(), "--save", "", "--appendonly", "no")
+	if err := foreign.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = foreign.Process.Kill(); _ = foreign.Wait() })
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	defer c.Close()
+	eventually(t, 10*time.Second, func() bool { return c.Ping(context.Background()).Err() == nil },
+		func() string { return "the foreign redis-server to answer" })
+
+	// Want: Start fails the test (or moves on) because its own process
+	// could not bind. Got: it returns, and the port is the foreign server's.
+	srv.Start()
+	if why := ownRedis(srv); why != "" {
+		t.Errorf("redistest.Server.Start returned with a foreign server on its port: %s", why)
+	}
 }
