@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -31,8 +34,9 @@ func deliveryFrom(ctx context.Context) *delivery {
 
 // newReverseProxy builds rt's reverse proxy. The outbound request goes to
 // rt.target joined with the inbound path, with X-Forwarded-For (appended to the
-// sender's chain), X-Forwarded-Host/Proto, and Dedup-Key when the delivery is
-// keyed. The sender's own Dedup-Key header never reaches the upstream.
+// sender's chain), X-Forwarded-Host/Proto, and Dedup-Key (see dedupKeyHeader)
+// when the delivery is keyed. The sender's own Dedup-Key header never reaches
+// the upstream.
 func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 	target := rt.target
 	errLog, err := zap.NewStdLogAt(rt.log, zap.WarnLevel)
@@ -51,7 +55,7 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 			// would only delay the forward.
 			pr.Out.Header.Del("Expect")
 			if d := deliveryFrom(pr.In.Context()); d != nil && d.keyed {
-				pr.Out.Header.Set(HeaderDedupKey, d.key.String())
+				pr.Out.Header.Set(HeaderDedupKey, dedupKeyHeader(d.key, d.clientKey))
 			}
 		},
 		Transport:      g.transport,
@@ -60,6 +64,49 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 		ErrorHandler:   g.errorHandler,
 		ErrorLog:       errLog,
 	}
+}
+
+// maxHeaderKey bounds the sender's key as sent verbatim in Dedup-Key; a
+// longer one is sent hashed (see dedupKeyHeader). It matches the longest key
+// an API idempotency route accepts.
+const maxHeaderKey = 256
+
+// hashedKeyPrefix marks a key sent hashed in Dedup-Key.
+const hashedKeyPrefix = "sha256:"
+
+// dedupKeyHeader returns the Dedup-Key value for key, whose sender-given part
+// (key.ID without a client_identity scope) is clientKey. It is
+// "<namespace>:<key.ID>" when that is a valid header value; otherwise the
+// sender's key is replaced by "sha256:<64 hex of SHA-256(clientKey)>", so the
+// header is "<namespace>:sha256:<hex>" or, on a client_identity route,
+// "<namespace>:<32 hex scope>:sha256:<hex>". A key is sent hashed when it
+// holds a byte a header value cannot carry (a control character other than
+// HTAB, or DEL; Go's transport refuses such a request, so the event could
+// never be delivered), when it is longer than maxHeaderKey bytes, or when it
+// already starts with "sha256:" (so a sender cannot forge the hashed form of
+// another key: the mapping stays one-to-one). Bytes 0x80 and above (UTF-8)
+// are sent as they are. The stored key and the keys API are unchanged: they
+// use the key as the sender gave it.
+func dedupKeyHeader(key dedup.Key, clientKey string) string {
+	v := key.String()
+	if len(clientKey) <= maxHeaderKey && validHeaderValue(v) && !strings.HasPrefix(clientKey, hashedKeyPrefix) {
+		return v
+	}
+	sum := sha256.Sum256([]byte(clientKey))
+	scope := strings.TrimSuffix(key.ID, clientKey) // "<scope>:" or ""
+	return key.Namespace + ":" + scope + hashedKeyPrefix + hex.EncodeToString(sum[:])
+}
+
+// validHeaderValue reports whether v can be sent as an HTTP header value, by
+// the rule of golang.org/x/net/http/httpguts.ValidHeaderFieldValue that Go's
+// transport enforces: no control character other than HTAB, and no DEL.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // copyBufferSize is the size of the buffers the reverse proxies copy

@@ -16,7 +16,10 @@ const (
 	// forwarded, duplicate, in-flight, unkeyed, rejected or store-error.
 	HeaderDedupStatus = "Dedup-Status"
 	// HeaderDedupKey carries "<namespace>:<key>" to the upstream, which may use
-	// it as its own idempotency key. A sender's own Dedup-Key is dropped.
+	// it as its own idempotency key; a key that is not a valid header value,
+	// longer than 256 bytes or starting with "sha256:" is sent as
+	// "<namespace>:sha256:<hex>" (see dedupKeyHeader). A sender's own
+	// Dedup-Key is dropped.
 	HeaderDedupKey = "Dedup-Key"
 )
 

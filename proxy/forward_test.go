@@ -1,0 +1,97 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/dedupgw/dedupgw/dedup"
+)
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// TestDedupKeyHeader: a key that is a valid header value of at most
+// maxHeaderKey bytes is sent as it is; any other is sent hashed, keeping the
+// namespace and the client scope.
+func TestDedupKeyHeader(t *testing.T) {
+	long := strings.Repeat("a", maxHeaderKey+1)
+	scope := strings.Repeat("0", clientScopeLen)
+	tests := []struct {
+		name      string
+		key       dedup.Key
+		clientKey string
+		want      string
+	}{
+		{"plain", dedup.Key{Namespace: "stripe", ID: "evt_1"}, "evt_1", "stripe:evt_1"},
+		{"tab and spaces stay", dedup.Key{Namespace: "ns", ID: "a\tb c"}, "a\tb c", "ns:a\tb c"},
+		{"UTF-8 stays", dedup.Key{Namespace: "ns", ID: "evt_ü_日本"}, "evt_ü_日本", "ns:evt_ü_日本"},
+		{"exactly the bound stays", dedup.Key{Namespace: "ns", ID: long[1:]}, long[1:], "ns:" + long[1:]},
+		{"CR LF", dedup.Key{Namespace: "ns", ID: "evt\r\nX-Injected: 1"}, "evt\r\nX-Injected: 1", "ns:sha256:" + sha256Hex("evt\r\nX-Injected: 1")},
+		{"NUL", dedup.Key{Namespace: "ns", ID: "evt\x00"}, "evt\x00", "ns:sha256:" + sha256Hex("evt\x00")},
+		{"DEL", dedup.Key{Namespace: "ns", ID: "evt\x7f"}, "evt\x7f", "ns:sha256:" + sha256Hex("evt\x7f")},
+		{"longer than the bound", dedup.Key{Namespace: "ns", ID: long}, long, "ns:sha256:" + sha256Hex(long)},
+		{"looks hashed already", dedup.Key{Namespace: "ns", ID: "sha256:abc"}, "sha256:abc", "ns:sha256:" + sha256Hex("sha256:abc")},
+		{"client scope plain", dedup.Key{Namespace: "pay", ID: scope + ":k1"}, "k1", "pay:" + scope + ":k1"},
+		{"client scope kept, key hashed", dedup.Key{Namespace: "pay", ID: scope + ":" + long}, long, "pay:" + scope + ":sha256:" + sha256Hex(long)},
+		{"client scope with a 255-byte key stays", dedup.Key{Namespace: "pay", ID: scope + ":" + long[2:]}, long[2:], "pay:" + scope + ":" + long[2:]},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := dedupKeyHeader(tt.key, tt.clientKey); got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+			if got := dedupKeyHeader(tt.key, tt.clientKey); !validHeaderValue(got) {
+				t.Errorf("got %q, not a valid header value", got)
+			}
+		})
+	}
+}
+
+// TestHostileKeysAreDelivered: an event ID that cannot travel in a header
+// (control characters) or is very long is still forwarded once, with a
+// hashed Dedup-Key, and its copy is a duplicate. Before, Go's transport
+// refused the request and the event could never be delivered.
+func TestHostileKeysAreDelivered(t *testing.T) {
+	tests := []struct {
+		name, id, wantHeader string
+	}{
+		{"control characters", "evt_ctl\x00\r\n\x07x", "orders:sha256:" + sha256Hex("evt_ctl\x00\r\n\x07x")},
+		{"header injection", "evt_nl\nX-Injected: 1", "orders:sha256:" + sha256Hex("evt_nl\nX-Injected: 1")},
+		{"40 KiB", "evt_" + strings.Repeat("c", 40<<10), "orders:sha256:" + sha256Hex("evt_"+strings.Repeat("c", 40<<10))},
+		{"plain", "evt_plain", "orders:evt_plain"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			up := newUpstream(t, nil)
+			h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{})
+			body, err := json.Marshal(map[string]string{"id": tt.id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, want := range []struct {
+				status int
+				dedup  string
+			}{{http.StatusOK, statusForwarded}, {http.StatusOK, statusDuplicate}} {
+				resp := h.send("/hooks/orders", string(body))
+				if resp.Status != want.status || resp.Header.Get(HeaderDedupStatus) != want.dedup {
+					t.Errorf("delivery %d: got %d %q, want %d %q", i+1, resp.Status, resp.Header.Get(HeaderDedupStatus), want.status, want.dedup)
+				}
+			}
+			if got := up.count(); got != 1 {
+				t.Fatalf("got %d requests upstream, want 1", got)
+			}
+			if got := up.request(0).Header.Get(HeaderDedupKey); got != tt.wantHeader {
+				t.Errorf("got Dedup-Key %q, want %q", got, tt.wantHeader)
+			}
+			if got := up.request(0).Header.Get("X-Injected"); got != "" {
+				t.Errorf("got X-Injected %q upstream, want none", got)
+			}
+		})
+	}
+}
