@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -150,7 +151,7 @@ func (s *Server) Start() {
 		close(p.done)
 	}()
 	s.proc = p
-	if err := waitPing(s.Addr(), p.done); err != nil {
+	if err := waitPing(s.Addr(), cmd.Process.Pid, p.done); err != nil {
 		s.t.Fatalf("redis-server on %s not ready: %v\n%s", s.Addr(), err, s.logTail())
 	}
 }
@@ -213,26 +214,70 @@ func (s *Server) logTail() string {
 	return string(b)
 }
 
-// waitPing polls addr with PING until it answers PONG, the process exits
-// (exited) or startTimeout passes.
-func waitPing(addr string, exited <-chan struct{}) error {
+// waitPing polls addr until the redis-server with process ID pid answers
+// there, the process exits (exited) or startTimeout passes. Checking the
+// process ID, not just a PONG, keeps a test from silently using a foreign
+// server that took the port first (ours then fails to bind and exits).
+func waitPing(addr string, pid int, exited <-chan struct{}) error {
 	deadline := time.Now().Add(startTimeout)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	var last error
 	for {
-		if last = ping(addr); last == nil {
+		select {
+		case <-exited:
+			return errors.New("redis-server exited (is the port taken?)")
+		default:
+		}
+		if last = pingPID(addr, pid); last == nil {
 			return nil
 		}
 		select {
 		case <-exited:
-			return errors.New("redis-server exited")
+			return errors.New("redis-server exited (is the port taken?)")
 		case <-tick.C:
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("no PONG after %s: %w", startTimeout, last)
 		}
 	}
+}
+
+// pingPID checks over a fresh connection that the server on addr answers and
+// is the process pid (INFO server's process_id).
+func pingPID(addr string, pid int) error {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Second))
+	if _, err := conn.Write([]byte("INFO server\r\n")); err != nil {
+		return err
+	}
+	r := bufio.NewReader(conn)
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(head, "$") {
+		return fmt.Errorf("got %q, want the INFO reply", strings.TrimSpace(head))
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(head[1:]))
+	if err != nil || n < 0 {
+		return fmt.Errorf("got %q, want the INFO reply", strings.TrimSpace(head))
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return err
+	}
+	want := "process_id:" + strconv.Itoa(pid)
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.TrimSpace(line) == want {
+			return nil
+		}
+	}
+	return fmt.Errorf("another redis-server answers on %s (want %s)", addr, want)
 }
 
 // ping sends one inline PING over a fresh connection.
