@@ -719,4 +719,3 @@ func TestRedisSentinel(t *testing.T) {
 	wantHits(t, u, "evt_s1", 1)
 	wantHits(t, u, "evt_s2", 1)
 }
-
