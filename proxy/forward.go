@@ -135,13 +135,15 @@ func (b *bufferPool) Put(buf []byte) {
 }
 
 // forward sends the buffered body to rt's upstream and streams the answer
-// back with Dedup-Status set to status. The upstream call runs under the
-// route's upstream_timeout and is not cancelled when the sender hangs up (so
-// the claim is always settled by what the upstream did), only when the
-// gateway is closed. A claimed key is committed or released in
+// back with Dedup-Status set to status. The upstream call runs until its
+// deadline (see forwardDeadline) and is not cancelled when the sender hangs
+// up (so the claim is always settled by what the upstream did), only when
+// the gateway is closed. A claimed key is committed or released in
 // modifyResponse or errorHandler, before anything reaches the sender.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, status string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), d.rt.UpstreamTimeout)
+	deadline, bound := g.forwardDeadline(d, time.Now())
+	d.leaseBound = bound
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), deadline)
 	defer cancel()
 	stop := context.AfterFunc(g.ctx, cancel)
 	defer stop()
@@ -170,6 +172,36 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 	d.forwarded = true
 	d.fwdStart = time.Now()
 	d.rt.proxy.ServeHTTP(w, out)
+}
+
+// forwardDeadline returns the deadline of a forward starting at now:
+// now + upstream_timeout, or, when d holds a claim and it is earlier, the
+// lease's end minus commitReserve, so the commit (or release) that follows
+// the upstream's answer is sent with time left on the lease. bound reports
+// that the lease set the deadline. Without this bound a forward started late
+// in its lease (a slow claim, a store slow to answer) could end after the
+// lease: a retry arriving then claims the key and is forwarded again,
+// although the first sender is answered 200.
+func (g *Gateway) forwardDeadline(d *delivery, now time.Time) (deadline time.Time, bound bool) {
+	deadline = now.Add(d.rt.UpstreamTimeout)
+	if d.token == "" || d.leaseEnd.IsZero() {
+		return deadline, false
+	}
+	if b := d.leaseEnd.Add(-g.commitReserve(d.rt)); b.Before(deadline) {
+		return b, true
+	}
+	return deadline, false
+}
+
+// commitReserve is the part of a route's lease kept for the commit after the
+// forward: the store timeout (a commit never takes longer: it is abandoned
+// then), but at most half the slack between the lease and upstream_timeout,
+// so that a forward started promptly after its claim always gets its full
+// upstream_timeout. With the defaults (lease 60s, upstream_timeout 30s,
+// store timeout 5s) it is 5s, and only a claim that took more than 25s cuts
+// a forward short.
+func (g *Gateway) commitReserve(rt *route) time.Duration {
+	return max(0, min(g.storeTimeout, (rt.Lease-rt.UpstreamTimeout)/2))
 }
 
 // modifyResponse settles the claim from the upstream's status line, before
@@ -230,8 +262,10 @@ type readCloser struct {
 }
 
 // errorHandler answers a forward the upstream never answered: 504 when the
-// route's upstream_timeout passed, 503 when the gateway is shutting down, 502
-// otherwise. A claimed key is released first.
+// forward's deadline passed (upstream_timeout, or the claim's lease minus
+// the commit reserve: see forwardDeadline), 503 when the gateway is shutting
+// down, 502 otherwise. A claimed key is released first, a timeout with
+// reason timeout.
 func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	d := deliveryFrom(r.Context())
 	if d == nil { // not a gateway request; cannot happen
@@ -249,6 +283,8 @@ func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	switch {
 	case g.ctx.Err() != nil:
 		reason, prob, retry, text = reasonShutdown, probShuttingDown.with(d.rt.Name, "the gateway is shutting down; retry the delivery"), retryLaterSeconds, "shutdown"
+	case (errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded)) && d.leaseBound:
+		reason, prob, text = reasonTimeout, probTimeout.with(d.rt.Name, "the upstream did not answer while the claim's lease left time to record its answer (the dedup store was slow); retry the delivery"), "timeout"
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded):
 		reason, prob, text = reasonTimeout, probTimeout.with(d.rt.Name, fmt.Sprintf("the upstream did not answer within %s", d.rt.UpstreamTimeout)), "timeout"
 	default:

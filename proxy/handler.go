@@ -47,6 +47,12 @@ type delivery struct {
 	// token is the owner token while this delivery holds the claim.
 	token      string
 	leaseUntil time.Time
+	// leaseEnd is when the claim's lease ends on this process's monotonic
+	// clock (see claim); zero without a claim.
+	leaseEnd time.Time
+	// leaseBound is set when the forward's deadline is the lease's
+	// (leaseEnd minus the commit reserve), not upstream_timeout.
+	leaseBound bool
 	// settled is set once the claim was committed or released.
 	settled bool
 
@@ -212,10 +218,18 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 }
 
 // claim claims d's key on a context the sender cannot cancel, so a claim the
-// store made is never lost to a hang-up. It records the token when claimed.
+// store made is never lost to a hang-up. It records the token when claimed,
+// and the lease's end on the local monotonic clock (d.leaseEnd): the time the
+// claim was sent plus the lease's remaining duration at claim time. The store
+// granted the lease at an instant after the claim was sent, so this end is
+// never later than the store's, however far the store's clock is from ours
+// and however long the claim's round trip took. The remaining duration is
+// the route's lease, or less when the record's LeaseUntil, read against our
+// clock when the claim was sent, says so (a store clock behind ours).
 func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (dedup.ClaimResult, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
 	defer cancel()
+	sent, sentWall := time.Now(), g.now()
 	res, err := g.store.Claim(ctx, d.key, dedup.ClaimOptions{Lease: d.rt.Lease, BodySHA256: bodySHA, Fingerprint: d.fingerprint})
 	if err != nil {
 		return res, fmt.Errorf("claim %s: %w", d.key, err)
@@ -223,6 +237,11 @@ func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (de
 	if res.Outcome == dedup.Claimed {
 		d.token = res.Token
 		d.leaseUntil = res.Record.LeaseUntil
+		remaining := d.rt.Lease
+		if r := res.Record.LeaseUntil.Sub(sentWall); !res.Record.LeaseUntil.IsZero() && r > 0 && r < remaining {
+			remaining = r
+		}
+		d.leaseEnd = sent.Add(remaining)
 	}
 	return res, nil
 }
