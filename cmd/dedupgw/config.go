@@ -26,6 +26,9 @@ type File struct {
 	Admin Admin `config:"admin"`
 	// Log configures the logger.
 	Log Log `config:"log"`
+	// Server sets the HTTP server timeouts. Unset keys mean the built-in
+	// values (see Server).
+	Server Server `config:"server"`
 	// Store selects and configures the dedup backend.
 	Store Store `config:"store"`
 	// Defaults are inherited by every route; nil fields mean the built-in
@@ -56,6 +59,26 @@ type Log struct {
 	Level string `config:"level"`
 	// Format is json or console. Empty means json.
 	Format string `config:"format"`
+}
+
+// Server sets the timeouts of the gateway's HTTP listener (read_header_timeout
+// and idle_timeout also apply to the admin listener). A nil field is not set;
+// a set one must be greater than 0. They are fixed at start-up: a reload
+// that changes them takes effect at the next restart.
+type Server struct {
+	// ReadHeaderTimeout bounds reading a request's headers (slowloris).
+	// Nil means 10s.
+	ReadHeaderTimeout *time.Duration `config:"read_header_timeout"`
+	// ReadTimeout bounds reading a whole request, headers and body; the
+	// gateway also uses it as each delivery's body read deadline (a slow
+	// body is answered 408). Nil means the largest max_body_bytes of any
+	// route uploaded at 64 KiB/s after the header timeout, at least 30s
+	// (30s for the default 1 MiB). It must not be shorter than
+	// ReadHeaderTimeout.
+	ReadTimeout *time.Duration `config:"read_timeout"`
+	// IdleTimeout bounds how long an idle keep-alive connection stays open.
+	// Nil means 120s.
+	IdleTimeout *time.Duration `config:"idle_timeout"`
 }
 
 // Store selects the dedup backend.

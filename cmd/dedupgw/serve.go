@@ -27,10 +27,12 @@ import (
 	"github.com/dedupgw/dedupgw/proxy"
 )
 
-// HTTP server limits. The read timeout grows with the largest body a route
-// accepts (see readTimeout); the gateway itself bounds each forward by the
-// route's upstream_timeout, so there is no write timeout on the gateway
-// listener (a delivery on an on_in_flight: wait route may be held a lease).
+// HTTP server limits. The header, read and idle timeouts are the defaults of
+// the server: block (see Server); the default read timeout grows with the
+// largest body a route accepts (see readTimeout). The gateway itself bounds
+// each forward by the route's upstream_timeout, so there is no write timeout
+// on the gateway listener (a delivery on an on_in_flight: wait route may be
+// held a lease).
 const (
 	readHeaderTimeout = 10 * time.Second
 	idleTimeout       = 120 * time.Second
@@ -165,9 +167,9 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	errLog := zap.NewStdLog(s.log.Named("http"))
 	gwSrv := &http.Server{
 		Handler:           gw,
-		ReadHeaderTimeout: readHeaderTimeout,
+		ReadHeaderTimeout: headerTimeout(f),
 		ReadTimeout:       readTimeout(f),
-		IdleTimeout:       idleTimeout,
+		IdleTimeout:       idleTimeoutOf(f),
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          errLog,
 	}
@@ -175,10 +177,10 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			(*s.admin.Load()).ServeHTTP(w, r)
 		}),
-		ReadHeaderTimeout: readHeaderTimeout,
-		ReadTimeout:       readHeaderTimeout,
+		ReadHeaderTimeout: headerTimeout(f),
+		ReadTimeout:       headerTimeout(f),
 		WriteTimeout:      adminWriteTimeout,
-		IdleTimeout:       idleTimeout,
+		IdleTimeout:       idleTimeoutOf(f),
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          errLog,
 	}
@@ -270,22 +272,43 @@ func serveListener(srv *http.Server, l net.Listener, name string) error {
 	return nil // Shutdown was called
 }
 
-// readTimeout bounds reading a whole request: the largest body any route
-// accepts, uploaded at the slowest rate allowed, and at least minReadTimeout.
+// headerTimeout is server.read_header_timeout, or readHeaderTimeout.
+func headerTimeout(f *File) time.Duration {
+	if d := f.Server.ReadHeaderTimeout; d != nil {
+		return *d
+	}
+	return readHeaderTimeout
+}
+
+// idleTimeoutOf is server.idle_timeout, or idleTimeout.
+func idleTimeoutOf(f *File) time.Duration {
+	if d := f.Server.IdleTimeout; d != nil {
+		return *d
+	}
+	return idleTimeout
+}
+
+// readTimeout bounds reading a whole request: server.read_timeout when set,
+// else the header timeout plus the largest body any route accepts uploaded
+// at the slowest rate allowed, and at least minReadTimeout.
 func readTimeout(f *File) time.Duration {
+	if d := f.Server.ReadTimeout; d != nil {
+		return *d
+	}
 	var largest int64
 	for i := range f.Routes {
 		largest = max(largest, *f.effective(i).MaxBodyBytes)
 	}
-	return max(minReadTimeout, readHeaderTimeout+time.Duration(largest/slowestSender)*time.Second)
+	return max(minReadTimeout, headerTimeout(f)+time.Duration(largest/slowestSender)*time.Second)
 }
 
 // bodyTimeout bounds reading one delivery's body inside the gateway
 // (proxy.Options.BodyTimeout). The gateway's read deadline replaces the
-// server's ReadTimeout once the handler runs, so it is the same bound: the
-// largest body at the slowest rate allowed, at least minReadTimeout. Like
-// ReadTimeout it is fixed at start-up; a reload that raises max_body_bytes
-// takes effect on these timeouts at the next restart.
+// server's ReadTimeout once the handler runs, so it is the same bound:
+// server.read_timeout, or by default the largest body at the slowest rate
+// allowed, at least minReadTimeout. Like ReadTimeout it is fixed at
+// start-up; a reload that changes server: or raises max_body_bytes takes
+// effect on these timeouts at the next restart.
 func bodyTimeout(f *File) time.Duration { return readTimeout(f) }
 
 // setAdmin installs an admin handler guarded by token.
@@ -327,6 +350,10 @@ func (s *server) reload() {
 	if f.Admin.Listen != old.Admin.Listen {
 		restart = append(restart, "admin.listen")
 		f.Admin.Listen = old.Admin.Listen
+	}
+	if !reflect.DeepEqual(f.Server, old.Server) {
+		restart = append(restart, "server")
+		f.Server = old.Server
 	}
 	if f.Log.Format != old.Log.Format {
 		restart = append(restart, "log.format")

@@ -29,6 +29,7 @@ func (f *File) Validate() error {
 	}
 	oneOf(&ps, "log.level", f.Log.Level, "debug", "info", "warn", "error")
 	oneOf(&ps, "log.format", f.Log.Format, "json", "console")
+	f.checkServer(&ps)
 	f.checkStore(&ps)
 
 	checkPolicy(&ps, "defaults", f.Defaults)
@@ -88,6 +89,25 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// checkServer checks the server: block: each timeout it sets is positive,
+// and read_timeout (headers and body) is not shorter than the header timeout.
+func (f *File) checkServer(ps *Problems) {
+	s := f.Server
+	ok := true
+	positive := func(name string, d *time.Duration) {
+		if d != nil && *d <= 0 {
+			ps.add("server."+name, "must be greater than 0, got %v", *d)
+			ok = false
+		}
+	}
+	positive("read_header_timeout", s.ReadHeaderTimeout)
+	positive("read_timeout", s.ReadTimeout)
+	positive("idle_timeout", s.IdleTimeout)
+	if ok && s.ReadTimeout != nil && *s.ReadTimeout < headerTimeout(f) {
+		ps.add("server.read_timeout", "%v must not be shorter than read_header_timeout %v (it bounds headers and body)", *s.ReadTimeout, headerTimeout(f))
+	}
 }
 
 func (f *File) checkStore(ps *Problems) {
