@@ -105,7 +105,8 @@ type KeyFunc func(r *http.Request, body []byte) (string, error)
 //   - A zero Tolerance means DefaultTolerance; a negative one is an error. A
 //     nil Now means time.Now.
 //   - RequestID is never nil; it returns the provider's delivery ID header
-//     (X-GitHub-Delivery, X-Shopify-Webhook-Id, webhook-id or svix-id) and ""
+//     (X-GitHub-Delivery, X-Shopify-Webhook-Id or Shopify-Webhook-Id,
+//     webhook-id or svix-id) and ""
 //     for providers that send none.
 //
 // Errors name the offending field as written in a route ("provider: …",
@@ -141,7 +142,7 @@ func New(cfg Config) (*Provider, error) {
 			verifier = &stripeVerifier{secrets: secretBytes(cfg.Secrets), clock: c}
 		}
 	case Shopify:
-		p.RequestID = headerRequestID(shopifyWebhookIDHeader)
+		p.RequestID = headerRequestID(shopifyWebhookIDHeader, shopifyWebhookIDHeaderNew)
 		if hasSecrets {
 			verifier = &shopifyVerifier{secrets: secretBytes(cfg.Secrets)}
 		}
@@ -200,7 +201,10 @@ func (cfg Config) Validate() error {
 // Generic and unknown names:
 //
 //   - stripe: json:id
-//   - shopify: header:X-Shopify-Event-Id, then header:X-Shopify-Webhook-Id
+//   - shopify: header:X-Shopify-Event-Id, header:Shopify-Event-Id, then
+//     header:X-Shopify-Webhook-Id, header:Shopify-Webhook-Id (the event ID
+//     in either spelling before the delivery ID in either spelling, so a
+//     delivery mixing the two spellings is still keyed by its event)
 //   - github: header:X-GitHub-Delivery
 //   - standard-webhooks: header:webhook-id, then header:svix-id
 //   - slack: json:event_id
@@ -209,7 +213,10 @@ func PresetKeys(provider string) []string {
 	case Stripe:
 		return []string{"json:id"}
 	case Shopify:
-		return []string{"header:" + shopifyEventIDHeader, "header:" + shopifyWebhookIDHeader}
+		return []string{
+			"header:" + shopifyEventIDHeader, "header:" + shopifyEventIDHeaderNew,
+			"header:" + shopifyWebhookIDHeader, "header:" + shopifyWebhookIDHeaderNew,
+		}
 	case GitHub:
 		return []string{"header:" + githubDeliveryHeader}
 	case StandardWebhooks:

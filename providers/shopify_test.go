@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -69,4 +70,70 @@ func FuzzShopifySignature(f *testing.F) {
 			t.Fatalf("Verify(%q): got %v, want a sentinel", h, err)
 		}
 	})
+}
+
+// TestShopifyUnprefixedHeaders: Shopify's headers without the "X-" prefix are
+// accepted wherever the X- ones are (signature, key, request ID), the X- one
+// first; the event ID in either spelling comes before the delivery ID.
+func TestShopifyUnprefixedHeaders(t *testing.T) {
+	const (
+		secret = "test_secret_key"
+		body   = `{"foo": "bar"}`
+		good   = "B23tXN681gZ0qIWNRrgtzBE9XSDo5yaUu6wfmhu3a7g="
+		bad    = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+	)
+	tests := []struct {
+		name      string
+		headers   map[string]string
+		wantErr   error
+		wantKey   string
+		wantReqID string
+	}{
+		{"only unprefixed", map[string]string{
+			"Shopify-Hmac-Sha256": good, "Shopify-Event-Id": "se1", "Shopify-Webhook-Id": "sw1",
+		}, nil, "se1", "sw1"},
+		{"unprefixed delivery ID only", map[string]string{
+			"Shopify-Hmac-Sha256": good, "Shopify-Webhook-Id": "sw1",
+		}, nil, "sw1", "sw1"},
+		{"both spellings: the X- ones win", map[string]string{
+			"X-Shopify-Hmac-Sha256": good, "Shopify-Hmac-Sha256": bad,
+			"X-Shopify-Event-Id": "xe1", "Shopify-Event-Id": "se1",
+			"X-Shopify-Webhook-Id": "xw1", "Shopify-Webhook-Id": "sw1",
+		}, nil, "xe1", "xw1"},
+		{"a bad X- signature is not rescued by the unprefixed one", map[string]string{
+			"X-Shopify-Hmac-Sha256": bad, "Shopify-Hmac-Sha256": good, "X-Shopify-Event-Id": "xe1",
+		}, ErrBadSignature, "xe1", ""},
+		{"mixed: the event ID beats the X- delivery ID", map[string]string{
+			"X-Shopify-Hmac-Sha256": good, "X-Shopify-Webhook-Id": "xw1", "Shopify-Event-Id": "se1",
+		}, nil, "se1", "xw1"},
+		{"bad unprefixed signature", map[string]string{
+			"Shopify-Hmac-Sha256": bad, "Shopify-Event-Id": "se1",
+		}, ErrBadSignature, "se1", ""},
+		{"no signature in either spelling", map[string]string{
+			"Shopify-Event-Id": "se1",
+		}, ErrNoSignature, "se1", ""},
+	}
+	p, err := New(Config{Provider: Shopify, Secrets: []string{secret}})
+	if err != nil {
+		t.Fatalf("New: got %v, want nil", err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRequest(tt.headers)
+			err := p.Verifier.Verify(r, []byte(body))
+			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
+				t.Errorf("Verify: got %v, want %v", err, tt.wantErr)
+			}
+			if got, err := p.Key(r, []byte(body)); got != tt.wantKey || err != nil {
+				t.Errorf("Key: got (%q, %v), want (%q, nil)", got, err, tt.wantKey)
+			}
+			if got := p.RequestID(r); got != tt.wantReqID {
+				t.Errorf("RequestID: got %q, want %q", got, tt.wantReqID)
+			}
+		})
+	}
+	want := []string{"header:X-Shopify-Event-Id", "header:Shopify-Event-Id", "header:X-Shopify-Webhook-Id", "header:Shopify-Webhook-Id"}
+	if got := PresetKeys(Shopify); !slices.Equal(got, want) {
+		t.Errorf("PresetKeys(shopify): got %q, want %q", got, want)
+	}
 }
