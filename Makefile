@@ -27,3 +27,26 @@ run:
 # validate checks the example configuration.
 validate:
 	go run ./cmd/dedupgw validate --config config.example.yaml
+
+CHAOSRUN ?= Chaos
+FUZZTIME ?= 10s
+
+.PHONY: chaos fuzz
+# chaos runs the fault-injection suite in full mode (chaos/doc.go): the real
+# binary, built with -race, under kill -9, Redis restarts, SIGTERM and a slowed
+# store, thousands of events. Needs redis-server. Pick other tests with
+# CHAOSRUN, e.g. make chaos CHAOSRUN=. for the whole suite.
+chaos:
+	DEDUPGW_CHAOS=full go test -race ./chaos -run '$(CHAOSRUN)' -v -timeout 10m
+
+# fuzz runs every fuzz target (every func Fuzz* in a _test.go file, found
+# afresh each run) for FUZZTIME each, one after the other, and stops at the
+# first failure (its input is saved under that package's testdata/fuzz).
+# E.g. make fuzz FUZZTIME=1m
+fuzz:
+	@set -e; for pkg in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+		for fn in $$(grep -h '^func Fuzz' $$pkg/*_test.go | sed 's/^func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do \
+			echo "fuzz: $$pkg $$fn for $(FUZZTIME)"; \
+			go test $$pkg -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME); \
+		done; \
+	done
