@@ -44,7 +44,10 @@ type Route struct {
 	// It must be longer than UpstreamTimeout.
 	Lease time.Duration
 	// UpstreamTimeout bounds one forward, from sending the request to the end
-	// of the response body. Zero means 30s.
+	// of the response body. Zero means 30s. A forward of a claimed key is
+	// also cut when its claim's lease, minus the time kept to commit (the
+	// store timeout, at most half of Lease - UpstreamTimeout), runs out: it
+	// is then answered 504 and the key released, like a timeout.
 	UpstreamTimeout time.Duration
 	// MaxBodyBytes bounds the request body (413 beyond). Zero means 1 MiB.
 	MaxBodyBytes int64
@@ -59,8 +62,16 @@ type Route struct {
 	// stored upstream response).
 	DuplicateResponse string
 
-	// OnFingerprintMismatch is Ack (default) or Reject (422) when a key is
-	// reused with a different payload.
+	// OnFingerprintMismatch is Ack (default) or Reject: what a delivery gets
+	// when its key was first used for a different request. Only Reject
+	// routes fingerprint requests (Ack routes compute and store none, and
+	// answer a reused key like any duplicate). The fingerprint is the
+	// SHA-256 of the method, the path and the payload: the body's canonical
+	// JSON (object keys sorted, insignificant white space removed) without
+	// the top-level fields in FingerprintExclude, or the raw body when it is
+	// not JSON. The query string and headers are not part of it. A mismatch
+	// is answered 422, for a processed, in-flight or failed key alike, and
+	// nothing is forwarded or recorded.
 	OnFingerprintMismatch string
 	// FingerprintExclude lists top-level JSON fields left out of the
 	// fingerprint (timestamps).
@@ -71,8 +82,14 @@ type Route struct {
 	// [Content-Type].
 	ReplayHeaders []string
 	// ClientIdentity, when set, names a request header (Authorization, an API
-	// key header) whose SHA-256 is mixed into the key, so two clients using the
-	// same key never collide.
+	// key header) that scopes keys per client, so two clients using the same
+	// key never collide. The stored key (what /v1/keys addresses, and what
+	// Dedup-Key carries after the namespace) is "<scope>:<key>", where scope
+	// is the first 32 hex digits of the SHA-256 of the header's first value;
+	// the header's value itself is never stored. A delivery without the
+	// header (or with it empty) counts as having no key: on_missing_key
+	// decides (reject: 400; forward: forwarded unkeyed). Empty means keys
+	// are not scoped.
 	ClientIdentity string
 
 	// Provider configures key extraction and signature verification.
