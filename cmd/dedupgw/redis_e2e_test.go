@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -438,6 +439,13 @@ func TestRedisOutageAndRecovery(t *testing.T) {
 	case <-g.done:
 		t.Errorf("gateway exited (code %d) during the outage, want it running throughout", g.exitCode)
 	default:
+	}
+	// go-redis logs failed dials through its own process-wide logger; the
+	// gateway routes it through zap so log collectors see JSON only.
+	for _, line := range strings.Split(strings.TrimSpace(g.logs()), "\n") {
+		if line != "" && !json.Valid([]byte(line)) {
+			t.Errorf("gateway log line during the outage is not JSON: %q", line)
+		}
 	}
 }
 

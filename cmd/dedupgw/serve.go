@@ -11,12 +11,14 @@ import (
 	"os/signal"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -377,6 +379,9 @@ func (s *server) reload() {
 	s.log.Info("config reloaded", zap.String("config", s.path), zap.Int("routes", len(f.Routes)))
 }
 
+// goRedisLogger installs go-redis's process-wide logger once.
+var goRedisLogger sync.Once
+
 // openStore opens the configured backend.
 func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
 	switch cfg.Backend {
@@ -389,6 +394,9 @@ func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
 	case "memory":
 		return memstore.New(memstore.Options{}), nil
 	case "redis":
+		// go-redis has one process-wide logger that writes plain text to
+		// stderr; route it through zap so every line stays JSON.
+		goRedisLogger.Do(func() { redis.SetLogger(redisstore.GoRedisLogger{Logger: log.Named("go-redis")}) })
 		r := cfg.Redis
 		s, err := redisstore.New(redisstore.Config{
 			Addrs:        r.Addrs,
