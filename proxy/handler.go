@@ -393,7 +393,7 @@ func (g *Gateway) finish(d *delivery) {
 // readBody reads the whole body, at most limit bytes (beyond that it returns
 // an *http.MaxBytesError) and within the gateway's body timeout (beyond that
 // a net.Error whose Timeout is true).
-func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) (_ []byte, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
@@ -402,14 +402,22 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) 
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
 	rc := http.NewResponseController(w)
-	if err := rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)); err == nil {
+	if rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)) == nil {
 		// Close cuts a body still arriving short, so it does not wait for
 		// a slow sender.
 		stop := context.AfterFunc(g.ctx, func() { _ = rc.SetReadDeadline(time.Unix(1, 0)) })
-		// Clear the deadline afterwards: the server's background read must
-		// not time out (and cancel the request) while the upstream works.
 		defer func() {
 			stop()
+			if err != nil {
+				// The body is unfinished: keep the deadline in the past so
+				// the server's discard of the rest fails at once and the
+				// connection closes, instead of a trickling sender holding
+				// it open with no deadline at all.
+				_ = rc.SetReadDeadline(time.Unix(1, 0))
+				return
+			}
+			// Clear the deadline: the server's background read must not
+			// time out (and cancel the request) while the upstream works.
 			_ = rc.SetReadDeadline(time.Time{})
 		}()
 	}
@@ -417,13 +425,13 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) 
 	if r.ContentLength > 0 {
 		// The server's body reader stops at Content-Length: read exactly that.
 		buf := make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(body, buf); err != nil {
+		if _, err = io.ReadFull(body, buf); err != nil {
 			return nil, fmt.Errorf("read body: %w", err)
 		}
 		return buf, nil
 	}
 	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(body); err != nil {
+	if _, err = buf.ReadFrom(body); err != nil {
 		return nil, fmt.Errorf("read body: %w", err)
 	}
 	return buf.Bytes(), nil

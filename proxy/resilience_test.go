@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -225,13 +226,20 @@ func TestSlowBodyCutOff(t *testing.T) {
 	fmt.Fprintf(conn, "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow\r\nContent-Length: 100\r\n\r\n0123456789")
 	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second)) // test guard only
 	start := time.Now()
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatalf("reading the answer: %v", err)
 	}
+	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusRequestTimeout || resp.Header.Get(HeaderDedupStatus) != "rejected" {
 		t.Errorf("got %d %q, want 408 rejected", resp.StatusCode, resp.Header.Get(HeaderDedupStatus))
+	}
+	// The gateway must then close the connection: a trickling sender may not
+	// hold a connection (a descriptor and a goroutine) after its 408.
+	if n, err := br.ReadByte(); err != io.EOF {
+		t.Errorf("after the 408: got byte %q, err %v; want the connection closed (EOF)", n, err)
 	}
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("cut off after %s, want about the 100ms body timeout", took)
