@@ -116,6 +116,9 @@ var valueSets = []struct {
 			if cfg.Store.Backend != "redis" {
 				t.Errorf("store.backend: got %q, want redis", cfg.Store.Backend)
 			}
+			if got := cfg.Server["read_header_timeout"]; got != "5s" {
+				t.Errorf("server.read_header_timeout: got %v, want the values' 5s passed through", got)
+			}
 			if got := len(cfg.Store.Redis["addrs"].([]any)); got != 3 {
 				t.Errorf("store.redis.addrs: got %d addresses, want 3", got)
 			}

@@ -298,7 +298,8 @@ type gatewayConfig struct {
 		Listen   string `json:"listen"`
 		Insecure bool   `json:"insecure"`
 	} `json:"admin"`
-	Store struct {
+	Server map[string]any `json:"server"`
+	Store  struct {
 		Backend string         `json:"backend"`
 		Bolt    map[string]any `json:"bolt"`
 		Redis   map[string]any `json:"redis"`

@@ -126,6 +126,9 @@ It renders nothing when the values are consistent.
 {{- with .Values.defaults }}
 {{- $_ := set $cfg "defaults" . }}
 {{- end }}
+{{- with .Values.server }}
+{{- $_ := set $cfg "server" . }}
+{{- end }}
 {{- toYaml $cfg }}
 {{- end }}
 
