@@ -326,6 +326,13 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 
 	var ps Problems
 	decode(raw, reflect.ValueOf(f).Elem(), "", &ps)
+	// A value that does not decode (a duration, a number) because a ${VAR}
+	// in it was unset is explained by naming the variable.
+	for i, p := range ps {
+		if vars := f.unset[p.Key]; len(vars) > 0 {
+			ps[i].Msg += fmt.Sprintf(" (environment variable %s is not set)", strings.Join(vars, ", "))
+		}
+	}
 	f.applyDefaults()
 	return f, ps.errOrNil()
 }

@@ -525,6 +525,9 @@ func TestProblems(t *testing.T) {
 			"routes[0].secrets[0]: must not be empty (environment variable STRIPE_WEBHOOK_SECRET is not set)",
 			"routes[0].secrets[1]: must not be empty",
 		}},
+		{"duration from unset var", route("    window: ${W}\n"), nil, []string{
+			`routes[0].window: invalid duration "" (want e.g. "300ms", "30s", "24h") (environment variable W is not set)`,
+		}},
 		{"secret set", route("    secrets: [\"${S}\"]\n"), map[string]string{"S": "whsec"}, nil},
 		{"negative tolerance", route("    tolerance: -5s\n"), nil, []string{"routes[0].tolerance: must not be negative, got -5s"}},
 		{"bad methods", route("    methods: [post, \"GET X\"]\n"), nil, []string{
