@@ -175,10 +175,12 @@ type Store interface {
 	// and InFlight for a key whose lease is held.
 	Claim(ctx context.Context, key Key, opts ClaimOptions) (ClaimResult, error)
 	// Commit marks the key processed for opts.Window if token still owns it,
-	// else returns ErrNotOwner and changes nothing.
+	// else returns ErrNotOwner and changes nothing. A claim whose lease ran out
+	// is still owned by its token until another Claim takes the key over (or
+	// LeaseGrace passes).
 	Commit(ctx context.Context, key Key, token string, opts CommitOptions) error
-	// Release marks the key failed (claimable) if token still owns it, else
-	// returns ErrNotOwner and changes nothing.
+	// Release marks the key failed (claimable) if token still owns it (as for
+	// Commit), else returns ErrNotOwner and changes nothing.
 	Release(ctx context.Context, key Key, token string, opts ReleaseOptions) error
 	// Get returns the key's record, or ErrNotFound.
 	Get(ctx context.Context, key Key) (Record, error)
@@ -190,6 +192,13 @@ type Store interface {
 	// Close releases resources and stops background goroutines.
 	Close() error
 }
+
+// LeaseGrace is how long a store keeps a claim whose lease ran out but that
+// nobody took over. Within it the owner's late Commit or Release still lands
+// (the token proves no other attempt claimed the key since), so an upstream
+// 2xx that arrived just after the lease is recorded instead of letting the
+// next retry be forwarded again. Sweepers must not drop such claims earlier.
+const LeaseGrace = time.Hour
 
 // Clock returns the current time. Stores take one so tests can move time.
 type Clock func() time.Time

@@ -271,3 +271,39 @@ func TestFinishingLeaseIsNotTakenOver(t *testing.T) {
 		t.Errorf("Claim after Commit: got (%v, %v), want (duplicate, nil)", got.Outcome, err)
 	}
 }
+
+// TestSweepKeepsLapsedLeaseForItsOwner: the sweeper must not drop a lease
+// that ran out but was not taken over before dedup.LeaseGrace passed, or the
+// owner's late commit (the upstream did answer 2xx) would be refused and the
+// next retry forwarded again.
+func TestSweepKeepsLapsedLeaseForItsOwner(t *testing.T) {
+	ctx := context.Background()
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	s, _ := openTemp(t, Options{Now: clk.Now, SweepInterval: -1})
+	defer s.Close()
+	tests := []struct {
+		name      string
+		lateBy    time.Duration
+		wantError error
+	}{
+		{"within the grace", time.Second, nil},
+		{"after the grace", dedup.LeaseGrace + time.Second, dedup.ErrNotOwner},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := dedup.Key{Namespace: "n", ID: tt.name}
+			res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+			if err != nil || res.Outcome != dedup.Claimed {
+				t.Fatalf("Claim: got (%v, %v), want (claimed, nil)", res.Outcome, err)
+			}
+			clk.Advance(time.Minute + tt.lateBy)
+			if _, err := s.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			err = s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+			if !errors.Is(err, tt.wantError) {
+				t.Errorf("late Commit after a sweep: got %v, want %v", err, tt.wantError)
+			}
+		})
+	}
+}

@@ -9,6 +9,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/zap"
+
+	"github.com/dedupgw/dedupgw/dedup"
 )
 
 func (s *Store) sweepLoop(interval time.Duration) {
@@ -35,7 +37,7 @@ func (s *Store) sweepLoop(interval time.Duration) {
 
 // Sweep deletes every record expired at the store's clock, in transactions
 // of at most Options.SweepBatch records, and drops in-memory leases that ran
-// out. It returns how many records it deleted. It stops early, without
+// out more than dedup.LeaseGrace ago (their owner may still commit). It returns how many records it deleted. It stops early, without
 // error, when the store is closing. The background sweeper calls it every
 // Options.SweepInterval; tests and tools may call it directly.
 func (s *Store) Sweep(ctx context.Context) (int, error) {
@@ -50,7 +52,7 @@ func (s *Store) sweep(ctx context.Context) (int, error) {
 	now := s.now()
 	s.mu.Lock()
 	for k, l := range s.leases {
-		if l.finishing == nil && now.After(l.until) {
+		if l.finishing == nil && now.After(l.until.Add(dedup.LeaseGrace)) {
 			delete(s.leases, k)
 		}
 	}

@@ -77,15 +77,20 @@ func (s *Store) sweepLoop(interval time.Duration) {
 	}
 }
 
-// Sweep deletes every record whose expiry has passed (including processing
-// records whose lease ran out) and returns how many it deleted.
+// Sweep deletes every record whose expiry has passed (processing records
+// once their lease ran out more than dedup.LeaseGrace ago) and returns how
+// many it deleted.
 func (s *Store) Sweep() int {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
 	for k, r := range s.records {
-		if now.After(r.ExpiresAt) {
+		exp := r.ExpiresAt
+		if r.State == dedup.StateProcessing {
+			exp = exp.Add(dedup.LeaseGrace) // its owner may still commit
+		}
+		if now.After(exp) {
 			delete(s.records, k)
 			n++
 		}

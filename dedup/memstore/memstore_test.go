@@ -60,9 +60,9 @@ func TestSweepDeletesExpired(t *testing.T) {
 	}{
 		{0, 0, 4},
 		{6 * time.Second, 1, 3},  // failed retention over
-		{5 * time.Second, 1, 2},  // lease over
-		{10 * time.Second, 1, 1}, // short window over
-		{time.Hour, 1, 0},
+		{5 * time.Second, 0, 3},  // lease over, but its owner may still commit
+		{10 * time.Second, 1, 2}, // short window over
+		{time.Hour, 2, 0},        // long window over; lease over by more than dedup.LeaseGrace
 	}
 	for i, tt := range tests {
 		clk.Advance(tt.advance)
@@ -83,7 +83,7 @@ func TestSweeperRunsAndStops(t *testing.T) {
 	if err != nil || res.Outcome != dedup.Claimed {
 		t.Fatalf("Claim: got (%v, %v), want (claimed, nil)", res.Outcome, err)
 	}
-	clk.Advance(2 * time.Second)
+	clk.Advance(time.Second + dedup.LeaseGrace + time.Second)
 	deadline := time.Now().Add(5 * time.Second)
 	for s.Len() != 0 {
 		if time.Now().After(deadline) {

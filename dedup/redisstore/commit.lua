@@ -1,6 +1,6 @@
--- commit.lua: mark KEYS[1] processed if ARGV[2] still owns its unexpired lease.
+-- commit.lua: mark KEYS[1] processed if ARGV[2] still owns its claim.
 --
--- ARGV[1] now, ms, decimal
+-- ARGV[1] now, ms, decimal (not compared: the token decides)
 -- ARGV[2] owner token
 -- ARGV[3] completed_at (now), base 36
 -- ARGV[4] expires_at (now + window), base 36
@@ -24,7 +24,10 @@ if st == 'd' and aux == ARGV[3] and exp == ARGV[4] and
   -- the client re-sent the call after a lost reply.
   return 1
 end
-if st ~= 'p' or aux ~= ARGV[2] or tonumber(exp, 36) < tonumber(ARGV[1]) then
+-- The token decides, not the lease: a claim whose lease ran out still
+-- belongs to its owner until another claim replaced the token (the record
+-- is kept for the lease plus dedup.LeaseGrace).
+if st ~= 'p' or aux ~= ARGV[2] then
   return 0
 end
 local claim = string.sub(rec, pos, pos + tonumber(clen) - 1)

@@ -55,7 +55,7 @@ var (
 // lapsed. A record whose lease lapsed reads as absent, but a claim within the
 // grace keeps its first_seen and counts attempts on, so the receipt of an
 // attempt that crashed is not lost.
-const leaseGrace = time.Hour
+const leaseGrace = dedup.LeaseGrace
 
 // Claim script result codes (the first element of its reply).
 const (

@@ -95,6 +95,7 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentCommits", testConcurrentCommits},
 		{"WrongToken", testWrongToken},
 		{"LateFinisherAfterTakeover", testLateFinisher},
+		{"LateFinisherWithoutTakeover", testLateFinisherNoTakeover},
 		{"LeaseExpiry", testLeaseExpiry},
 		{"WindowExpiry", testWindowExpiry},
 		{"WindowFixedAtCommit", testWindowFixed},
@@ -470,6 +471,34 @@ func testLateFinisher(t *testing.T, e *env) {
 	if got := mustGet(t, e.s, k); got.State != dedup.StateFailed {
 		t.Errorf("Get after refused commits: got state %q, want failed", got.State)
 	}
+}
+
+// testLateFinisherNoTakeover: an owner whose lease ran out but whose key
+// nobody claimed since still commits (the upstream did answer 2xx), and
+// still releases; the token, not the lease, decides (dedup.LeaseGrace).
+func testLateFinisherNoTakeover(t *testing.T, e *env) {
+	ctx := context.Background()
+	k := dedup.Key{Namespace: "stripe", ID: "evt_late"}
+	a := mustClaim(t, e.s, k, dedup.Claimed)
+	e.clk.Advance(lease + time.Second)
+	if err := e.s.Commit(ctx, k, a.Token, dedup.CommitOptions{Window: window, Status: 200}); err != nil {
+		t.Fatalf("late Commit by the owner nobody replaced: got %v, want nil", err)
+	}
+	if got := mustGet(t, e.s, k); got.State != dedup.StateProcessed {
+		t.Errorf("Get after late Commit: got state %q, want processed", got.State)
+	}
+	mustClaim(t, e.s, k, dedup.Duplicate)
+
+	k2 := dedup.Key{Namespace: "stripe", ID: "evt_late_fail"}
+	b := mustClaim(t, e.s, k2, dedup.Claimed)
+	e.clk.Advance(lease + time.Second)
+	if err := e.s.Release(ctx, k2, b.Token, dedup.ReleaseOptions{Retain: retain, Status: 503}); err != nil {
+		t.Fatalf("late Release by the owner nobody replaced: got %v, want nil", err)
+	}
+	if got := mustGet(t, e.s, k2); got.State != dedup.StateFailed || got.LastStatus != 503 {
+		t.Errorf("Get after late Release: got %q/%d, want failed/503", got.State, got.LastStatus)
+	}
+	mustClaim(t, e.s, k2, dedup.Claimed)
 }
 
 func testLeaseExpiry(t *testing.T, e *env) {
