@@ -247,14 +247,22 @@ func (g *Gateway) captureResponse(d *delivery, resp *http.Response) *dedup.Respo
 		g.metrics.replayTooLarge.WithLabelValues(d.rt.Name).Inc()
 		return nil
 	}
-	h := make(map[string][]string, len(d.rt.ReplayHeaders))
-	for _, name := range d.rt.ReplayHeaders {
-		if v := resp.Header.Values(name); len(v) > 0 {
-			h[http.CanonicalHeaderKey(name)] = append([]string(nil), v...)
+	h := make(map[string][]string, len(d.rt.ReplayHeaders)+len(bodyHeaders))
+	for _, names := range [][]string{d.rt.ReplayHeaders, bodyHeaders} {
+		for _, name := range names {
+			if v := resp.Header.Values(name); len(v) > 0 {
+				h[http.CanonicalHeaderKey(name)] = append([]string(nil), v...)
+			}
 		}
 	}
 	return &dedup.Response{Status: resp.StatusCode, Header: h, Body: buf}
 }
+
+// bodyHeaders describe how the stored body bytes are encoded, so they are
+// stored with it whatever replay_headers lists: the gateway passes the
+// sender's Accept-Encoding upstream, and a gzip body replayed without its
+// Content-Encoding would reach the client as garbage.
+var bodyHeaders = []string{"Content-Encoding"}
 
 type readCloser struct {
 	io.Reader

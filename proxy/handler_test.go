@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -792,5 +795,42 @@ func TestReplayLimits(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("replayed %s: got %q, want %q", c.name, c.got, c.want)
 		}
+	}
+}
+
+// TestReplayKeepsContentEncoding: a compressed upstream answer is replayed
+// with its Content-Encoding, whatever replay_headers lists; otherwise a
+// duplicate would get gzip bytes labelled as plain JSON.
+func TestReplayKeepsContentEncoding(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Content-Type", "application/json")
+		if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			fmt.Fprint(w, `{"id":"pay_1"}`)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		fmt.Fprint(zw, `{"id":"pay_1"}`)
+		_ = zw.Close()
+	})
+	r := genericRoute("api", "/api", up.URL)
+	r.DuplicateResponse = Replay
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+
+	first := h.send("/api", "", "Idempotency-Key: k1", "Accept-Encoding: gzip")
+	dup := h.send("/api", "", "Idempotency-Key: k1", "Accept-Encoding: gzip")
+	if got := dup.Header.Get("Content-Encoding"); got != "gzip" {
+		t.Fatalf("replayed Content-Encoding: got %q, want gzip (the stored body is gzip)", got)
+	}
+	if !bytes.Equal(dup.Body, first.Body) {
+		t.Errorf("replayed body: got %d bytes, want the first answer's %d bytes", len(dup.Body), len(first.Body))
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(dup.Body))
+	if err != nil {
+		t.Fatalf("replayed body is not gzip: %v", err)
+	}
+	plain, _ := io.ReadAll(zr)
+	if string(plain) != `{"id":"pay_1"}` {
+		t.Errorf("replayed body decompressed: got %q, want %q", plain, `{"id":"pay_1"}`)
 	}
 }
