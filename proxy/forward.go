@@ -153,7 +153,12 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 	out.ContentLength = int64(len(body))
 	out.TransferEncoding = nil
 	out.Body = io.NopCloser(bytes.NewReader(body))
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	// No GetBody: with it, the Transport would silently resend a request
+	// carrying Idempotency-Key when a kept-alive upstream connection drops
+	// after the request was written, and the application could process one
+	// delivery twice. Without it only a request nothing was written of is
+	// retried; anything else is a visible 502 and a provider retry.
+	out.GetBody = nil
 	if len(body) == 0 {
 		out.Body = http.NoBody
 	}
