@@ -180,7 +180,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	sum := sha256.Sum256(body)
-	bodySHA := hex.EncodeToString(sum[:])
+	var hexSum [2 * sha256.Size]byte
+	hex.Encode(hexSum[:], sum[:])
+	bodySHA := string(hexSum[:])
 	res, err := g.claim(r.Context(), d, bodySHA)
 	if err != nil {
 		g.storeError(w, r, d, body, err)
@@ -370,11 +372,16 @@ func (g *Gateway) finish(d *delivery) {
 	if status == 0 {
 		status = d.upstreamStatus
 	}
-	fields := []zap.Field{
+	ce := d.rt.log.Check(zap.InfoLevel, "delivery")
+	if ce == nil { // the level is above info: build no fields
+		return
+	}
+	fields := make([]zap.Field, 0, 7)
+	fields = append(fields,
 		zap.String("outcome", d.outcome),
 		zap.Int("status", status),
 		zap.Float64("duration_ms", float64(time.Since(d.start).Microseconds())/1000),
-	}
+	)
 	if d.keyed {
 		fields = append(fields, keyField(d.clientKey))
 	}
@@ -387,7 +394,7 @@ func (g *Gateway) finish(d *delivery) {
 			fields = append(fields, zap.String("upstream_error", d.upstreamErr))
 		}
 	}
-	d.rt.log.Info("delivery", fields...)
+	ce.Write(fields...)
 }
 
 // readBody reads the whole body, at most limit bytes (beyond that it returns

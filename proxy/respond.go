@@ -97,13 +97,32 @@ func writeJSON(w http.ResponseWriter, status int, contentType string, v any) {
 		status = http.StatusInternalServerError
 		b = []byte(`{"status":"error"}`)
 	}
-	b = append(b, '\n')
 	h := w.Header()
-	h.Set("Content-Type", contentType)
-	h.Set("Content-Length", strconv.Itoa(len(b)))
-	h.Set("X-Content-Type-Options", "nosniff")
+	h["Content-Type"] = headerValue(contentType)
+	h["Content-Length"] = []string{strconv.Itoa(len(b) + 1)}
+	h["X-Content-Type-Options"] = nosniff
 	w.WriteHeader(status)
 	_, _ = w.Write(b) // the sender may be gone; nothing left to do
+	_, _ = w.Write(newline)
+}
+
+// Header values shared by every answer: net/http only reads them.
+var (
+	nosniff         = []string{"nosniff"}
+	jsonType        = []string{"application/json"}
+	problemJSONType = []string{"application/problem+json"}
+	newline         = []byte{'\n'}
+)
+
+// headerValue returns a shared value slice for the common content types.
+func headerValue(v string) []string {
+	switch v {
+	case "application/json":
+		return jsonType
+	case "application/problem+json":
+		return problemJSONType
+	}
+	return []string{v}
 }
 
 // duplicateBody is the 200 answer to a duplicate on duplicate_response: ack.
