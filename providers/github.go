@@ -3,10 +3,8 @@ package providers
 import (
 	"crypto/hmac"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"net/http"
-	"strings"
 )
 
 // GitHub's headers.
@@ -26,17 +24,9 @@ var _ Verifier = (*githubVerifier)(nil)
 
 // Verify implements Verifier.
 func (v *githubVerifier) Verify(r *http.Request, body []byte) error {
-	h := r.Header.Get(githubSignatureHeader)
-	if h == "" {
-		return fmt.Errorf("%w: missing %s header", ErrNoSignature, githubSignatureHeader)
-	}
-	hexSig, ok := strings.CutPrefix(h, "sha256=")
-	if !ok {
-		return fmt.Errorf("%w: %s header lacks the sha256= prefix", ErrBadSignature, githubSignatureHeader)
-	}
-	got, err := hex.DecodeString(hexSig)
-	if err != nil || len(got) != sha256.Size {
-		return fmt.Errorf("%w: %s header is not a hex SHA-256 HMAC", ErrBadSignature, githubSignatureHeader)
+	got, err := hexSHA256Header(r, githubSignatureHeader, "sha256=")
+	if err != nil {
+		return err
 	}
 	for _, key := range v.secrets {
 		if hmac.Equal(got, macOf(sha256.New, key, body)) {

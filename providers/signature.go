@@ -2,8 +2,12 @@ package providers
 
 import (
 	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"hash"
+	"net/http"
+	"strings"
 	"time"
 )
 
@@ -67,4 +71,23 @@ func macOf(h func() hash.Hash, key []byte, parts ...[]byte) []byte {
 		m.Write(p)
 	}
 	return m.Sum(nil)
+}
+
+// hexSHA256Header reads a "<prefix><hex HMAC-SHA256>" signature header (GitHub's
+// "sha256=", Slack's "v0="): ErrNoSignature when it is missing,
+// ErrBadSignature when the prefix, hex or length is wrong.
+func hexSHA256Header(r *http.Request, header, prefix string) ([]byte, error) {
+	h := r.Header.Get(header)
+	if h == "" {
+		return nil, fmt.Errorf("%w: missing %s header", ErrNoSignature, header)
+	}
+	hexSig, ok := strings.CutPrefix(h, prefix)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s header lacks the %s prefix", ErrBadSignature, header, prefix)
+	}
+	got, err := hex.DecodeString(hexSig)
+	if err != nil || len(got) != sha256.Size {
+		return nil, fmt.Errorf("%w: %s header is not a hex SHA-256 HMAC", ErrBadSignature, header)
+	}
+	return got, nil
 }

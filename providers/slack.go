@@ -3,10 +3,8 @@ package providers
 import (
 	"crypto/hmac"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"net/http"
-	"strings"
 )
 
 // Slack's headers.
@@ -27,17 +25,9 @@ var _ Verifier = (*slackVerifier)(nil)
 
 // Verify implements Verifier.
 func (v *slackVerifier) Verify(r *http.Request, body []byte) error {
-	h := r.Header.Get(slackSignatureHeader)
-	if h == "" {
-		return fmt.Errorf("%w: missing %s header", ErrNoSignature, slackSignatureHeader)
-	}
-	hexSig, ok := strings.CutPrefix(h, "v0=")
-	if !ok {
-		return fmt.Errorf("%w: %s header lacks the v0= prefix", ErrBadSignature, slackSignatureHeader)
-	}
-	got, err := hex.DecodeString(hexSig)
-	if err != nil || len(got) != sha256.Size {
-		return fmt.Errorf("%w: %s header is not a hex SHA-256 HMAC", ErrBadSignature, slackSignatureHeader)
+	got, err := hexSHA256Header(r, slackSignatureHeader, "v0=")
+	if err != nil {
+		return err
 	}
 	tsText := r.Header.Get(slackTimestampHeader)
 	ts, ok := parseUnix(tsText)
