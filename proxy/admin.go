@@ -53,7 +53,7 @@ type keyRecord struct {
 func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 	a := &admin{
 		g:     g,
-		store: &instrumentedStore{next: store, m: g.metrics, backend: g.backend},
+		store: newInstrumentedStore(store, g.metrics, g.backend),
 		log:   g.log.Named("admin"),
 	}
 	if opts.Token != "" {

@@ -164,7 +164,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 	}
 
 	w.Header().Set(HeaderDedupStatus, status)
-	gauge := g.metrics.inFlight.WithLabelValues(d.rt.Name)
+	gauge := d.rt.metrics.inFlight
 	gauge.Inc()
 	defer gauge.Dec()
 	defer func() {
@@ -221,7 +221,7 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 	}
 	resp.Header.Del(HeaderDedupStatus)
 	d.upstreamStatus = resp.StatusCode
-	g.metrics.upstream.WithLabelValues(d.rt.Name, codeClass(resp.StatusCode)).Observe(time.Since(d.fwdStart).Seconds())
+	d.rt.metrics.upstream[codeClassIndex(resp.StatusCode)].Observe(time.Since(d.fwdStart).Seconds())
 	if d.token == "" {
 		return nil
 	}
@@ -249,7 +249,7 @@ func (g *Gateway) captureResponse(d *delivery, resp *http.Response) *dedup.Respo
 		return nil
 	}
 	if int64(len(buf)) > limit {
-		g.metrics.replayTooLarge.WithLabelValues(d.rt.Name).Inc()
+		d.rt.metrics.replayTooLarge.Inc()
 		return nil
 	}
 	h := make(map[string][]string, len(d.rt.ReplayHeaders)+len(bodyHeaders))
@@ -285,7 +285,7 @@ func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		writeProblem(w, probBadGateway, 0)
 		return
 	}
-	g.metrics.upstream.WithLabelValues(d.rt.Name, "error").Observe(time.Since(d.fwdStart).Seconds())
+	d.rt.metrics.upstream[codeClassError].Observe(time.Since(d.fwdStart).Seconds())
 
 	var (
 		reason string
@@ -360,7 +360,7 @@ func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored
 // release marks d's key failed (claimable) and counts the reason.
 func (g *Gateway) release(parent context.Context, d *delivery, reason string, status int, text string) {
 	d.settled = true
-	g.metrics.releases.WithLabelValues(d.rt.Name, reason).Inc()
+	d.rt.metrics.release(reason)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
 	defer cancel()
 	g.warnLateFinish(d, "release")

@@ -144,9 +144,9 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 	g.metrics = newMetrics(reg)
 	g.metrics.init(opts.Version, g.backend)
 	for _, rt := range t.all {
-		g.metrics.initRoute(rt.Name)
+		rt.metrics = g.metrics.initRoute(rt.Name)
 	}
-	g.store = &instrumentedStore{next: store, m: g.metrics, backend: g.backend}
+	g.store = newInstrumentedStore(store, g.metrics, g.backend)
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.routes.Store(t)
 	return g, nil
@@ -182,7 +182,7 @@ func (g *Gateway) Reload(cfg Config) error {
 		return fmt.Errorf("reload: %w", err)
 	}
 	for _, rt := range t.all {
-		g.metrics.initRoute(rt.Name)
+		rt.metrics = g.metrics.initRoute(rt.Name)
 	}
 	g.routes.Store(t)
 	g.metrics.reloads.WithLabelValues("success").Inc()

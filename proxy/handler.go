@@ -111,7 +111,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.reject(w, d, outcomeRejectedBody, probBodyUnread.with(rt.Name, "the request body could not be read"))
 		return
 	}
-	g.metrics.bodyBytes.WithLabelValues(rt.Name).Observe(float64(len(body)))
+	rt.metrics.bodyBytes.Observe(float64(len(body)))
 
 	if rt.provider.RequestID != nil {
 		d.requestID = rt.provider.RequestID(r)
@@ -366,7 +366,7 @@ func (g *Gateway) reject(w http.ResponseWriter, d *delivery, outcome string, p p
 // finish counts the delivery and writes its log line.
 func (g *Gateway) finish(d *delivery) {
 	if d.outcome != "" {
-		g.metrics.deliveries.WithLabelValues(d.rt.Name, d.outcome).Inc()
+		d.rt.metrics.delivery(d.outcome)
 	}
 	status := d.answer
 	if status == 0 {

@@ -57,6 +57,20 @@ const (
 
 var storeOps = []string{opClaim, opCommit, opRelease, opGet, opForget, opPing}
 
+// storeOp indexes storeOps, so an operation's series are found without a
+// label lookup.
+type storeOp int
+
+const (
+	storeOpClaim storeOp = iota
+	storeOpCommit
+	storeOpRelease
+	storeOpGet
+	storeOpForget
+	storeOpPing
+	numStoreOps
+)
+
 // metrics holds every collector of one Gateway. It is registered on the
 // Registerer the Gateway was given, never on the default registry.
 type metrics struct {
@@ -148,51 +162,111 @@ func (m *metrics) init(version, backend string) {
 	m.reloads.WithLabelValues("failure")
 }
 
-// initRoute creates every series of one route so it exists at 0.
-func (m *metrics) initRoute(name string) {
-	for _, o := range outcomes {
-		m.deliveries.WithLabelValues(name, o)
+// routeMetrics are one route's series, resolved when the route is built (New,
+// Reload) so a delivery does not look them up by label values: the maps and
+// slices are only read afterwards.
+type routeMetrics struct {
+	name string
+	m    *metrics // for a label value missing from the maps below
+
+	deliveries     map[string]prometheus.Counter // by outcome
+	upstream       []prometheus.Observer         // by codeClassIndex
+	releases       map[string]prometheus.Counter // by reason
+	inFlight       prometheus.Gauge
+	bodyBytes      prometheus.Observer
+	replayTooLarge prometheus.Counter
+}
+
+// initRoute creates every series of the route named name so it exists at 0,
+// and returns them.
+func (m *metrics) initRoute(name string) *routeMetrics {
+	rm := &routeMetrics{
+		name:           name,
+		m:              m,
+		deliveries:     make(map[string]prometheus.Counter, len(outcomes)),
+		upstream:       make([]prometheus.Observer, len(codeClasses)),
+		releases:       make(map[string]prometheus.Counter, len(reasons)),
+		inFlight:       m.inFlight.WithLabelValues(name),
+		bodyBytes:      m.bodyBytes.WithLabelValues(name),
+		replayTooLarge: m.replayTooLarge.WithLabelValues(name),
 	}
-	for _, c := range codeClasses {
-		m.upstream.WithLabelValues(name, c)
+	for _, o := range outcomes {
+		rm.deliveries[o] = m.deliveries.WithLabelValues(name, o)
+	}
+	for i, c := range codeClasses {
+		rm.upstream[i] = m.upstream.WithLabelValues(name, c)
 	}
 	for _, r := range reasons {
-		m.releases.WithLabelValues(name, r)
+		rm.releases[r] = m.releases.WithLabelValues(name, r)
 	}
-	m.inFlight.WithLabelValues(name)
-	m.bodyBytes.WithLabelValues(name)
-	m.replayTooLarge.WithLabelValues(name)
+	return rm
+}
+
+// delivery counts one delivery with outcome o (one of outcomes).
+func (rm *routeMetrics) delivery(o string) {
+	c, ok := rm.deliveries[o]
+	if !ok {
+		c = rm.m.deliveries.WithLabelValues(rm.name, o)
+	}
+	c.Inc()
+}
+
+// release counts one release with reason r (one of reasons).
+func (rm *routeMetrics) release(r string) {
+	c, ok := rm.releases[r]
+	if !ok {
+		c = rm.m.releases.WithLabelValues(rm.name, r)
+	}
+	c.Inc()
 }
 
 // codeClass maps an HTTP status to the code_class label.
-func codeClass(status int) string {
+func codeClass(status int) string { return codeClasses[codeClassIndex(status)] }
+
+// codeClassIndex maps an HTTP status to its code_class's index in codeClasses.
+func codeClassIndex(status int) int {
 	switch {
 	case status >= 200 && status < 300:
-		return "2xx"
+		return 0
 	case status >= 300 && status < 400:
-		return "3xx"
+		return 1
 	case status >= 400 && status < 500:
-		return "4xx"
+		return 2
 	case status >= 500 && status < 600:
-		return "5xx"
+		return 3
 	}
-	return "error"
+	return codeClassError
 }
+
+// codeClassError is the index of "error" in codeClasses: no answer.
+const codeClassError = 4
 
 // instrumentedStore wraps a dedup.Store and records the duration and errors of
 // every operation. ErrNotFound and ErrNotOwner are answers, not errors.
 type instrumentedStore struct {
-	next    dedup.Store
-	m       *metrics
-	backend string
+	next dedup.Store
+	// Each operation's series, indexed by storeOp.
+	durations [numStoreOps]prometheus.Observer
+	errors    [numStoreOps]prometheus.Counter
 }
 
 var _ dedup.Store = (*instrumentedStore)(nil)
 
-func (s *instrumentedStore) observe(op string, start time.Time, err error) {
-	s.m.storeDuration.WithLabelValues(s.backend, op).Observe(time.Since(start).Seconds())
+// newInstrumentedStore wraps next, recording into m's store series of
+// backend (which m.init created).
+func newInstrumentedStore(next dedup.Store, m *metrics, backend string) *instrumentedStore {
+	s := &instrumentedStore{next: next}
+	for i, op := range storeOps {
+		s.durations[i] = m.storeDuration.WithLabelValues(backend, op)
+		s.errors[i] = m.storeErrors.WithLabelValues(backend, op)
+	}
+	return s
+}
+
+func (s *instrumentedStore) observe(op storeOp, start time.Time, err error) {
+	s.durations[op].Observe(time.Since(start).Seconds())
 	if err != nil && !errors.Is(err, dedup.ErrNotFound) && !errors.Is(err, dedup.ErrNotOwner) {
-		s.m.storeErrors.WithLabelValues(s.backend, op).Inc()
+		s.errors[op].Inc()
 	}
 }
 
@@ -200,7 +274,7 @@ func (s *instrumentedStore) observe(op string, start time.Time, err error) {
 func (s *instrumentedStore) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOptions) (dedup.ClaimResult, error) {
 	start := time.Now()
 	res, err := s.next.Claim(ctx, key, opts)
-	s.observe(opClaim, start, err)
+	s.observe(storeOpClaim, start, err)
 	return res, err
 }
 
@@ -208,7 +282,7 @@ func (s *instrumentedStore) Claim(ctx context.Context, key dedup.Key, opts dedup
 func (s *instrumentedStore) Commit(ctx context.Context, key dedup.Key, token string, opts dedup.CommitOptions) error {
 	start := time.Now()
 	err := s.next.Commit(ctx, key, token, opts)
-	s.observe(opCommit, start, err)
+	s.observe(storeOpCommit, start, err)
 	return err
 }
 
@@ -216,7 +290,7 @@ func (s *instrumentedStore) Commit(ctx context.Context, key dedup.Key, token str
 func (s *instrumentedStore) Release(ctx context.Context, key dedup.Key, token string, opts dedup.ReleaseOptions) error {
 	start := time.Now()
 	err := s.next.Release(ctx, key, token, opts)
-	s.observe(opRelease, start, err)
+	s.observe(storeOpRelease, start, err)
 	return err
 }
 
@@ -224,7 +298,7 @@ func (s *instrumentedStore) Release(ctx context.Context, key dedup.Key, token st
 func (s *instrumentedStore) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	start := time.Now()
 	rec, err := s.next.Get(ctx, key)
-	s.observe(opGet, start, err)
+	s.observe(storeOpGet, start, err)
 	return rec, err
 }
 
@@ -232,7 +306,7 @@ func (s *instrumentedStore) Get(ctx context.Context, key dedup.Key) (dedup.Recor
 func (s *instrumentedStore) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 	start := time.Now()
 	ok, err := s.next.Forget(ctx, key)
-	s.observe(opForget, start, err)
+	s.observe(storeOpForget, start, err)
 	return ok, err
 }
 
@@ -240,7 +314,7 @@ func (s *instrumentedStore) Forget(ctx context.Context, key dedup.Key) (bool, er
 func (s *instrumentedStore) Ping(ctx context.Context) error {
 	start := time.Now()
 	err := s.next.Ping(ctx)
-	s.observe(opPing, start, err)
+	s.observe(storeOpPing, start, err)
 	return err
 }
 

@@ -143,3 +143,58 @@ func TestReloadInFlightFinishesOnOldRoute(t *testing.T) {
 		t.Errorf("delivery after reload: got body %q, want new", got)
 	}
 }
+
+// TestReloadMetricsFollowRoutes: a route's series are resolved when it is
+// built, so a route added by Reload counts in its own series from its first
+// delivery (pre-initialised at 0 before it), and a route kept across the
+// reload keeps counting in the series it had.
+func TestReloadMetricsFollowRoutes(t *testing.T) {
+	up := newUpstream(t, nil)
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{})
+	if resp := h.send("/hooks/orders", `{"id":"evt_1"}`); resp.Status != 200 {
+		t.Fatalf("before reload: got %d, want 200", resp.Status)
+	}
+	routes := []Route{genericRoute("orders", "/hooks/orders", up.URL), genericRoute("extra", "/hooks/extra", up.URL)}
+	if err := h.gw.Reload(Config{Routes: routes}); err != nil {
+		t.Fatal(err)
+	}
+	if got := counterValue(t, h.gw.metrics.deliveries, "extra", outcomeForwarded); got != 0 {
+		t.Errorf("extra forwarded before its first delivery: got %v, want 0", got)
+	}
+	for _, path := range []string{"/hooks/orders", "/hooks/extra"} {
+		if resp := h.send(path, `{"id":"evt_2"}`); resp.Status != 200 {
+			t.Fatalf("%s after reload: got %d, want 200", path, resp.Status)
+		}
+	}
+	if resp := h.send("/hooks/extra", `{"id":"evt_2"}`); resp.Header.Get(HeaderDedupStatus) != statusDuplicate {
+		t.Fatalf("extra duplicate: got Dedup-Status %q", resp.Header.Get(HeaderDedupStatus))
+	}
+	checks := []struct {
+		route, outcome string
+		want           float64
+	}{
+		{"orders", outcomeForwarded, 2},
+		{"extra", outcomeForwarded, 1},
+		{"extra", outcomeDuplicate, 1},
+	}
+	for _, c := range checks {
+		if got := counterValue(t, h.gw.metrics.deliveries, c.route, c.outcome); got != c.want {
+			t.Errorf("deliveries_total{route=%q,outcome=%q}: got %v, want %v", c.route, c.outcome, got, c.want)
+		}
+	}
+	for route, want := range map[string]float64{"orders": 2, "extra": 2} {
+		if got := histCount(t, h.reg, "dedupgw_body_bytes", "route", route); got != want {
+			t.Errorf("body_bytes{route=%q} observations: got %v, want %v", route, got, want)
+		}
+		if got := histCount(t, h.reg, "dedupgw_upstream_duration_seconds", "route", route, "code_class", "2xx"); got != 1+boolf(route == "orders") {
+			t.Errorf("upstream_duration_seconds{route=%q,code_class=2xx} observations: got %v", route, got)
+		}
+	}
+}
+
+func boolf(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

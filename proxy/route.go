@@ -34,6 +34,9 @@ type route struct {
 	provider *providers.Provider
 	proxy    *httputil.ReverseProxy
 	log      *zap.Logger
+	// metrics are the route's series, set by the Gateway before the route
+	// serves (New, Reload).
+	metrics *routeMetrics
 }
 
 // routeLabel names a route in validation errors: "routes[1] (stripe)".
