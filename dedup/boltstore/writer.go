@@ -1,38 +1,112 @@
 package boltstore
 
 import (
-	bolt "go.etcd.io/bbolt"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/dedupgw/dedupgw/dedup"
 )
 
-// writeReq is one write waiting for the group commit.
+// writeReq is one write waiting for the group commit: val nil deletes key.
+// A request with seal set writes nothing: it seals the current segment so a
+// checkpoint can take everything written before it.
 type writeReq struct {
-	fn   func(*bolt.Tx) error
+	key  []byte
+	val  []byte
+	seal bool
 	done chan error
 }
 
-// write applies fn in a durable write transaction, shared with every other
-// write queued meanwhile, and returns once it is fsynced. fn may run twice
-// (see commitBatch), so it must only read and write the transaction.
+// recentEntry is a journaled write not yet checkpointed into bbolt: val is
+// the encoded record, nil for a delete.
+type recentEntry struct {
+	seq uint64
+	val []byte
+}
+
+// segment is the journal segment being written, owned by the writer
+// goroutine, or a sealed one waiting for its checkpoint.
+type segment struct {
+	path   string
+	f      *os.File
+	size   int64
+	end    uint64   // the last sequence number handed out while it was current
+	keys   []string // keys of its acknowledged entries, in order
+	opened time.Time
+}
+
+// write journals key → val (val nil: delete) together with every other write
+// queued meanwhile, and returns once it is fsynced and visible to lookups.
+// If ctx ends first it returns ctx's error; the write may still land.
 // Callers hold closeMu for reading, so the writer is running.
-func (s *Store) write(fn func(*bolt.Tx) error) error {
-	req := &writeReq{fn: fn, done: make(chan error, 1)}
-	s.writes <- req
-	return <-req.done
+func (s *Store) write(ctx context.Context, key, val []byte) error {
+	return s.send(ctx, &writeReq{key: key, val: val, done: make(chan error, 1)})
+}
+
+func (s *Store) send(ctx context.Context, req *writeReq) error {
+	select {
+	case s.writes <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.stop:
+		return dedup.ErrClosed
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.stop:
+		return dedup.ErrClosed
+	}
+}
+
+// flush seals the current segment and checkpoints every sealed one into
+// bbolt, so the bbolt file alone holds every acknowledged write.
+func (s *Store) flush(ctx context.Context) error {
+	if err := s.send(ctx, &writeReq{seal: true, done: make(chan error, 1)}); err != nil {
+		return err
+	}
+	return s.checkpoint()
+}
+
+// writer is the state of the writeLoop goroutine.
+type writer struct {
+	s       *Store
+	seg     *segment
+	nextSeq uint64
+	buf     []byte
+	timer   *time.Timer // seals seg checkpointEvery after its first entry
 }
 
 // writeLoop is the group committer: it takes the first queued write plus all
-// that queued behind it (up to maxWriteBatch) and applies them in one
-// transaction. While that transaction's fsync runs, the next group queues.
-// Unlike bolt's DB.Batch it waits for no timer, so a lone write costs one
-// commit and concurrent writes share one. It stops when s.stop closes, which
-// Close does only after every operation has returned.
-func (s *Store) writeLoop() {
+// that queued behind it (up to maxWriteBatch), appends them to the journal in
+// one write and one fdatasync, then makes them visible to lookups and
+// acknowledges them. While that fdatasync runs, the next group queues. Unlike
+// bolt's DB.Batch it waits for no timer, so a lone write costs one fdatasync
+// and concurrent writes share one. A segment is sealed for the checkpointer
+// checkpointEvery after its first entry, or sooner when it grows large. The
+// loop stops when s.stop closes, which Close does only after every operation
+// has returned; it seals the current segment on the way out.
+func (s *Store) writeLoop(nextSeq uint64) {
 	defer s.wg.Done()
+	w := &writer{s: s, nextSeq: nextSeq, timer: time.NewTimer(time.Hour)}
+	w.timer.Stop()
+	defer w.timer.Stop()
 	batch := make([]*writeReq, 0, maxWriteBatch)
 	for {
 		select {
 		case <-s.stop:
+			w.seal()
 			return
+		case <-w.timer.C:
+			w.seal()
+			continue
 		case req := <-s.writes:
 			batch = append(batch[:0], req)
 		}
@@ -45,32 +119,117 @@ func (s *Store) writeLoop() {
 				break drain
 			}
 		}
-		s.commitBatch(batch)
+		w.commit(batch)
 		clear(batch)
 	}
 }
 
-// commitBatch applies batch in one transaction. If one function fails, the
-// transaction is rolled back and each function is retried alone, so the
-// failure reaches only its own caller (as bolt's DB.Batch does).
-func (s *Store) commitBatch(batch []*writeReq) {
-	failed := false
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, req := range batch {
-			if err := req.fn(tx); err != nil {
-				failed = true
-				return err
+// commit journals batch and acknowledges each request.
+func (w *writer) commit(batch []*writeReq) {
+	s := w.s
+	seals := 0
+	w.buf = w.buf[:0]
+	first := w.nextSeq
+	for _, req := range batch {
+		if req.seal {
+			seals++
+			continue
+		}
+		w.buf = appendWALEntry(w.buf, w.nextSeq, req.key, req.val)
+		w.nextSeq++
+	}
+	var err error
+	if len(w.buf) > 0 {
+		if err = w.open(); err == nil {
+			if _, err = w.seg.f.Write(w.buf); err == nil {
+				err = fdatasync(w.seg.f)
+			}
+			w.seg.end = w.nextSeq - 1
+			if err != nil {
+				// The segment's tail is in doubt (after a failed fdatasync the
+				// kernel may have dropped the pages): seal it and write the
+				// next group to a fresh one. Its acknowledged entries are
+				// still checkpointed from memory.
+				s.log.Error("journal write failed", zap.String("segment", w.seg.path), zap.Error(err))
+				w.seal()
+			} else {
+				w.seg.size += int64(len(w.buf))
 			}
 		}
-		return nil
-	})
-	if err == nil || !failed || len(batch) == 1 {
+	}
+	if err == nil && len(w.buf) > 0 {
+		s.recentMu.Lock()
+		seq := first
 		for _, req := range batch {
-			req.done <- err
+			if req.seal {
+				continue
+			}
+			k := string(req.key)
+			s.recent[k] = recentEntry{seq: seq, val: req.val}
+			w.seg.keys = append(w.seg.keys, k)
+			seq++
 		}
-		return
+		s.recentMu.Unlock()
+	}
+	if err != nil {
+		err = fmt.Errorf("journal: %w", err)
 	}
 	for _, req := range batch {
-		req.done <- s.db.Update(req.fn)
+		if req.seal {
+			continue
+		}
+		req.done <- err
+	}
+	if seals > 0 || (w.seg != nil && (w.seg.size >= maxSegmentBytes || len(w.seg.keys) >= maxSegmentEntries)) {
+		w.seal()
+	}
+	for _, req := range batch {
+		if req.seal {
+			req.done <- nil
+		}
+	}
+}
+
+// open makes sure there is a current segment, creating it (durably) if not.
+func (w *writer) open() error {
+	if w.seg != nil {
+		return nil
+	}
+	s := w.s
+	path := segmentPath(s.path, w.nextSeq)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		_ = f.Close()
+		_ = os.Remove(path)
+		return err
+	}
+	w.seg = &segment{path: path, f: f, opened: time.Now(), end: w.nextSeq - 1}
+	if s.checkpointEvery > 0 {
+		w.timer.Reset(s.checkpointEvery)
+	}
+	return nil
+}
+
+// seal closes the current segment, if any, and hands it to the checkpointer.
+func (w *writer) seal() {
+	seg := w.seg
+	if seg == nil {
+		return
+	}
+	w.seg = nil
+	w.timer.Stop()
+	if err := seg.f.Close(); err != nil {
+		w.s.log.Warn("journal close failed", zap.String("segment", seg.path), zap.Error(err))
+	}
+	seg.f = nil
+	w.s.sealedMu.Lock()
+	w.s.sealed = append(w.s.sealed, seg)
+	w.s.sealedMu.Unlock()
+	select {
+	case w.s.sealedCh <- struct{}{}:
+	default:
 	}
 }

@@ -1,0 +1,328 @@
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/storetest"
+)
+
+// crash stops the store the way kill -9 would leave its files: the
+// goroutines and the file are closed without the last checkpoint, so the
+// journal stays on disk.
+func (s *Store) crash(t testing.TB) {
+	t.Helper()
+	s.closeMu.Lock()
+	s.closed = true
+	s.closeMu.Unlock()
+	close(s.stop)
+	s.wg.Wait()
+	if err := s.db.Close(); err != nil {
+		t.Fatalf("crash: close bbolt: %v", err)
+	}
+}
+
+func claimCommit(t testing.TB, s *Store, k dedup.Key, window time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim %s: got (%v, %v), want (claimed, nil)", k.ID, res.Outcome, err)
+	}
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: window, Status: 200}); err != nil {
+		t.Fatalf("Commit %s: %v", k.ID, err)
+	}
+}
+
+func segmentsOf(t testing.TB, path string) []segmentFile {
+	t.Helper()
+	segs, err := listSegments(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return segs
+}
+
+// A crash between the journal's fdatasync and the checkpoint loses nothing:
+// Open replays the journal, deletes included, and removes it.
+func TestJournalReplayAfterCrash(t *testing.T) {
+	ctx := context.Background()
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	s, path := openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1, Logger: zaptest.NewLogger(t)})
+	for i := range 20 {
+		claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)}, time.Hour)
+	}
+	// Half of them reach bbolt before the crash, half only the journal.
+	if err := s.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 20; i < 40; i++ {
+		claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)}, time.Hour)
+	}
+	for _, id := range []string{"evt_3", "evt_33"} { // one checkpointed, one journaled
+		if ok, err := s.Forget(ctx, dedup.Key{Namespace: "n", ID: id}); err != nil || !ok {
+			t.Fatalf("Forget %s: got (%v, %v), want (true, nil)", id, ok, err)
+		}
+	}
+	if got := len(segmentsOf(t, path)); got != 1 {
+		t.Fatalf("journal segments before the crash: got %d, want 1", got)
+	}
+	s.crash(t)
+
+	s, err := Open(path, Options{Now: clk.Now, SweepInterval: -1, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer s.Close()
+	if got := segmentsOf(t, path); len(got) != 0 {
+		t.Errorf("journal after replay: got %v, want none", got)
+	}
+	for i := range 40 {
+		id := "evt_" + strconv.Itoa(i)
+		res, err := s.Claim(ctx, dedup.Key{Namespace: "n", ID: id}, dedup.ClaimOptions{Lease: time.Minute})
+		want := dedup.Duplicate
+		if id == "evt_3" || id == "evt_33" {
+			want = dedup.Claimed
+		}
+		if err != nil || res.Outcome != want {
+			t.Errorf("Claim %s after replay: got (%v, %v), want (%v, nil)", id, res.Outcome, err, want)
+		}
+	}
+	recs, idx, err := s.counts()
+	if err != nil || recs != 38 || idx != 38 {
+		t.Errorf("bbolt after replay: got %d records, %d index entries (%v), want 38 each", recs, idx, err)
+	}
+}
+
+// A crash in the middle of an append leaves a torn entry at the end of the
+// segment; the entries before it are replayed and Open succeeds.
+func TestJournalTornTail(t *testing.T) {
+	ctx := context.Background()
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	s, path := openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1})
+	for i := range 5 {
+		claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)}, time.Hour)
+	}
+	s.crash(t)
+	segs := segmentsOf(t, path)
+	if len(segs) != 1 {
+		t.Fatalf("journal segments: got %d, want 1", len(segs))
+	}
+	whole, err := os.ReadFile(segs[0].path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sixth entry, cut short, as a crash during its write leaves it.
+	sixth := appendWALEntry(nil, 99, []byte("n:evt_5"), encodeRecord(nil, &dedup.Record{State: dedup.StateProcessed, ExpiresAt: clk.Now().Add(time.Hour)}))
+	if err := os.WriteFile(segs[0].path, append(whole, sixth[:len(sixth)-3]...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err = Open(path, Options{Now: clk.Now, SweepInterval: -1, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatalf("reopen after a torn tail: %v", err)
+	}
+	defer s.Close()
+	for i := range 6 {
+		id := "evt_" + strconv.Itoa(i)
+		_, err := s.Get(ctx, dedup.Key{Namespace: "n", ID: id})
+		if want := i < 5; (err == nil) != want {
+			t.Errorf("Get %s after replay: got %v, want found=%v", id, err, want)
+		}
+	}
+}
+
+// A segment whose removal after its checkpoint did not survive a crash is
+// skipped on replay: it cannot bring back a key forgotten since.
+func TestJournalStaleSegmentIsSkipped(t *testing.T) {
+	ctx := context.Background()
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	s, path := openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1})
+	k := dedup.Key{Namespace: "n", ID: "evt_1"}
+	claimCommit(t, s, k, time.Hour)
+	segs := segmentsOf(t, path)
+	if len(segs) != 1 {
+		t.Fatalf("journal segments: got %d, want 1", len(segs))
+	}
+	stale, err := os.ReadFile(segs[0].path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Forget(ctx, k); err != nil || !ok {
+		t.Fatalf("Forget: got (%v, %v), want (true, nil)", ok, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(segs[0].path, stale, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err = Open(path, Options{Now: clk.Now, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Get(ctx, k); !errors.Is(err, dedup.ErrNotFound) {
+		t.Errorf("Get of a forgotten key after replaying a stale segment: got %v, want ErrNotFound", err)
+	}
+}
+
+// Close checkpoints everything, so the bbolt file alone holds every record
+// and no journal is left.
+func TestCloseCheckpointsJournal(t *testing.T) {
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	s, path := openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1})
+	for i := range 10 {
+		claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)}, time.Hour)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := segmentsOf(t, path); len(got) != 0 {
+		t.Errorf("journal after Close: got %v, want none", got)
+	}
+	s, err := Open(path, Options{Now: clk.Now, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if recs, _, err := s.counts(); err != nil || recs != 10 {
+		t.Errorf("records after reopen: got %d (%v), want 10", recs, err)
+	}
+}
+
+// While checkpoints move records from the journal into bbolt, a committed
+// key never reads as absent: every claim after its commit is a duplicate.
+func TestCheckpointHandoffKeepsKeysVisible(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTemp(t, Options{CheckpointInterval: time.Millisecond})
+	defer s.Close()
+	checkpoints := make(chan int, 1<<12)
+	s.onCheckpoint = func(n int, _ time.Duration) {
+		select {
+		case checkpoints <- n:
+		default:
+		}
+	}
+
+	const writers, perWriter = 4, 150
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var done []dedup.Key
+			for i := range perWriter {
+				k := dedup.Key{Namespace: "n", ID: fmt.Sprintf("w%d-%d", w, i)}
+				res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+				if err != nil || res.Outcome != dedup.Claimed {
+					errs <- fmt.Errorf("Claim %s: got (%v, %v), want claimed", k.ID, res.Outcome, err)
+					return
+				}
+				if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+					errs <- fmt.Errorf("Commit %s: %v", k.ID, err)
+					return
+				}
+				done = append(done, k)
+				// Re-read a few earlier keys: some of them are being moved.
+				for j := max(0, len(done)-5); j < len(done); j++ {
+					res, err := s.Claim(ctx, done[j], dedup.ClaimOptions{Lease: time.Minute})
+					if err != nil || res.Outcome != dedup.Duplicate {
+						errs <- fmt.Errorf("Claim of committed %s: got (%v, %v), want duplicate", done[j].ID, res.Outcome, err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if len(checkpoints) == 0 {
+		t.Errorf("checkpoints during the run: got none, want some (CheckpointInterval 1ms)")
+	}
+	if recs, _, err := s.counts(); err != nil || recs != writers*perWriter {
+		t.Errorf("records after flush: got %d (%v), want %d", recs, err, writers*perWriter)
+	}
+}
+
+func TestWALEntryRoundTrip(t *testing.T) {
+	tests := []walEntry{
+		{seq: 1, key: []byte("n:evt_1"), val: []byte{1, 2, 3}},
+		{seq: 1 << 40, key: []byte("n:deleted")},
+		{seq: 7, key: append([]byte{0}, bytes.Repeat([]byte{0xab}, 32)...), val: bytes.Repeat([]byte("v"), 300)},
+	}
+	var b []byte
+	for _, e := range tests {
+		b = appendWALEntry(b, e.seq, e.key, e.val)
+	}
+	var got []walEntry
+	err := readWAL(bytes.NewReader(b), func(e walEntry) error {
+		got = append(got, walEntry{seq: e.seq, key: bytes.Clone(e.key), val: bytes.Clone(e.val)})
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("readWAL: %v", err)
+	}
+	if len(got) != len(tests) {
+		t.Fatalf("entries: got %d, want %d", len(got), len(tests))
+	}
+	for i, want := range tests {
+		g := got[i]
+		if g.seq != want.seq || !bytes.Equal(g.key, want.key) || !bytes.Equal(g.val, want.val) || (g.val == nil) != (want.val == nil) {
+			t.Errorf("entry %d: got seq %d key %q val %d bytes (nil %v), want seq %d key %q val %d bytes (nil %v)",
+				i, g.seq, g.key, len(g.val), g.val == nil, want.seq, want.key, len(want.val), want.val == nil)
+		}
+	}
+	// Any single flipped byte is caught by the checksum or the framing.
+	for i := range b[:len(b)-1] {
+		c := bytes.Clone(b)
+		c[i] ^= 0x40
+		n := 0
+		err := readWAL(bytes.NewReader(c), func(walEntry) error { n++; return nil })
+		if !errors.Is(err, errTorn) && n == len(tests) {
+			t.Fatalf("flipped byte %d: got all %d entries and %v, want a torn entry", i, n, err)
+		}
+	}
+}
+
+func FuzzReadWAL(f *testing.F) {
+	f.Add(appendWALEntry(nil, 1, []byte("n:a"), []byte("v")))
+	f.Add(appendWALEntry(appendWALEntry(nil, 1, []byte("n:a"), nil), 2, []byte("n:b"), []byte("x")))
+	f.Add([]byte{0, 0, 0, 9, 1, 2, 3, 4})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var prev []walEntry
+		err := readWAL(bytes.NewReader(b), func(e walEntry) error {
+			prev = append(prev, walEntry{seq: e.seq, key: bytes.Clone(e.key), val: bytes.Clone(e.val)})
+			return nil
+		})
+		if err != nil && !errors.Is(err, errTorn) {
+			t.Fatalf("readWAL: got %v, want nil or errTorn", err)
+		}
+		// What was read re-encodes to a prefix of the input.
+		var re []byte
+		for _, e := range prev {
+			re = appendWALEntry(re, e.seq, e.key, e.val)
+		}
+		if !bytes.HasPrefix(b, re) {
+			t.Fatalf("re-encoded entries are not a prefix of the input")
+		}
+	})
+}
