@@ -48,8 +48,8 @@ func TestScale(t *testing.T) {
 		rows = append(rows, scaleRun(t, n, batch))
 	}
 	fmt.Printf("SweepBatch %d, GOMAXPROCS %d\n", batch, runtime.GOMAXPROCS(0))
-	fmt.Println("| keys | file bytes/key | new claim p50 / p99 | commit p50 / p99 | duplicate claim p50 / p99 | 32 senders: claim+commit/s, p99 | sweep keys/2 alone | longest sweep tx (of which deleting) | sweep keys/2 under 32 senders: took, their claim+commit p99 / max |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| keys | file bytes/key | new claim p50 / p99 | commit p50 / p99 | duplicate claim p50 / p99 | 32 senders: claim+commit/s, p99 | their checkpoints: time per record, longest | sweep keys/2 alone | longest sweep tx (of which deleting) | sweep keys/2 under 32 senders: took, their claim+commit p99 / max |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		fmt.Println(r)
 	}
@@ -168,9 +168,29 @@ func scaleRun(t *testing.T, n, batch int) string {
 		}
 	}
 
-	// 32 concurrent senders, new keys: throughput and claim+commit p99.
-	const senders, each = 32, 200
+	// 32 concurrent senders, new keys: throughput and claim+commit p99, and
+	// what the checkpoints moving their commits into bbolt cost.
+	var (
+		ckMu              sync.Mutex
+		ckRecs            int
+		ckTook, ckLongest time.Duration
+	)
+	s.onCheckpoint = func(n int, d time.Duration) {
+		ckMu.Lock()
+		defer ckMu.Unlock()
+		ckRecs += n
+		ckTook += d
+		ckLongest = max(ckLongest, d)
+	}
+	const senders, each = 32, 400
 	conc, elapsed := senderLoad(t, s, senders, each, nil)
+	if err := s.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ckMu.Lock()
+	s.onCheckpoint = nil
+	ckPer := ckTook / time.Duration(max(ckRecs, 1))
+	ckMu.Unlock()
 
 	// Sweep: half the populated keys expire at +1h, half at +2h (see
 	// populate). The first half is swept alone, to see the transaction
@@ -217,9 +237,9 @@ func scaleRun(t *testing.T, n, batch int) string {
 	t.Logf("%d keys: swept %d alone in %v (longest tx %v, %v deleting), %d under load in %v with %d claim+commits",
 		n, swept, aloneTook, aloneLongest, aloneWork, swept2, loadTook, len(during))
 
-	return fmt.Sprintf("| %d | %.0f | %v | %v | %v | %.0f/s, %v | %v (%.0f keys/s) | %v (%v deleting) | %v: %v / %v |",
+	return fmt.Sprintf("| %d | %.0f | %v | %v | %v | %.0f/s, %v | %v/record, longest %v | %v (%.0f keys/s) | %v (%v deleting) | %v: %v / %v |",
 		n, perKey, claimL, commitL, dupL,
-		float64(len(conc))/elapsed.Seconds(), round(conc.pct(0.99)),
+		float64(len(conc))/elapsed.Seconds(), round(conc.pct(0.99)), round(ckPer), round(ckLongest),
 		round(aloneTook), float64(swept)/aloneTook.Seconds(), round(aloneLongest), round(aloneWork),
 		round(loadTook), round(during.pct(0.99)), round(during.pct(1)))
 }
