@@ -531,6 +531,25 @@ func envOverrides() []envOverride {
 	return out
 }
 
+// UnknownEnv returns the DEDUPGW_* names in environ ("NAME=value" entries,
+// as os.Environ gives them) that override no key, sorted: most likely a
+// misspelt override, which would otherwise be ignored without a word.
+func UnknownEnv(environ []string) []string {
+	known := map[string]bool{}
+	for _, o := range envOverrides() {
+		known[o.env] = true
+	}
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, EnvPrefix) && !known[name] {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 func splitList(s string) []any {
 	var out []any
 	for _, e := range strings.Split(s, ",") {

@@ -419,6 +419,24 @@ func TestEnvOverrideNames(t *testing.T) {
 	}
 }
 
+func TestUnknownEnv(t *testing.T) {
+	tests := []struct {
+		environ []string
+		want    []string
+	}{
+		{nil, nil},
+		{[]string{"PATH=/bin", "DEDUPGW_LOG_LEVEL=debug", "DEDUPGW_STORE_REDIS_ADDRS=a,b"}, nil},
+		{[]string{"DEDUPGW_LOG_LEVLE=debug", "DEDUPGW_STORE_BACKEND=redis", "DEDUPGW_STORE_REDIS_ADDR=x", "DEDUPGW_LOG_LEVLE=again"},
+			[]string{"DEDUPGW_LOG_LEVLE", "DEDUPGW_STORE_REDIS_ADDR"}},
+		{[]string{"dedupgw_log_level=debug", "XDEDUPGW_LOG=1"}, nil}, // names are case-sensitive
+	}
+	for _, tt := range tests {
+		if got := UnknownEnv(tt.environ); !slices.Equal(got, tt.want) {
+			t.Errorf("UnknownEnv(%q): got %q, want %q", tt.environ, got, tt.want)
+		}
+	}
+}
+
 // TestProblems lists one configuration per rule and the problem it must give.
 func TestProblems(t *testing.T) {
 	route := func(extra string) string { return minimal + extra }

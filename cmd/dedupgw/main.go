@@ -151,6 +151,9 @@ func cmdValidate(args []string, stdout, stderr io.Writer) int {
 		printConfigError(stderr, path, err)
 		return exitFail
 	}
+	for _, name := range UnknownEnv(os.Environ()) {
+		fmt.Fprintf(stderr, "dedupgw validate: warning: %s overrides no configuration key and is ignored (misspelt?)\n", name)
+	}
 	names := make([]string, len(f.Routes))
 	for i, r := range f.Routes {
 		names[i] = r.Name

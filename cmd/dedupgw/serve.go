@@ -65,6 +65,9 @@ func cmdServe(args []string, stderr io.Writer) int {
 		return exitFail
 	}
 	defer func() { _ = log.Sync() }()
+	for _, name := range UnknownEnv(os.Environ()) {
+		log.Warn("environment variable overrides no configuration key; ignored (misspelt?)", zap.String("variable", name))
+	}
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
