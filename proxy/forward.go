@@ -143,7 +143,7 @@ func (b *bufferPool) Put(buf []byte) {
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, status string) {
 	deadline, bound := g.forwardDeadline(d, time.Now())
 	d.leaseBound = bound
-	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), deadline)
+	ctx, cancel := context.WithDeadline(d.detach(r.Context()), deadline)
 	defer cancel()
 	stop := context.AfterFunc(g.ctx, cancel)
 	defer stop()
@@ -339,11 +339,11 @@ func upstreamErrorText(err error) string {
 }
 
 // commit marks d's key processed. It runs under its own timeout on a context
-// the sender cannot cancel.
+// the sender cannot cancel (nor the forward's deadline, nor Close).
 func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored *dedup.Response) {
 	d.settled = true
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
-	defer cancel()
+	ctx := newOpContext(d.detach(parent), time.Now(), g.storeTimeout)
+	defer ctx.stop()
 	g.warnLateFinish(d, "commit")
 	err := g.store.Commit(ctx, d.key, d.token, dedup.CommitOptions{Window: d.rt.Window, Status: status, Response: stored})
 	switch {
@@ -357,12 +357,13 @@ func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored
 	}
 }
 
-// release marks d's key failed (claimable) and counts the reason.
+// release marks d's key failed (claimable) and counts the reason. Like
+// commit, it runs under its own timeout on a context nothing else cancels.
 func (g *Gateway) release(parent context.Context, d *delivery, reason string, status int, text string) {
 	d.settled = true
 	d.rt.metrics.release(reason)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
-	defer cancel()
+	ctx := newOpContext(d.detach(parent), time.Now(), g.storeTimeout)
+	defer ctx.stop()
 	g.warnLateFinish(d, "release")
 	err := g.store.Release(ctx, d.key, d.token, dedup.ReleaseOptions{Retain: d.rt.Window, Status: status, Error: text})
 	switch {

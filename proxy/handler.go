@@ -55,6 +55,9 @@ type delivery struct {
 	leaseBound bool
 	// settled is set once the claim was committed or released.
 	settled bool
+	// detached is the request's context without its cancellation, made
+	// once (see detach).
+	detached context.Context
 
 	forwarded      bool
 	fwdStart       time.Time
@@ -164,7 +167,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// A failed key stays bound to its payload, but a claim would take it
 		// over: look first. Claim checks in-flight keys again; a processed
 		// key stays processed for its window, so it is answered from here.
-		rec, err := g.get(r.Context(), d.key)
+		rec, err := g.get(r.Context(), d)
 		switch {
 		case err == nil && d.mismatch(rec):
 			g.rejectFingerprint(w, d)
@@ -229,9 +232,9 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 // the route's lease, or less when the record's LeaseUntil, read against our
 // clock when the claim was sent, says so (a store clock behind ours).
 func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (dedup.ClaimResult, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
-	defer cancel()
 	sent, sentWall := time.Now(), g.now()
+	ctx := newOpContext(d.detach(parent), sent, g.storeTimeout)
+	defer ctx.stop()
 	res, err := g.store.Claim(ctx, d.key, dedup.ClaimOptions{Lease: d.rt.Lease, BodySHA256: bodySHA, Fingerprint: d.fingerprint})
 	if err != nil {
 		return res, fmt.Errorf("claim %s: %w", d.key, err)
@@ -320,11 +323,12 @@ func (g *Gateway) inFlight(w http.ResponseWriter, d *delivery, rec dedup.Record)
 		retryAfterSeconds(g.now(), rec.LeaseUntil, d.rt.Lease))
 }
 
-// get reads key's record under the store timeout, on a context the sender
+// get reads d's key's record under the store timeout, on a context the sender
 // cannot cancel (as claim does: a hang-up is not a store error).
-func (g *Gateway) get(parent context.Context, key dedup.Key) (dedup.Record, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), g.storeTimeout)
-	defer cancel()
+func (g *Gateway) get(parent context.Context, d *delivery) (dedup.Record, error) {
+	key := d.key
+	ctx := newOpContext(d.detach(parent), time.Now(), g.storeTimeout)
+	defer ctx.stop()
 	rec, err := g.store.Get(ctx, key)
 	if err != nil {
 		return rec, fmt.Errorf("get %s: %w", key, err)
@@ -361,6 +365,20 @@ func (g *Gateway) reject(w http.ResponseWriter, d *delivery, outcome string, p p
 	d.answer = p.Status
 	w.Header().Set(HeaderDedupStatus, statusRejected)
 	writeProblem(w, p, 0)
+}
+
+// detach returns the delivery's request context without its cancellation:
+// context.WithoutCancel(parent) on the first call, where parent is the
+// request's context (claim, get, forward), and the same context afterwards.
+// The store operations and the forward share it, so a sender hanging up
+// never cancels them; commit and release, which are handed the forward's
+// context, thus run on the request's values and not on the forward's (the
+// delivery and the ReverseProxy's client trace are no store's business).
+func (d *delivery) detach(parent context.Context) context.Context {
+	if d.detached == nil {
+		d.detached = context.WithoutCancel(parent)
+	}
+	return d.detached
 }
 
 // finish counts the delivery and writes its log line.
