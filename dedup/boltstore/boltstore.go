@@ -81,6 +81,10 @@ const (
 	// bounding one checkpoint transaction and the memory it frees.
 	maxSegmentBytes   = 16 << 20
 	maxSegmentEntries = 50_000
+	// maxBacklogBytes bounds the sealed segments waiting for a checkpoint
+	// (and so the memory their index holds): past it, writes wait for the
+	// checkpointer.
+	maxBacklogBytes = 64 << 20
 	// checkpointRetry is the pause after a failed checkpoint.
 	checkpointRetry = time.Second
 )
@@ -165,7 +169,10 @@ type Store struct {
 	// sealed are journal segments waiting for a checkpoint, oldest first.
 	sealedMu     sync.Mutex
 	sealed       []*segment
+	backlog      int64         // bytes of the sealed segments
+	maxBacklog   int64         // maxBacklogBytes; tests lower it
 	sealedCh     chan struct{} // signals the checkpointer; capacity 1
+	drained      chan struct{} // signals the writer after a checkpoint; capacity 1
 	checkpointMu sync.Mutex    // one checkpoint at a time
 
 	writes chan *writeReq
@@ -216,6 +223,8 @@ func Open(path string, opts Options) (*Store, error) {
 		leases:          make(map[string]*lease),
 		recent:          make(map[string]recentEntry),
 		sealedCh:        make(chan struct{}, 1),
+		drained:         make(chan struct{}, 1),
+		maxBacklog:      maxBacklogBytes,
 		writes:          make(chan *writeReq, maxWriteBatch),
 		stop:            make(chan struct{}),
 	}

@@ -104,7 +104,14 @@ func (s *Store) checkpoint() error {
 	s.recentMu.Unlock()
 	s.sealedMu.Lock()
 	s.sealed = slices.Delete(s.sealed, 0, len(segs))
+	for _, seg := range segs {
+		s.backlog -= seg.size
+	}
 	s.sealedMu.Unlock()
+	select {
+	case s.drained <- struct{}{}:
+	default:
+	}
 	// A removal that does not survive a crash is harmless: replay skips
 	// entries the checkpoint sequence number covers.
 	for _, seg := range segs {

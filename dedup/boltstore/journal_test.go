@@ -263,6 +263,48 @@ func TestCheckpointHandoffKeepsKeysVisible(t *testing.T) {
 	}
 }
 
+// When checkpoints fall behind, writes wait for them instead of growing the
+// in-memory index without bound, and go on once a checkpoint drained it.
+func TestJournalBacklogHoldsWrites(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTemp(t, Options{CheckpointInterval: -1})
+	defer s.Close()
+	s.maxBacklog = 1
+	s.checkpointMu.Lock() // the checkpointer is stuck
+	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "a"}, time.Hour)
+	if err := s.send(ctx, &writeReq{seal: true, done: make(chan error, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	kb := dedup.Key{Namespace: "n", ID: "b"}
+	res, err := s.Claim(ctx, kb, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Commit(ctx, kb, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}) }()
+	// The writer takes the commit and waits; a commit with a deadline gives
+	// up with it (the store's timeout is what a stuck disk trips).
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	kc := dedup.Key{Namespace: "n", ID: "c"}
+	resc, _ := s.Claim(ctx, kc, dedup.ClaimOptions{Lease: time.Minute})
+	if err := s.Commit(short, kc, resc.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("commit with a deadline behind a stuck checkpointer: got %v, want DeadlineExceeded", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("commit over the backlog: got %v while the checkpointer was stuck, want it to wait", err)
+	default:
+	}
+	s.checkpointMu.Unlock()
+	if err := <-done; err != nil {
+		t.Fatalf("commit after the backlog drained: %v", err)
+	}
+	if _, err := s.Get(ctx, dedup.Key{Namespace: "n", ID: "b"}); err != nil {
+		t.Errorf("Get after the backlog drained: %v", err)
+	}
+}
+
 func TestWALEntryRoundTrip(t *testing.T) {
 	tests := []walEntry{
 		{seq: 1, key: []byte("n:evt_1"), val: []byte{1, 2, 3}},

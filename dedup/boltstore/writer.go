@@ -127,6 +127,7 @@ func (s *Store) writeLoop(nextSeq uint64) {
 // commit journals batch and acknowledges each request.
 func (w *writer) commit(batch []*writeReq) {
 	s := w.s
+	w.awaitCheckpoint()
 	seals := 0
 	w.buf = w.buf[:0]
 	first := w.nextSeq
@@ -190,6 +191,26 @@ func (w *writer) commit(batch []*writeReq) {
 	}
 }
 
+// awaitCheckpoint holds the writer while the sealed segments exceed
+// maxBacklogBytes, so a checkpointer that cannot keep up slows writes down
+// instead of letting the in-memory index grow without bound.
+func (w *writer) awaitCheckpoint() {
+	s := w.s
+	for {
+		s.sealedMu.Lock()
+		over := s.backlog > s.maxBacklog
+		s.sealedMu.Unlock()
+		if !over {
+			return
+		}
+		select {
+		case <-s.drained:
+		case <-s.stop:
+			return
+		}
+	}
+}
+
 // open makes sure there is a current segment, creating it (durably) if not.
 func (w *writer) open() error {
 	if w.seg != nil {
@@ -227,6 +248,7 @@ func (w *writer) seal() {
 	seg.f = nil
 	w.s.sealedMu.Lock()
 	w.s.sealed = append(w.s.sealed, seg)
+	w.s.backlog += seg.size
 	w.s.sealedMu.Unlock()
 	select {
 	case w.s.sealedCh <- struct{}{}:
