@@ -163,7 +163,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 		out.Body = http.NoBody
 	}
 
-	w.Header().Set(HeaderDedupStatus, status)
+	setDedupStatus(w.Header(), status)
 	gauge := d.rt.metrics.inFlight
 	gauge.Inc()
 	defer gauge.Dec()

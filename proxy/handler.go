@@ -84,7 +84,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !g.enter() {
 		closeIfUnread(w, r)
-		w.Header().Set(HeaderDedupStatus, statusRejected)
+		setDedupStatus(w.Header(), statusRejected)
 		writeProblem(w, probShuttingDown.with(rt.Name, "the gateway is shutting down; retry the delivery"), retryLaterSeconds)
 		return
 	}
@@ -318,7 +318,7 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 func (g *Gateway) inFlight(w http.ResponseWriter, d *delivery, rec dedup.Record) {
 	d.outcome = outcomeInFlight
 	d.answer = http.StatusConflict
-	w.Header().Set(HeaderDedupStatus, statusInFlight)
+	setDedupStatus(w.Header(), statusInFlight)
 	writeProblem(w, probInFlight.with(d.rt.Name, "another delivery of this event is being forwarded; retry after it finished"),
 		retryAfterSeconds(g.now(), rec.LeaseUntil, d.rt.Lease))
 }
@@ -350,7 +350,7 @@ func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, d *delivery
 	if d.rt.OnStoreError == Reject {
 		d.rt.log.Warn("store unavailable: delivery rejected", keyField(d.clientKey), zap.String("request_id", d.requestID), zap.Error(err))
 		d.answer = http.StatusServiceUnavailable
-		w.Header().Set(HeaderDedupStatus, statusStoreError)
+		setDedupStatus(w.Header(), statusStoreError)
 		writeProblem(w, probStoreError.with(d.rt.Name, "the dedup store is unavailable; retry the delivery"), retryLaterSeconds)
 		return
 	}
@@ -363,7 +363,7 @@ func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, d *delivery
 func (g *Gateway) reject(w http.ResponseWriter, d *delivery, outcome string, p problem) {
 	d.outcome = outcome
 	d.answer = p.Status
-	w.Header().Set(HeaderDedupStatus, statusRejected)
+	setDedupStatus(w.Header(), statusRejected)
 	writeProblem(w, p, 0)
 }
 

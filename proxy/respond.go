@@ -106,13 +106,44 @@ func writeJSON(w http.ResponseWriter, status int, contentType string, v any) {
 	_, _ = w.Write(newline)
 }
 
-// Header values shared by every answer: net/http only reads them.
+// writeJSONLine writes line, JSON already followed by its newline, as
+// writeJSON writes a value: the same headers, status and bytes.
+func writeJSONLine(w http.ResponseWriter, status int, line []byte) {
+	h := w.Header()
+	h["Content-Type"] = jsonType
+	h["Content-Length"] = []string{strconv.Itoa(len(line))}
+	h["X-Content-Type-Options"] = nosniff
+	w.WriteHeader(status)
+	_, _ = w.Write(line) // the sender may be gone; nothing left to do
+}
+
+// Header values shared by every answer: net/http only reads them, and an
+// Add to one of their names appends to a full slice, so into a new array.
 var (
 	nosniff         = []string{"nosniff"}
 	jsonType        = []string{"application/json"}
 	problemJSONType = []string{"application/problem+json"}
 	newline         = []byte{'\n'}
+
+	dedupStatusValues = map[string][]string{
+		statusForwarded:  {statusForwarded},
+		statusDuplicate:  {statusDuplicate},
+		statusInFlight:   {statusInFlight},
+		statusUnkeyed:    {statusUnkeyed},
+		statusRejected:   {statusRejected},
+		statusStoreError: {statusStoreError},
+	}
 )
+
+// setDedupStatus sets the Dedup-Status header to status, one of the status
+// constants, as h.Set would, without allocating its value.
+func setDedupStatus(h http.Header, status string) {
+	v, ok := dedupStatusValues[status]
+	if !ok {
+		v = []string{status}
+	}
+	h[HeaderDedupStatus] = v[:1:1]
+}
 
 // headerValue returns a shared value slice for the common content types.
 func headerValue(v string) []string {
@@ -142,20 +173,66 @@ func writeDuplicate(w http.ResponseWriter, rt *route, key string, rec dedup.Reco
 		for name, vals := range rec.Response.Header {
 			h[http.CanonicalHeaderKey(name)] = append([]string(nil), vals...)
 		}
-		h.Set(HeaderDedupStatus, statusDuplicate)
+		setDedupStatus(h, statusDuplicate)
 		h.Set("Content-Length", strconv.Itoa(len(rec.Response.Body)))
 		w.WriteHeader(rec.Response.Status)
 		_, _ = w.Write(rec.Response.Body)
 		return rec.Response.Status
 	}
-	w.Header().Set(HeaderDedupStatus, statusDuplicate)
-	writeJSON(w, http.StatusOK, "application/json", duplicateBody{
+	setDedupStatus(w.Header(), statusDuplicate)
+	ack := duplicateBody{
 		Status:    "duplicate",
 		Route:     rt.Name,
 		Key:       key,
 		FirstSeen: rec.FirstSeen.UTC(),
-	})
+	}
+	if line, ok := appendDuplicateAck(nil, ack); ok {
+		writeJSONLine(w, http.StatusOK, line)
+	} else {
+		writeJSON(w, http.StatusOK, "application/json", ack)
+	}
 	return http.StatusOK
+}
+
+// appendDuplicateAck appends ack as json.Marshal encodes it, followed by a
+// newline, without reflection. It reports false, and json.Marshal must be
+// used, when a string would need escaping (a byte outside printable ASCII,
+// or one of " \ < > &) or the time has no RFC 3339 form.
+func appendDuplicateAck(b []byte, ack duplicateBody) ([]byte, bool) {
+	if !plainJSONString(ack.Status) || !plainJSONString(ack.Route) || !plainJSONString(ack.Key) {
+		return b, false
+	}
+	if b == nil {
+		b = make([]byte, 0, len(`{"status":"","route":"","key":"","first_seen":""}`)+
+			len(ack.Status)+len(ack.Route)+len(ack.Key)+len(time.RFC3339Nano)+1)
+	}
+	start := len(b)
+	b = append(b, `{"status":"`...)
+	b = append(b, ack.Status...)
+	b = append(b, `","route":"`...)
+	b = append(b, ack.Route...)
+	b = append(b, `","key":"`...)
+	b = append(b, ack.Key...)
+	b = append(b, `","first_seen":"`...)
+	b, err := ack.FirstSeen.AppendText(b) // what Time.MarshalJSON quotes
+	if err != nil {
+		return b[:start], false
+	}
+	b = append(b, `"}`...)
+	b = append(b, '\n')
+	return b, true
+}
+
+// plainJSONString reports whether json.Marshal encodes s as s in quotes:
+// printable ASCII without '"', '\\' and the HTML characters it escapes.
+func plainJSONString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }
 
 // retryAfterSeconds is the Retry-After for a key whose lease ends at until:
