@@ -50,12 +50,14 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 				pr.Out.Header["X-Forwarded-For"] = xff
 			}
 			pr.SetXForwarded()
-			pr.Out.Header.Del(HeaderDedupKey)
+			// Header.Del and Set with names already canonical: the map
+			// operations alone.
+			delete(pr.Out.Header, HeaderDedupKey)
 			// The body is already buffered: waiting for a 100 Continue
 			// would only delay the forward.
-			pr.Out.Header.Del("Expect")
+			delete(pr.Out.Header, "Expect")
 			if d := deliveryFrom(pr.In.Context()); d != nil && d.keyed {
-				pr.Out.Header.Set(HeaderDedupKey, dedupKeyHeader(d.key, d.clientKey))
+				pr.Out.Header[HeaderDedupKey] = []string{dedupKeyHeader(d.key, d.clientKey)}
 			}
 		},
 		Transport:      g.transport,
@@ -152,7 +154,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 	out := r.WithContext(ctx)
 	out.ContentLength = int64(len(body))
 	out.TransferEncoding = nil
-	out.Body = io.NopCloser(bytes.NewReader(body))
+	d.body.Reset(body)
+	out.Body = &d.body
 	// No GetBody: with it, the Transport would silently resend a request
 	// carrying Idempotency-Key when a kept-alive upstream connection drops
 	// after the request was written, and the application could process one
@@ -219,7 +222,7 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 	if d == nil {
 		return nil
 	}
-	resp.Header.Del(HeaderDedupStatus)
+	delete(resp.Header, HeaderDedupStatus) // Header.Del of a canonical name
 	d.upstreamStatus = resp.StatusCode
 	d.rt.metrics.upstream[codeClassIndex(resp.StatusCode)].Observe(time.Since(d.fwdStart).Seconds())
 	if d.token == "" {
@@ -273,6 +276,14 @@ type readCloser struct {
 	io.Reader
 	io.Closer
 }
+
+// bufferedBody is the forwarded request's body: the buffered bytes, and a
+// Close that does nothing (io.NopCloser of a bytes.Reader, kept in the
+// delivery instead of allocated per forward).
+type bufferedBody struct{ bytes.Reader }
+
+// Close implements io.Closer.
+func (*bufferedBody) Close() error { return nil }
 
 // errorHandler answers a forward the upstream never answered: 504 when the
 // forward's deadline passed (upstream_timeout, or the claim's lease minus

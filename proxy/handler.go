@@ -60,6 +60,7 @@ type delivery struct {
 	detached context.Context
 
 	forwarded      bool
+	body           bufferedBody // the forwarded request's Body
 	fwdStart       time.Time
 	upstreamStatus int
 	upstreamErr    string
