@@ -430,8 +430,9 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) 
 	rc := http.NewResponseController(w)
 	if rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)) == nil {
 		// Close cuts a body still arriving short, so it does not wait for
-		// a slow sender.
-		stop := context.AfterFunc(g.ctx, func() { _ = rc.SetReadDeadline(time.Unix(1, 0)) })
+		// a slow sender. (The func makes its own controller, so that rc
+		// stays on this goroutine's stack.)
+		stop := context.AfterFunc(g.ctx, func() { _ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0)) })
 		defer func() {
 			stop()
 			if err != nil {
@@ -447,15 +448,17 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) 
 			_ = rc.SetReadDeadline(time.Time{})
 		}()
 	}
-	body := http.MaxBytesReader(w, r.Body, limit)
 	if r.ContentLength > 0 {
-		// The server's body reader stops at Content-Length: read exactly that.
+		// The server's body reader stops at Content-Length: read exactly
+		// that. It is at most limit (see above), so a MaxBytesReader would
+		// never stop this read.
 		buf := make([]byte, r.ContentLength)
-		if _, err = io.ReadFull(body, buf); err != nil {
+		if _, err = io.ReadFull(r.Body, buf); err != nil {
 			return nil, fmt.Errorf("read body: %w", err)
 		}
 		return buf, nil
 	}
+	body := http.MaxBytesReader(w, r.Body, limit)
 	var buf bytes.Buffer
 	if _, err = buf.ReadFrom(body); err != nil {
 		return nil, fmt.Errorf("read body: %w", err)
