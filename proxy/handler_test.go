@@ -834,3 +834,62 @@ func TestReplayKeepsContentEncoding(t *testing.T) {
 		t.Errorf("replayed body decompressed: got %q, want %q", plain, `{"id":"pay_1"}`)
 	}
 }
+
+// TestBodyLimit: max_body_bytes holds for a body of declared length and for
+// a chunked one, at the limit and one byte beyond it.
+func TestBodyLimit(t *testing.T) {
+	up := newUpstream(t, nil)
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.MaxBodyBytes = 32
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	body := func(n int) string { // {"id":"evt_<n>","p":"xxx…"}, n bytes long
+		s := fmt.Sprintf(`{"id":"evt_%d","p":""}`, n)
+		return s[:len(s)-2] + strings.Repeat("x", n-len(s)) + `"}`
+	}
+	for _, tc := range []struct {
+		name    string
+		size    int
+		chunked bool
+		want    int
+	}{
+		{"declared length at the limit", 32, false, http.StatusOK},
+		{"declared length over the limit", 33, false, http.StatusRequestEntityTooLarge},
+		{"chunked at the limit", 31, true, http.StatusOK},
+		{"chunked over the limit", 33, true, http.StatusRequestEntityTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := body(tc.size)
+			if len(b) != tc.size {
+				t.Fatalf("test body is %d bytes, want %d", len(b), tc.size)
+			}
+			var rd io.Reader = strings.NewReader(b)
+			if tc.chunked {
+				rd = io.MultiReader(rd) // unknown length: sent chunked
+			}
+			req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/hooks/orders", rd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := req.ContentLength == 0; got != tc.chunked {
+				t.Fatalf("request content length %d, chunked %v", req.ContentLength, tc.chunked)
+			}
+			resp, err := h.srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Errorf("got %d, want %d", resp.StatusCode, tc.want)
+			}
+		})
+	}
+	if got := up.count(); got != 2 {
+		t.Errorf("got %d requests upstream, want 2", got)
+	}
+	for i := range 2 {
+		if got := len(up.request(i).Body); got != []int{32, 31}[i] {
+			t.Errorf("upstream request %d: got a %d-byte body, want %d", i, got, []int{32, 31}[i])
+		}
+	}
+}
