@@ -353,9 +353,10 @@ func upstreamErrorText(err error) string {
 // the sender cannot cancel (nor the forward's deadline, nor Close).
 func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored *dedup.Response) {
 	d.settled = true
-	ctx := newOpContext(d.detach(parent), time.Now(), g.storeTimeout)
+	now, wall := g.clock()
+	ctx := newOpContext(d.detach(parent), now, g.storeTimeout)
 	defer ctx.stop()
-	g.warnLateFinish(d, "commit")
+	g.warnLateFinish(d, "commit", wall)
 	err := g.store.Commit(ctx, d.key, d.token, dedup.CommitOptions{Window: d.rt.Window, Status: status, Response: stored})
 	switch {
 	case err == nil:
@@ -373,9 +374,10 @@ func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored
 func (g *Gateway) release(parent context.Context, d *delivery, reason string, status int, text string) {
 	d.settled = true
 	d.rt.metrics.release(reason)
-	ctx := newOpContext(d.detach(parent), time.Now(), g.storeTimeout)
+	now, wall := g.clock()
+	ctx := newOpContext(d.detach(parent), now, g.storeTimeout)
 	defer ctx.stop()
-	g.warnLateFinish(d, "release")
+	g.warnLateFinish(d, "release", wall)
 	err := g.store.Release(ctx, d.key, d.token, dedup.ReleaseOptions{Retain: d.rt.Window, Status: status, Error: text})
 	switch {
 	case err == nil:
@@ -388,10 +390,11 @@ func (g *Gateway) release(parent context.Context, d *delivery, reason string, st
 	}
 }
 
-// warnLateFinish logs when a claim is settled after its lease ended, so
-// another delivery may have been forwarded meanwhile.
-func (g *Gateway) warnLateFinish(d *delivery, op string) {
-	if !d.leaseUntil.IsZero() && g.now().After(d.leaseUntil) {
+// warnLateFinish logs when a claim is settled after its lease ended (now,
+// read from g.now, is after it), so another delivery may have been forwarded
+// meanwhile.
+func (g *Gateway) warnLateFinish(d *delivery, op string, now time.Time) {
+	if !d.leaseUntil.IsZero() && now.After(d.leaseUntil) {
 		d.rt.log.Warn("lease expired before "+op+": a duplicate may have been forwarded meanwhile",
 			keyField(d.clientKey), zap.Time("lease_until", d.leaseUntil))
 	}

@@ -101,7 +101,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	body, err := g.readBody(w, r, rt.MaxBodyBytes)
+	body, err := g.readBody(w, r, rt.MaxBodyBytes, d.start)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			g.reject(w, d, outcomeRejectedBody, probBodyTooLarge.with(rt.Name, fmt.Sprintf("the body exceeds max_body_bytes (%d)", rt.MaxBodyBytes)))
@@ -233,7 +233,7 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 // the route's lease, or less when the record's LeaseUntil, read against our
 // clock when the claim was sent, says so (a store clock behind ours).
 func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (dedup.ClaimResult, error) {
-	sent, sentWall := time.Now(), g.now()
+	sent, sentWall := g.clock()
 	ctx := newOpContext(d.detach(parent), sent, g.storeTimeout)
 	defer ctx.stop()
 	res, err := g.store.Claim(ctx, d.key, dedup.ClaimOptions{Lease: d.rt.Lease, BodySHA256: bodySHA, Fingerprint: d.fingerprint})
@@ -417,9 +417,9 @@ func (g *Gateway) finish(d *delivery) {
 }
 
 // readBody reads the whole body, at most limit bytes (beyond that it returns
-// an *http.MaxBytesError) and within the gateway's body timeout (beyond that
-// a net.Error whose Timeout is true).
-func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) (_ []byte, err error) {
+// an *http.MaxBytesError) and within the gateway's body timeout from start,
+// when the delivery arrived (beyond that a net.Error whose Timeout is true).
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64, start time.Time) (_ []byte, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
@@ -428,7 +428,7 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) 
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
 	rc := http.NewResponseController(w)
-	if rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)) == nil {
+	if rc.SetReadDeadline(start.Add(g.bodyTimeout)) == nil {
 		// Close cuts a body still arriving short, so it does not wait for
 		// a slow sender. (The func makes its own controller, so that rc
 		// stays on this goroutine's stack.)

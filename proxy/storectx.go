@@ -72,7 +72,7 @@ func (c *opContext) Err() error {
 	if c.inner != nil {
 		return c.inner.Err()
 	}
-	if c.err == nil && !time.Now().Before(c.deadline) {
+	if c.err == nil && time.Until(c.deadline) <= 0 { // monotonic: one clock read
 		c.err = context.DeadlineExceeded
 	}
 	return c.err
