@@ -243,8 +243,9 @@ func waitPing(addr string, pid int, exited <-chan struct{}) error {
 	}
 }
 
-// pingPID checks over a fresh connection that the server on addr answers and
-// is the process pid (INFO server's process_id).
+// pingPID checks over a fresh connection that the server on addr answers, is
+// the process pid (INFO server's process_id) and has finished loading its
+// data (not INFO persistence's loading:1; until then it answers LOADING).
 func pingPID(addr string, pid int) error {
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
@@ -252,32 +253,55 @@ func pingPID(addr string, pid int) error {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(time.Second))
-	if _, err := conn.Write([]byte("INFO server\r\n")); err != nil {
+	if _, err := conn.Write([]byte("INFO server\r\nINFO persistence\r\n")); err != nil {
 		return err
 	}
 	r := bufio.NewReader(conn)
-	head, err := r.ReadString('\n')
+	server, err := readInfo(r)
 	if err != nil {
 		return err
 	}
+	if !hasLine(server, "process_id:"+strconv.Itoa(pid)) {
+		return fmt.Errorf("another redis-server answers on %s (want process_id:%d)", addr, pid)
+	}
+	persistence, err := readInfo(r)
+	if err != nil {
+		return err
+	}
+	if hasLine(persistence, "loading:1") { // a sentinel has no such line
+		return errors.New("still loading its data")
+	}
+	return nil
+}
+
+// readInfo reads one INFO reply (a bulk string).
+func readInfo(r *bufio.Reader) (string, error) {
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
 	if !strings.HasPrefix(head, "$") {
-		return fmt.Errorf("got %q, want the INFO reply", strings.TrimSpace(head))
+		return "", fmt.Errorf("got %q, want the INFO reply", strings.TrimSpace(head))
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(head[1:]))
 	if err != nil || n < 0 {
-		return fmt.Errorf("got %q, want the INFO reply", strings.TrimSpace(head))
+		return "", fmt.Errorf("got %q, want the INFO reply", strings.TrimSpace(head))
 	}
-	body := make([]byte, n)
+	body := make([]byte, n+2) // and the CRLF
 	if _, err := io.ReadFull(r, body); err != nil {
-		return err
+		return "", err
 	}
-	want := "process_id:" + strconv.Itoa(pid)
-	for _, line := range strings.Split(string(body), "\n") {
+	return string(body[:n]), nil
+}
+
+// hasLine reports whether want is one of info's lines.
+func hasLine(info, want string) bool {
+	for _, line := range strings.Split(info, "\n") {
 		if strings.TrimSpace(line) == want {
-			return nil
+			return true
 		}
 	}
-	return fmt.Errorf("another redis-server answers on %s (want %s)", addr, want)
+	return false
 }
 
 // ping sends one inline PING over a fresh connection.
