@@ -50,7 +50,9 @@ type Config struct {
 	ReadTimeout  time.Duration
 	WriteTimeout time.Duration
 	// PoolSize is the number of connections per node. Zero means go-redis's
-	// default, 10 per GOMAXPROCS.
+	// default, 10 per GOMAXPROCS. The store's operations travel in pipelines
+	// (see pipeliner), which go-redis sends on its separate pipeline pool,
+	// at most two at once per node; this pool serves the rest (Ping).
 	PoolSize int
 }
 

@@ -20,15 +20,17 @@ import (
 )
 
 // BenchmarkSenders32 drives one store from 32 goroutines, the load test's
-// senders, and reports besides ns/op the CPU each operation costs: in this
-// process (client-µs/op, every goroutine of the test binary) and in
-// redis-server (redis-µs/op, from INFO cpu). On a machine with few cores the
-// sum, not the wall time, decides how many deliveries per second fit:
-//
-//	go test -run '^$' -bench Senders32 -count 5 ./dedup/redisstore/
+// senders, in two workloads:
 //
 //   - unique: a first delivery, Claim then Commit of a new key;
 //   - duplicate: a Claim of a processed key.
+//
+// Besides ns/op it reports the CPU each operation costs in this process
+// (client-µs/op, every goroutine of the test binary) and in redis-server
+// (redis-µs/op, from INFO cpu). On a machine with few cores their sum, not the
+// wall time, decides how many deliveries per second fit:
+//
+//	go test -run '^$' -bench Senders32 -count 5 ./dedup/redisstore/
 func BenchmarkSenders32(b *testing.B) {
 	srv := redistest.Start(b)
 	admin := srv.Client()

@@ -4,14 +4,17 @@
 //
 // Each operation is one Lua script on one key (claim.lua, commit.lua,
 // release.lua, forget.lua; Get is a plain GET), so it is atomic and
-// Cluster-safe, and a delivery costs one round trip for a duplicate and two
-// (claim, commit) for a first delivery. The scripts take the caller's clock
-// as an argument and compare it with the times stored in the record, so
-// every replica's decisions follow the same rule and tests can move time. Each
-// key also gets a Redis TTL, the record's remaining life (plus leaseGrace for
-// a processing record), so Redis drops expired records by itself. Every script
-// is safe to run twice with the same arguments, as go-redis does when it
-// retries after a lost reply.
+// Cluster-safe, and a delivery costs one command for a duplicate and two
+// (claim, commit) for a first delivery. Concurrent operations share round
+// trips: the Store auto-pipelines them (see pipeliner in pipeline.go), so
+// under load many deliveries' commands travel in one pipeline, while a lone
+// command goes out at once, never waiting for a timer. The scripts take the
+// caller's clock as an argument and compare it with the times stored in the
+// record, so every replica's decisions follow the same rule and tests can
+// move time. Each key also gets a Redis TTL, the record's remaining life (plus
+// leaseGrace for a processing record), so Redis drops expired records by
+// itself. Every script is safe to run twice with the same arguments, as
+// go-redis does when it retries a command or a pipeline after a lost reply.
 //
 // Keys are "{KeyPrefix}{namespace}:{id}" (see redisKey for ids stored by
 // their SHA-256) and values are one compact string (see record.go).
@@ -42,9 +45,9 @@ var (
 	//go:embed forget.lua
 	forgetSrc string
 
-	// The scripts run with EVALSHA; Script.Run falls back to EVAL (which
-	// also caches the script again) when the server answers NOSCRIPT, after
-	// a restart or SCRIPT FLUSH.
+	// The scripts run with EVALSHA; the pipeliner falls back to EVAL (which
+	// also caches the script again) for each command the server answers
+	// NOSCRIPT, after a restart or SCRIPT FLUSH, as Script.Run does.
 	claimScript   = redis.NewScript(claimSrc)
 	commitScript  = redis.NewScript(commitSrc)
 	releaseScript = redis.NewScript(releaseSrc)
@@ -85,6 +88,7 @@ type Store struct {
 	prefix     string
 	now        dedup.Clock
 	log        *zap.Logger
+	pipe       *pipeliner
 	closed     atomic.Bool
 }
 
@@ -105,7 +109,8 @@ func New(cfg Config, opts Options) (*Store, error) {
 }
 
 // NewFromClient returns a Store using client, whose lifetime stays with the
-// caller: Close does not close it. An empty prefix means "dedupgw:".
+// caller: Close does not close it, but must be called to stop the Store's
+// pipeline workers. An empty prefix means "dedupgw:".
 func NewFromClient(client redis.UniversalClient, prefix string, opts Options) *Store {
 	if prefix == "" {
 		prefix = DefaultKeyPrefix
@@ -121,6 +126,7 @@ func NewFromClient(client redis.UniversalClient, prefix string, opts Options) *S
 		prefix: prefix,
 		now:    opts.Now,
 		log:    opts.Logger.Named("redisstore"),
+		pipe:   newPipeliner(client, defaultInFlight, defaultMaxBatch),
 	}
 }
 
@@ -146,7 +152,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	now := s.nowMS()
 	leaseMS := durationMS(opts.Lease)
 	token := dedup.NewToken()
-	reply, err := claimScript.Run(ctx, s.client, []string{s.Key(key)},
+	reply, err := s.pipe.run(ctx, claimScript, s.Key(key),
 		now, base36(now), base36(now+leaseMS),
 		leaseMS+leaseGrace.Milliseconds(), token, encodeClaim(opts.BodySHA256, opts.Fingerprint),
 	).Slice()
@@ -202,7 +208,7 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	}
 	now := s.nowMS()
 	windowMS := durationMS(opts.Window)
-	n, err := commitScript.Run(ctx, s.client, []string{s.Key(key)},
+	n, err := s.pipe.run(ctx, commitScript, s.Key(key),
 		now, token, base36(now), base36(now+windowMS),
 		windowMS, encodeResult(opts.Status, "", opts.Response),
 	).Int64()
@@ -228,7 +234,7 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	}
 	now := s.nowMS()
 	retainMS := durationMS(opts.Retain)
-	n, err := releaseScript.Run(ctx, s.client, []string{s.Key(key)},
+	n, err := s.pipe.run(ctx, releaseScript, s.Key(key),
 		now, token, base36(now), base36(now+retainMS),
 		retainMS, encodeResult(opts.Status, opts.Error, nil),
 	).Int64()
@@ -250,7 +256,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return dedup.Record{}, fmt.Errorf("redisstore: get: %w", err)
 	}
-	value, err := s.client.Get(ctx, s.Key(key)).Result()
+	value, err := s.pipe.get(ctx, s.Key(key)).Result()
 	if errors.Is(err, redis.Nil) {
 		return dedup.Record{}, dedup.ErrNotFound
 	}
@@ -276,7 +282,7 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("redisstore: forget: %w", err)
 	}
-	n, err := forgetScript.Run(ctx, s.client, []string{s.Key(key)}, s.nowMS()).Int64()
+	n, err := s.pipe.run(ctx, forgetScript, s.Key(key), s.nowMS()).Int64()
 	if err != nil {
 		return false, fmt.Errorf("redisstore: forget: %w", err)
 	}
@@ -307,10 +313,15 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close implements dedup.Store. Later calls return dedup.ErrClosed. It closes
-// the client when New built it.
+// Close implements dedup.Store. Later calls return dedup.ErrClosed. Calls
+// already waiting for Redis get their replies first (see pipeliner), then the
+// pipeline workers stop. It closes the client when New built it.
 func (s *Store) Close() error {
-	if s.closed.Swap(true) || !s.ownsClient {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.pipe.close()
+	if !s.ownsClient {
 		return nil
 	}
 	if err := s.client.Close(); err != nil {

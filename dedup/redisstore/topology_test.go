@@ -3,7 +3,9 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,8 +110,9 @@ func TestSentinel(t *testing.T) {
 	}
 }
 
-// countingHook counts the commands a client sends: one per round trip, a
-// pipeline as one.
+// countingHook records the round trips a client makes: one entry per command
+// sent on its own, one per pipeline naming the commands in it
+// ("pipeline[evalsha]").
 type countingHook struct {
 	mu   sync.Mutex
 	cmds []string
@@ -128,8 +131,12 @@ func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		names := make([]string, len(cmds))
+		for i, cmd := range cmds {
+			names[i] = cmd.Name()
+		}
 		h.mu.Lock()
-		h.cmds = append(h.cmds, "pipeline")
+		h.cmds = append(h.cmds, "pipeline["+strings.Join(names, " ")+"]")
 		h.mu.Unlock()
 		return next(ctx, cmds)
 	}
@@ -154,7 +161,9 @@ func TestRoundTrips(t *testing.T) {
 	ctx := context.Background()
 
 	// Warm up: the first run of each script on a fresh server costs a
-	// NOSCRIPT answer and an EVAL.
+	// NOSCRIPT answer and an EVAL. Then a delivery by one caller at a time
+	// costs one pipeline of one EVALSHA per store call: what concurrent
+	// callers share is the pipeline, never a command.
 	warm := dedup.Key{Namespace: "warm", ID: "1"}
 	claimCommit(t, s, warm)
 	wantDuplicate(t, s, warm)
@@ -193,23 +202,46 @@ func TestRoundTrips(t *testing.T) {
 				k.ID = "evt_" + strconv.Itoa(i-1) // the key the step before left
 			}
 			tt.run(k)
-			if got := hook.take(); len(got) != tt.want {
+			got := hook.take()
+			if len(got) != tt.want {
 				t.Errorf("round trips: got %d %v, want %d", len(got), got, tt.want)
+			}
+			for _, rt := range got {
+				if rt != "pipeline[evalsha]" {
+					t.Errorf("round trip %q: want pipeline[evalsha], one script call", rt)
+				}
 			}
 		})
 	}
 }
 
 // replayHook sends every script call twice, as a client does when it retries
-// a call whose reply was lost after Redis ran it.
-type replayHook struct{ countingHook }
+// a call (or a pipeline, whole) whose reply was lost after Redis ran it.
+type replayHook struct {
+	countingHook
+	replayed atomic.Int64 // script calls or pipelines sent twice
+}
 
 func (h *replayHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			h.replayed.Add(1)
 			_ = next(ctx, cmd)
 		}
 		return next(ctx, cmd)
+	}
+}
+
+func (h *replayHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if name := cmd.Name(); name == "evalsha" || name == "eval" {
+				h.replayed.Add(1)
+				_ = next(ctx, cmds)
+				break
+			}
+		}
+		return next(ctx, cmds)
 	}
 }
 
@@ -217,8 +249,10 @@ func TestRetriedCallsAreIdempotent(t *testing.T) {
 	srv := redistest.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = client.Close() })
-	client.AddHook(&replayHook{})
+	replay := &replayHook{}
+	client.AddHook(replay)
 	s := redisstore.NewFromClient(client, uniquePrefix(), redisstore.Options{})
+	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 
 	tests := []struct {
@@ -248,6 +282,9 @@ func TestRetriedCallsAreIdempotent(t *testing.T) {
 				t.Fatalf("Get: got (%q, attempts %d, %v), want (%q, 1, nil)", rec.State, rec.Attempts, err, tt.want)
 			}
 		})
+	}
+	if n := replay.replayed.Load(); n < 4 {
+		t.Errorf("replayed script calls: got %d, want at least 4 (two claims, a commit, a release)", n)
 	}
 }
 
@@ -292,4 +329,86 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	wantDuplicate(t, s, before)
 	wantDuplicate(t, s, after)
+}
+
+// TestConcurrentScriptFlush: 32 callers deliver events through one store (a
+// first delivery, then its duplicate) while every master's script cache is
+// flushed twice mid-run. Their pipelines mix many callers' scripts; every
+// call must still succeed through the NOSCRIPT fallback.
+func TestConcurrentScriptFlush(t *testing.T) {
+	t.Run("single", func(t *testing.T) {
+		srv := redistest.Start(t)
+		s := newStore(t, redisstore.Config{Addrs: []string{srv.Addr()}}, nil)
+		concurrentFlush(t, s, []*redis.Client{srv.Client()})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		cl := redistest.StartCluster(t, 3)
+		s := newStore(t, redisstore.Config{Addrs: cl.Addrs()}, nil)
+		var admins []*redis.Client
+		for _, node := range cl.Nodes {
+			admins = append(admins, node.Client())
+		}
+		concurrentFlush(t, s, admins)
+	})
+}
+
+func concurrentFlush(t *testing.T, s *redisstore.Store, admins []*redis.Client) {
+	const senders, each = 32, 30
+	hook := &countingHook{}
+	s.Client().AddHook(hook)
+	ctx := context.Background()
+	done := make(chan struct{}, senders*each)
+	var wg sync.WaitGroup
+	for w := range senders {
+		wg.Go(func() {
+			for i := range each {
+				k := dedup.Key{Namespace: "flush", ID: "evt_" + strconv.Itoa(w) + "_" + strconv.Itoa(i)}
+				res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+				if err == nil && res.Outcome != dedup.Claimed {
+					t.Errorf("Claim(%s): got %v, want claimed", k, res.Outcome)
+				}
+				if err == nil {
+					err = s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+				}
+				if err == nil {
+					res, err = s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+					if err == nil && res.Outcome != dedup.Duplicate {
+						t.Errorf("Claim(%s) again: got %v, want duplicate", k, res.Outcome)
+					}
+				}
+				if err != nil {
+					t.Errorf("delivery of %s: got %v, want nil", k, err)
+				}
+				done <- struct{}{}
+			}
+		})
+	}
+	flush := func() {
+		for _, a := range admins {
+			if err := a.ScriptFlush(ctx).Err(); err != nil {
+				t.Errorf("SCRIPT FLUSH on %s: %v", a.Options().Addr, err)
+			}
+		}
+	}
+	timeout := time.NewTimer(30 * time.Second)
+	defer timeout.Stop()
+	const total = senders * each
+	for n := 1; n <= total; n++ {
+		select {
+		case <-done:
+		case <-timeout.C:
+			t.Fatalf("%d of %d deliveries after 30s", n-1, total)
+		}
+		if n == total/3 || n == 2*total/3 {
+			flush()
+		}
+	}
+	wg.Wait()
+	var evals int
+	for _, rt := range hook.take() {
+		evals += strings.Count(rt, "eval ") + strings.Count(rt, "eval]")
+	}
+	if evals == 0 {
+		t.Errorf("no EVAL sent: the flushes did not exercise the NOSCRIPT fallback")
+	}
 }

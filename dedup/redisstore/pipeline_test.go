@@ -1,0 +1,290 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+)
+
+// gateHook records every pipeline's command names (but a new connection's
+// set-up) and holds the first pipeline until release is closed, so a test can
+// queue commands behind it.
+type gateHook struct {
+	hold    atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+
+	mu        sync.Mutex
+	pipelines []string // "get evalsha get", one per pipeline
+}
+
+func newGateHook(t *testing.T) *gateHook {
+	h := &gateHook{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	h.hold.Store(true)
+	t.Cleanup(h.open)
+	return h
+}
+
+// open lets the held pipeline (and all later ones) through.
+func (h *gateHook) open() {
+	select {
+	case <-h.release:
+	default:
+		close(h.release)
+	}
+}
+
+func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		names := make([]string, len(cmds))
+		for i, c := range cmds {
+			names[i] = c.Name()
+		}
+		if names[0] == "client" || names[0] == "hello" {
+			return next(ctx, cmds) // a new connection's set-up
+		}
+		h.mu.Lock()
+		h.pipelines = append(h.pipelines, strings.Join(names, " "))
+		h.mu.Unlock()
+		if h.hold.CompareAndSwap(true, false) {
+			h.entered <- struct{}{}
+			<-h.release
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *gateHook) taken() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.pipelines)
+}
+
+// queued returns how many commands wait for a worker.
+func (p *pipeliner) queued() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue)
+}
+
+// isClosed reports whether close was called.
+func (p *pipeliner) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// waitFor polls cond every millisecond until it holds, failing t after 5s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: still not true after 5s", what)
+		}
+		<-tick.C
+	}
+}
+
+// await receives from ch, failing t after 5s.
+func await[T any](t *testing.T, what string, ch <-chan T) T {
+	t.Helper()
+	timer := time.NewTimer(5 * time.Second)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("waiting for %s: nothing after 5s", what)
+		panic("unreachable")
+	}
+}
+
+// heldPipeliner returns a pipeliner with one worker on a fresh server whose
+// first pipeline (a GET sent here) the returned hook holds.
+func heldPipeliner(t *testing.T, maxBatch int) (*pipeliner, *gateHook, *redis.Client, <-chan *redis.StringCmd) {
+	t.Helper()
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	hook := newGateHook(t)
+	client.AddHook(hook)
+	p := newPipeliner(client, 1, maxBatch)
+	t.Cleanup(p.close)
+	first := make(chan *redis.StringCmd, 1)
+	go func() { first <- p.get(context.Background(), "held") }()
+	await(t, "the first pipeline", hook.entered)
+	return p, hook, admin, first
+}
+
+func TestPipelineCoalesces(t *testing.T) {
+	const maxBatch = 8
+	p, hook, admin, first := heldPipeliner(t, maxBatch)
+	ctx := context.Background()
+	if err := forgetScript.Load(ctx, admin).Err(); err != nil {
+		t.Fatalf("SCRIPT LOAD: %v", err)
+	}
+	// 19 callers queue behind the held pipeline: even ones GET a key holding
+	// their own number, odd ones run the forget script on a key that exists
+	// for every third of them, so each reply shows whose it is.
+	const n = 2*maxBatch + 3
+	for i := range n {
+		if i%2 == 0 || i%3 == 0 {
+			if err := admin.Set(ctx, "k"+strconv.Itoa(i), "v"+strconv.Itoa(i), 0).Err(); err != nil {
+				t.Fatalf("SET: %v", err)
+			}
+		}
+	}
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			key := "k" + strconv.Itoa(i)
+			if i%2 == 0 {
+				v, err := p.get(ctx, key).Result()
+				if err == nil && v != "v"+strconv.Itoa(i) {
+					err = errors.New("GET " + key + ": got " + v)
+				}
+				errs <- err
+				return
+			}
+			got, err := p.run(ctx, forgetScript, key, 0).Int64()
+			want := int64(0)
+			if i%3 == 0 {
+				want = 1 // the key exists
+			}
+			if err == nil && got != want {
+				err = errors.New("forget " + key + ": got " + strconv.FormatInt(got, 10))
+			}
+			errs <- err
+		}()
+	}
+	waitFor(t, "19 queued commands", func() bool { return p.queued() == n })
+	hook.open()
+	if err := await(t, "the held GET", first).Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("held GET: got %v, want redis.Nil", err)
+	}
+	for range n {
+		if err := await(t, "a reply", (<-chan error)(errs)); err != nil {
+			t.Error(err)
+		}
+	}
+	// One worker: the held pipeline, then the queue in batches of maxBatch.
+	var sizes []int
+	for _, pl := range hook.taken() {
+		sizes = append(sizes, len(strings.Fields(pl)))
+	}
+	if want := []int{1, maxBatch, maxBatch, n - 2*maxBatch}; !slices.Equal(sizes, want) {
+		t.Errorf("pipeline sizes: got %v, want %v", sizes, want)
+	}
+}
+
+func TestPipelineNoScriptOnlyScripts(t *testing.T) {
+	p, hook, admin, first := heldPipeliner(t, 128)
+	ctx := context.Background()
+	if err := admin.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatalf("SCRIPT FLUSH: %v", err)
+	}
+	type reply struct {
+		i   int
+		n   int64
+		err error
+	}
+	replies := make(chan reply, 4)
+	for i := range 4 {
+		go func() {
+			if i%2 == 0 {
+				_, err := p.get(ctx, "absent").Result()
+				if errors.Is(err, redis.Nil) {
+					err = nil
+				}
+				replies <- reply{i: i, err: err}
+				return
+			}
+			n, err := p.run(ctx, forgetScript, "absent", 0).Int64()
+			replies <- reply{i: i, n: n, err: err}
+		}()
+	}
+	waitFor(t, "4 queued commands", func() bool { return p.queued() == 4 })
+	hook.open()
+	await(t, "the held GET", first)
+	for range 4 {
+		r := await(t, "a reply", (<-chan reply)(replies))
+		if r.err != nil || r.n != 0 {
+			t.Errorf("command %d: got (%d, %v), want (0, nil)", r.i, r.n, r.err)
+		}
+	}
+	// The EVALSHAs answered NOSCRIPT: only they are sent again, as EVAL.
+	got := hook.taken()
+	if len(got) != 3 || got[2] != "eval eval" || strings.Count(got[1], "evalsha") != 2 || strings.Count(got[1], "get") != 2 {
+		t.Errorf("pipelines: got %q, want [get, 2 get + 2 evalsha, eval eval]", got)
+	}
+}
+
+func TestPipelineCallerContext(t *testing.T) {
+	p, hook, _, first := heldPipeliner(t, 128)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.run(ctx, forgetScript, "k", 0).Err() }()
+	waitFor(t, "a queued command", func() bool { return p.queued() == 1 })
+	cancel()
+	// The caller returns while its command still waits behind the held
+	// pipeline.
+	if err := await(t, "the cancelled call", done); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled call: got %v, want context.Canceled", err)
+	}
+	hook.open()
+	await(t, "the held GET", first)
+	p.close()
+	// A command whose caller gave up before its batch went out is not sent.
+	if got := hook.taken(); len(got) != 1 {
+		t.Errorf("pipelines: got %q, want only the held one", got)
+	}
+}
+
+func TestPipelineCloseFinishesQueued(t *testing.T) {
+	p, hook, _, first := heldPipeliner(t, 128)
+	ctx := context.Background()
+	queued := make(chan error, 1)
+	go func() { queued <- p.run(ctx, forgetScript, "k", 0).Err() }()
+	waitFor(t, "a queued command", func() bool { return p.queued() == 1 })
+	closed := make(chan struct{})
+	go func() {
+		p.close()
+		close(closed)
+	}()
+	waitFor(t, "close to start", p.isClosed)
+	if err := p.get(ctx, "late").Err(); !errors.Is(err, dedup.ErrClosed) {
+		t.Errorf("command after close: got %v, want dedup.ErrClosed", err)
+	}
+	select {
+	case <-closed:
+		t.Fatalf("close returned while a pipeline was held")
+	default:
+	}
+	hook.open()
+	if err := await(t, "the held GET", first).Err(); !errors.Is(err, redis.Nil) {
+		t.Errorf("held GET: got %v, want redis.Nil", err)
+	}
+	if err := await(t, "the queued command", queued); err != nil {
+		t.Errorf("command queued before close: got %v, want nil", err)
+	}
+	await(t, "close", (<-chan struct{})(closed))
+}
