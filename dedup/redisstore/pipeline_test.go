@@ -288,3 +288,39 @@ func TestPipelineCloseFinishesQueued(t *testing.T) {
 	}
 	await(t, "close", (<-chan struct{})(closed))
 }
+
+// ctxHook records a context value every pipeline runs with.
+type ctxHook struct{ seen chan any }
+
+type ctxKey struct{}
+
+func (h ctxHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h ctxHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h ctxHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if cmds[0].Name() != "client" && cmds[0].Name() != "hello" {
+			h.seen <- ctx.Value(ctxKey{})
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestPipelineLoneCommand: a command sent while nothing else is queued goes
+// out at once under its caller's context, values included, as a plain
+// go-redis call would.
+func TestPipelineLoneCommand(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	hook := ctxHook{seen: make(chan any, 10)}
+	client.AddHook(hook)
+	p := newPipeliner(client, defaultInFlight, defaultMaxBatch)
+	t.Cleanup(p.close)
+	ctx := context.WithValue(context.Background(), ctxKey{}, "trace-1")
+	if err := p.get(ctx, "absent").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("GET: got %v, want redis.Nil", err)
+	}
+	if got := await(t, "the pipeline", (<-chan any)(hook.seen)); got != "trace-1" {
+		t.Errorf("context value in the hook: got %v, want trace-1", got)
+	}
+}
