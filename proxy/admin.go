@@ -42,7 +42,7 @@ type keyRecord struct {
 // NewAdmin returns the admin handler:
 //
 //	GET    /healthz                  200 while the process serves
-//	GET    /readyz                   200 when store.Ping answers within 2s, else 503
+//	GET    /readyz                   200 when store.Ping answers within 2s, else 503; 503 once g drains
 //	GET    /metrics                  Prometheus exposition of opts.Gatherer
 //	GET    /v1/keys/{route}/{key...} the key's record as JSON; 404 if absent or the route is unknown
 //	DELETE /v1/keys/{route}/{key...} forget the key (204); 404 if absent
@@ -88,6 +88,10 @@ type admin struct {
 }
 
 func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
+	if a.g.draining.Load() {
+		writeProblem(w, probDraining, 0)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
 	if err := a.store.Ping(ctx); err != nil {

@@ -66,6 +66,17 @@ func TestAdminHealthAndReadiness(t *testing.T) {
 		{"metrics", false, "/metrics", 200},
 		{"unknown path", false, "/nope", 404},
 	}
+	defer func() {
+		// Last: a draining gateway is not ready, whatever the store says.
+		a.gw.Drain()
+		got, _, body := a.call(http.MethodGet, "/readyz", "")
+		if got != 503 || !strings.Contains(string(body), "draining") {
+			t.Errorf("GET /readyz while draining: got %d %s, want 503 draining", got, body)
+		}
+		if got, _, _ := a.call(http.MethodGet, "/healthz", ""); got != 200 {
+			t.Errorf("GET /healthz while draining: got %d, want 200", got)
+		}
+	}()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			a.fs.down.Store(tc.storeDown)

@@ -87,6 +87,8 @@ type Gateway struct {
 
 	mu      sync.RWMutex // guards closed against active.Add
 	closed  bool
+	// draining is set by Drain: /readyz answers 503 from then on.
+	draining atomic.Bool
 	active  sync.WaitGroup // deliveries being served
 	closeMu sync.Once
 }
@@ -209,6 +211,12 @@ func (g *Gateway) ReloadFailed() {
 	g.metrics.reloads.WithLabelValues("failure").Inc()
 }
 
+// Drain marks the gateway as shutting down before its server stops
+// accepting: from then on the admin handler's /readyz answers 503 draining,
+// so a load balancer that still probes takes the replica out. Deliveries are
+// served as before; Close ends them. Drain is idempotent.
+func (g *Gateway) Drain() { g.draining.Store(true) }
+
 // Close stops the gateway: deliveries arriving afterwards get 503, waiters
 // (on_in_flight: wait) are woken and answered 409, forwards still running are
 // cancelled and their claims released with reason shutdown. Close returns
@@ -217,6 +225,7 @@ func (g *Gateway) ReloadFailed() {
 // passed. Close is idempotent.
 func (g *Gateway) Close() error {
 	g.closeMu.Do(func() {
+		g.draining.Store(true)
 		g.mu.Lock()
 		g.closed = true
 		g.mu.Unlock()

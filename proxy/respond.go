@@ -66,6 +66,7 @@ var (
 	probKeyNotFound  = problem{Type: problemTypePrefix + "key-not-found", Title: "Key not found", Status: http.StatusNotFound}
 	probUnknownRoute = problem{Type: problemTypePrefix + "unknown-route", Title: "Unknown route", Status: http.StatusNotFound}
 	probUnauthorized = problem{Type: problemTypePrefix + "unauthorized", Title: "Missing or wrong bearer token", Status: http.StatusUnauthorized}
+	probDraining     = problem{Type: problemTypePrefix + "draining", Title: "Gateway draining", Status: http.StatusServiceUnavailable, Detail: "the gateway is shutting down"}
 	probNotReady     = problem{Type: problemTypePrefix + "not-ready", Title: "Dedup store unreachable", Status: http.StatusServiceUnavailable}
 )
 

@@ -796,6 +796,16 @@ func TestE2ESIGTERMDrainsInFlight(t *testing.T) {
 		}
 		return err != nil
 	}, func() string { return "the listener to close during the drain" })
+	// The admin listener still answers, and says the replica is not ready.
+	resp, err := http.Get(g.adminURL("/readyz"))
+	if err != nil {
+		t.Fatalf("GET /readyz during the drain: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(body), "draining") {
+		t.Errorf("GET /readyz during the drain: got %d %s, want 503 draining", resp.StatusCode, body)
+	}
 	select {
 	case <-g.done:
 		t.Fatal("dedupgw exited before the in-flight delivery finished")

@@ -226,8 +226,10 @@ loop:
 		}
 	}
 
-	// Drain: stop accepting, let deliveries finish (commit or release), then
-	// close the gateway, which cancels and releases whatever is left.
+	// Drain: report not ready, stop accepting, let deliveries finish (commit
+	// or release), then close the gateway, which cancels and releases
+	// whatever is left.
+	gw.Drain()
 	drain := s.file.maxUpstreamTimeout() + drainMargin
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
