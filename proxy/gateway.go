@@ -85,12 +85,12 @@ type Gateway struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu      sync.RWMutex // guards closed against active.Add
-	closed  bool
+	mu     sync.RWMutex // guards closed against active.Add
+	closed bool
 	// draining is set by Drain: /readyz answers 503 from then on.
 	draining atomic.Bool
-	active  sync.WaitGroup // deliveries being served
-	closeMu sync.Once
+	active   sync.WaitGroup // deliveries being served
+	closeMu  sync.Once
 }
 
 // New validates cfg, fills defaults, builds each route's provider and reverse
