@@ -110,6 +110,9 @@ const (
 	Duplicate
 	// InFlight: another claim holds an unexpired lease on the key.
 	InFlight
+	// Conflict: the key is bound to another request's fingerprint
+	// (ClaimOptions.BindFingerprint); nothing changed.
+	Conflict
 )
 
 func (o Outcome) String() string {
@@ -120,6 +123,8 @@ func (o Outcome) String() string {
 		return "duplicate"
 	case InFlight:
 		return "in-flight"
+	case Conflict:
+		return "conflict"
 	}
 	return "unknown"
 }
@@ -131,6 +136,18 @@ type ClaimOptions struct {
 	// BodySHA256 and Fingerprint are recorded on the record when claimed.
 	BodySHA256  string
 	Fingerprint string
+	// BindFingerprint binds the key to the request that first claimed it (API
+	// idempotency): when the key's live record, whatever its state, carries a
+	// non-empty fingerprint other than a non-empty Fingerprint, the claim is
+	// answered Conflict with that record, atomically, instead of Duplicate,
+	// InFlight or taking over a failed or lapsed key.
+	BindFingerprint bool
+}
+
+// Conflicts reports whether a claim with o must be answered Conflict for a
+// live record carrying fingerprint (see BindFingerprint).
+func (o ClaimOptions) Conflicts(fingerprint string) bool {
+	return o.BindFingerprint && o.Fingerprint != "" && fingerprint != "" && fingerprint != o.Fingerprint
 }
 
 // ClaimResult reports the outcome of a Claim.
@@ -172,7 +189,8 @@ type ReleaseOptions struct {
 type Store interface {
 	// Claim atomically takes key for one attempt if it is absent, failed or its
 	// lease expired; it reports Duplicate for a processed key inside its window
-	// and InFlight for a key whose lease is held.
+	// and InFlight for a key whose lease is held, and Conflict when
+	// opts.BindFingerprint finds the key bound to another fingerprint.
 	Claim(ctx context.Context, key Key, opts ClaimOptions) (ClaimResult, error)
 	// Commit marks the key processed for opts.Window if token still owns it,
 	// else returns ErrNotOwner and changes nothing. A claim whose lease ran out

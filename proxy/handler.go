@@ -164,23 +164,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d.keyed = true
 
 	if rt.fingerprints() {
+		// The claim binds the key to this fingerprint: a key first used for
+		// another request answers Conflict in any state, atomically, so a
+		// failed attempt of that request is never taken over by this one.
 		d.fingerprint = fingerprint(r.Method, r.URL.Path, body, rt.FingerprintExclude)
-		// A failed key stays bound to its payload, but a claim would take it
-		// over: look first. Claim checks in-flight keys again; a processed
-		// key stays processed for its window, so it is answered from here.
-		rec, err := g.get(r.Context(), d)
-		switch {
-		case err == nil && d.mismatch(rec):
-			g.rejectFingerprint(w, d)
-			return
-		case err == nil && rec.State == dedup.StateProcessed:
-			d.outcome = outcomeDuplicate
-			d.answer = writeDuplicate(w, rt, d.clientKey, rec)
-			return
-		case err != nil && !errors.Is(err, dedup.ErrNotFound):
-			g.storeError(w, r, d, body, err)
-			return
-		}
 	}
 
 	sum := sha256.Sum256(body)
@@ -208,6 +195,8 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 		}
 		d.outcome = outcomeDuplicate
 		d.answer = writeDuplicate(w, d.rt, d.clientKey, res.Record)
+	case dedup.Conflict:
+		g.rejectFingerprint(w, d)
 	case dedup.InFlight:
 		if d.mismatch(res.Record) {
 			g.rejectFingerprint(w, d)
@@ -236,7 +225,7 @@ func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (de
 	sent, sentWall := g.clock()
 	ctx := newOpContext(d.detach(parent), sent, g.storeTimeout)
 	defer ctx.stop()
-	res, err := g.store.Claim(ctx, d.key, dedup.ClaimOptions{Lease: d.rt.Lease, BodySHA256: bodySHA, Fingerprint: d.fingerprint})
+	res, err := g.store.Claim(ctx, d.key, dedup.ClaimOptions{Lease: d.rt.Lease, BodySHA256: bodySHA, Fingerprint: d.fingerprint, BindFingerprint: d.fingerprint != ""})
 	if err != nil {
 		return res, fmt.Errorf("claim %s: %w", d.key, err)
 	}
@@ -276,9 +265,7 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 			return
 		}
 
-		ctx, cancel := context.WithTimeout(r.Context(), g.storeTimeout)
-		cur, err := g.store.Get(ctx, d.key)
-		cancel()
+		cur, err := g.get(r.Context(), d)
 		switch {
 		case err == nil && cur.State == dedup.StateProcessed:
 			if d.mismatch(cur) { // another request took the key meanwhile

@@ -409,6 +409,9 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", err)
 	}
 	if live(disk, now) && disk.State == dedup.StateProcessed {
+		if opts.Conflicts(disk.Fingerprint) {
+			return dedup.ClaimResult{Outcome: dedup.Conflict, Record: *disk}, nil
+		}
 		return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: *disk}, nil
 	}
 
@@ -423,6 +426,9 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		fingerprint: opts.Fingerprint,
 	}
 	if l := s.leases[string(rk)]; l != nil {
+		if opts.Conflicts(l.fingerprint) {
+			return dedup.ClaimResult{Outcome: dedup.Conflict, Record: l.record()}, nil
+		}
 		if l.finishing != nil || !now.After(l.until) {
 			return dedup.ClaimResult{Outcome: dedup.InFlight, Record: l.record()}, nil
 		}
@@ -435,6 +441,9 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 			return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", err)
 		}
 		if live(disk, now) {
+			if opts.Conflicts(disk.Fingerprint) {
+				return dedup.ClaimResult{Outcome: dedup.Conflict, Record: *disk}, nil
+			}
 			if disk.State == dedup.StateProcessed {
 				return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: *disk}, nil
 			}

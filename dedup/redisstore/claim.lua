@@ -8,12 +8,35 @@
 --         only; every decision compares the record's own times with ARGV[1])
 -- ARGV[5] owner token
 -- ARGV[6] claim part (body SHA-256, fingerprint), opaque here
+-- ARGV[7] the fingerprint field of ARGV[6] to bind the key to, or empty
 --
 -- Record: state,first_seen,expires_at,attempts,aux,claim_len,<claim><result>
 -- (see record.go). Returns {0, new record} when claimed, {1, record} for a
--- processed key inside its window, {2, record} for a held lease. A call
--- repeated with the same owner token (a client retry after a lost reply)
--- returns {0, record} again, so a retry never turns a claim into in-flight.
+-- processed key inside its window, {2, record} for a held lease, {3, record}
+-- when ARGV[7] is set and the live record is bound to another non-empty
+-- fingerprint (nothing changes). A call repeated with the same owner token
+-- (a client retry after a lost reply) returns {0, record} again, so a retry
+-- never turns a claim into in-flight.
+
+-- fingerprint returns the fingerprint field of a claim part: what follows
+-- the body field (tag 0 empty, 1 + 32 bytes, 2 + uvarint length + bytes).
+local function fingerprint(claim)
+  local i, tag = 2, string.byte(claim, 1)
+  if tag == 1 then
+    i = 34
+  elseif tag == 2 then
+    local n, shift = 0, 1
+    repeat
+      local b = string.byte(claim, i)
+      i = i + 1
+      n = n + (b % 128) * shift
+      shift = shift * 128
+    until b < 128
+    i = i + n
+  end
+  return string.sub(claim, i)
+end
+
 local rec = redis.call('GET', KEYS[1])
 local now = tonumber(ARGV[1])
 local first, attempts, result = ARGV[2], 0, ''
@@ -25,6 +48,13 @@ if rec then
   end
   -- A record is expired once now is past its expires_at.
   local live = tonumber(exp, 36) >= now
+  local lapsed = st == 'p' and not live
+  if ARGV[7] ~= '' and (live or lapsed) and aux ~= ARGV[5] then
+    local fp = fingerprint(string.sub(rec, pos, pos + tonumber(clen) - 1))
+    if fp ~= '' and fp ~= '\0' and fp ~= ARGV[7] then
+      return {3, rec}
+    end
+  end
   if live and st == 'd' then
     return {1, rec}
   elseif live and st == 'p' then
@@ -34,7 +64,7 @@ if rec then
     end
     return {2, rec}
   end
-  if st == 'p' or (st == 'f' and live) then
+  if lapsed or (st == 'f' and live) then
     -- A lapsed lease (a crashed or stuck attempt) or a retained failure:
     -- claimable, and the receipt's history (first_seen, attempts, last
     -- status and error) carries over. An expired processed or failed

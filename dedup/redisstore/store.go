@@ -65,6 +65,7 @@ const (
 	claimClaimed   = 0
 	claimDuplicate = 1
 	claimInFlight  = 2
+	claimConflict  = 3
 )
 
 var _ dedup.Store = (*Store)(nil)
@@ -152,9 +153,13 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	now := s.nowMS()
 	leaseMS := durationMS(opts.Lease)
 	token := dedup.NewToken()
+	bind := ""
+	if opts.BindFingerprint && opts.Fingerprint != "" {
+		bind = string(appendField(nil, opts.Fingerprint))
+	}
 	reply, err := s.pipe.run(ctx, claimScript, s.Key(key),
 		now, base36(now), base36(now+leaseMS),
-		leaseMS+leaseGrace.Milliseconds(), token, encodeClaim(opts.BodySHA256, opts.Fingerprint),
+		leaseMS+leaseGrace.Milliseconds(), token, encodeClaim(opts.BodySHA256, opts.Fingerprint), bind,
 	).Slice()
 	if err != nil {
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
@@ -175,6 +180,8 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		res.Outcome = dedup.Duplicate
 	case claimInFlight:
 		res.Outcome = dedup.InFlight
+	case claimConflict:
+		res.Outcome = dedup.Conflict
 	default:
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: unknown result code %d", code)
 	}

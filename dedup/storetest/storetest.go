@@ -100,6 +100,7 @@ func Run(t *testing.T, h Harness) {
 		{"WindowExpiry", testWindowExpiry},
 		{"WindowFixedAtCommit", testWindowFixed},
 		{"FailedIsClaimable", testFailedClaimable},
+		{"BindFingerprint", testBindFingerprint},
 		{"FailedRetentionExpiry", testFailedRetentionExpiry},
 		{"ReleaseRetainZero", testRetainZero},
 		{"Forget", testForget},
@@ -251,6 +252,74 @@ var testResponse = &dedup.Response{
 }
 
 // --- tests -----------------------------------------------------------------
+
+// testBindFingerprint: with BindFingerprint a live record bound to another
+// fingerprint answers Conflict in every state and changes nothing; the same
+// fingerprint, no fingerprint on either side, or an expired record behave
+// as without it.
+func testBindFingerprint(t *testing.T, e *env) {
+	ctx := context.Background()
+	fpA, fpB := strings.Repeat("a1", 32), strings.Repeat("b2", 32)
+	claim := func(k dedup.Key, body, fp string, bind bool, want dedup.Outcome) dedup.ClaimResult {
+		t.Helper()
+		res, err := e.s.Claim(ctx, k, dedup.ClaimOptions{Lease: lease, BodySHA256: body, Fingerprint: fp, BindFingerprint: bind})
+		if err != nil || res.Outcome != want {
+			t.Fatalf("Claim(%q, fingerprint %.8q, bind %v): got (%v, %v), want (%v, nil)", k, fp, bind, res.Outcome, err, want)
+		}
+		if want == dedup.Conflict && res.Token != "" {
+			t.Errorf("Claim(%q) conflict: got token %q, want none", k, res.Token)
+		}
+		return res
+	}
+	k := dedup.Key{Namespace: "api", ID: "key-1"}
+	body := strings.Repeat("cd", 32)
+
+	first := claim(k, body, fpA, true, dedup.Claimed)
+	if res := claim(k, body, fpB, true, dedup.Conflict); res.Record.Fingerprint != fpA || res.Record.State != dedup.StateProcessing {
+		t.Errorf("conflict while in flight: got record %q %.8q, want processing %.8q", res.Record.State, res.Record.Fingerprint, fpA)
+	}
+	claim(k, body, fpA, true, dedup.InFlight)
+	claim(k, body, fpB, false, dedup.InFlight) // not binding: as before
+
+	if err := e.s.Release(ctx, k, first.Token, dedup.ReleaseOptions{Retain: retain, Status: 500}); err != nil {
+		t.Fatal(err)
+	}
+	if res := claim(k, body, fpB, true, dedup.Conflict); res.Record.State != dedup.StateFailed {
+		t.Errorf("conflict on a failed key: got record %q, want failed", res.Record.State)
+	}
+	if rec := mustGet(t, e.s, k); rec.State != dedup.StateFailed || rec.Attempts != 1 || rec.Fingerprint != fpA {
+		t.Errorf("failed key after a conflict: got %q, %d attempts, fingerprint %.8q; want failed, 1, %.8q (unchanged)", rec.State, rec.Attempts, rec.Fingerprint, fpA)
+	}
+	second := claim(k, body, fpA, true, dedup.Claimed)
+	if second.Record.Attempts != 2 {
+		t.Errorf("retry with the bound fingerprint: got %d attempts, want 2", second.Record.Attempts)
+	}
+	if err := e.s.Commit(ctx, k, second.Token, dedup.CommitOptions{Window: window, Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	claim(k, body, fpB, true, dedup.Conflict)
+	claim(k, body, fpA, true, dedup.Duplicate)
+
+	// A lapsed lease stays bound.
+	lapsed := dedup.Key{Namespace: "api", ID: "key-2"}
+	claim(lapsed, body, fpA, true, dedup.Claimed)
+	e.clk.Advance(lease + time.Second)
+	claim(lapsed, body, fpB, true, dedup.Conflict)
+	claim(lapsed, body, fpA, true, dedup.Claimed)
+
+	// Fingerprints and bodies that are not hex digests.
+	raw := dedup.Key{Namespace: "api", ID: "key-3"}
+	claim(raw, "a body id that is not hex", "fp raw one", true, dedup.Claimed)
+	claim(raw, "", "fp raw two", true, dedup.Conflict)
+	claim(raw, "", "fp raw one", true, dedup.InFlight)
+
+	// A record without a fingerprint binds nothing; an expired one is absent.
+	none := dedup.Key{Namespace: "api", ID: "key-4"}
+	claim(none, body, "", true, dedup.Claimed)
+	claim(none, body, fpB, true, dedup.InFlight)
+	e.clk.Advance(window + time.Second) // key-1's window is over
+	claim(k, body, fpB, true, dedup.Claimed)
+}
 
 func testClaimAbsent(t *testing.T, e *env) {
 	k := dedup.Key{Namespace: "stripe", ID: "evt_1"}
