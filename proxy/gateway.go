@@ -194,10 +194,19 @@ func (g *Gateway) Reload(cfg Config) error {
 		g.metrics.reloads.WithLabelValues("failure").Inc()
 		return fmt.Errorf("reload: %w", err)
 	}
+	kept := make(map[string]bool, len(t.all))
 	for _, rt := range t.all {
 		rt.metrics = g.metrics.initRoute(rt.Name)
+		kept[rt.Name] = true
 	}
-	g.routes.Store(t)
+	old := g.routes.Swap(t)
+	// A removed route's series leave /metrics (they would otherwise be
+	// exported, frozen, until the process restarts).
+	for _, rt := range old.all {
+		if !kept[rt.Name] {
+			g.metrics.deleteRoute(rt.Name)
+		}
+	}
 	g.metrics.reloads.WithLabelValues("success").Inc()
 	g.log.Info("routes reloaded", zap.Int("routes", len(t.all)))
 	return nil

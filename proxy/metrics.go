@@ -162,6 +162,20 @@ func (m *metrics) init(version, backend string) {
 	m.reloads.WithLabelValues("failure")
 }
 
+// deleteRoute removes every series of the route named name, for a route a
+// reload removed. Deliveries of that route still running keep their
+// resolved series and count into them, unexported: a deleted series is not
+// recreated by its holders.
+func (m *metrics) deleteRoute(name string) {
+	l := prometheus.Labels{"route": name}
+	m.deliveries.DeletePartialMatch(l)
+	m.upstream.DeletePartialMatch(l)
+	m.releases.DeletePartialMatch(l)
+	m.inFlight.DeletePartialMatch(l)
+	m.bodyBytes.DeletePartialMatch(l)
+	m.replayTooLarge.DeletePartialMatch(l)
+}
+
 // routeMetrics are one route's series, resolved when the route is built (New,
 // Reload) so a delivery does not look them up by label values: the maps and
 // slices are only read afterwards.

@@ -190,6 +190,30 @@ func TestReloadMetricsFollowRoutes(t *testing.T) {
 			t.Errorf("upstream_duration_seconds{route=%q,code_class=2xx} observations: got %v", route, got)
 		}
 	}
+
+	// Removing a route removes its series; the kept route keeps counting.
+	if err := h.gw.Reload(Config{Routes: routes[:1]}); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "route" && lp.GetValue() == "extra" {
+					t.Errorf("after removing route extra: got series %s{route=%q}, want none", mf.GetName(), "extra")
+				}
+			}
+		}
+	}
+	if resp := h.send("/hooks/orders", `{"id":"evt_3"}`); resp.Status != 200 {
+		t.Fatalf("orders after the second reload: got %d", resp.Status)
+	}
+	if got := counterValue(t, h.gw.metrics.deliveries, "orders", outcomeForwarded); got != 3 {
+		t.Errorf("deliveries_total{route=orders,outcome=forwarded} after the second reload: got %v, want 3", got)
+	}
 }
 
 func boolf(b bool) float64 {
