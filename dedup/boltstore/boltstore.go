@@ -90,6 +90,10 @@ const (
 	maxBacklogBytes = 64 << 20
 	// checkpointRetry is the pause after a failed checkpoint.
 	checkpointRetry = time.Second
+	// forgetWriteTimeout bounds a Forget's journal write, which holds the
+	// lease lock (claims of new keys wait behind it) when the journal is
+	// held up by the checkpoint backlog.
+	forgetWriteTimeout = 5 * time.Second
 )
 
 // Options configure a Store. The zero value is ready to use.
@@ -183,8 +187,13 @@ type Store struct {
 	checkpointMu sync.Mutex    // one checkpoint at a time
 
 	writes chan *writeReq
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	// closing closes when Close begins, before it waits for operations:
+	// waits on the writer end with ErrClosed then, so Close cannot hang
+	// behind a writer held by the backlog. stop closes once they are gone.
+	closing     chan struct{}
+	closingOnce sync.Once
+	stop        chan struct{}
+	wg          sync.WaitGroup
 
 	// onSweepTx, when set (by measurements), receives how long each sweep
 	// transaction's deletes took, before its commit and fsync.
@@ -233,6 +242,7 @@ func Open(path string, opts Options) (*Store, error) {
 		drained:         make(chan struct{}, 1),
 		maxBacklog:      maxBacklogBytes,
 		writes:          make(chan *writeReq, maxWriteBatch),
+		closing:         make(chan struct{}),
 		stop:            make(chan struct{}),
 	}
 	if s.now == nil {
@@ -291,6 +301,7 @@ func initSchema(tx *bolt.Tx) error {
 // operations return ErrClosed; Close is idempotent. If the last checkpoint
 // fails, the journal stays and the next Open replays it.
 func (s *Store) Close() error {
+	s.closingOnce.Do(func() { close(s.closing) })
 	s.closeMu.Lock()
 	if s.closed {
 		s.closeMu.Unlock()
@@ -398,6 +409,27 @@ func (s *Store) loadRecent(key []byte) (rec *dedup.Record, ok bool, err error) {
 	return &r, true, nil
 }
 
+// loadRecentSince is loadRecent when no checkpoint ran since gen; stale
+// reports that one did (read bbolt too). The check and the read are one
+// critical section: a checkpoint counts and drops its entries in one.
+func (s *Store) loadRecentSince(key []byte, gen uint64) (rec *dedup.Record, ok, stale bool, err error) {
+	s.recentMu.RLock()
+	if s.checkpoints.Load() != gen {
+		s.recentMu.RUnlock()
+		return nil, false, true, nil
+	}
+	e, ok := s.recent[string(key)]
+	s.recentMu.RUnlock()
+	if !ok || e.val == nil {
+		return nil, ok, false, nil
+	}
+	r, err := decodeRecord(e.val)
+	if err != nil {
+		return nil, true, false, fmt.Errorf("record %q: %w", key, err)
+	}
+	return &r, true, false, nil
+}
+
 // live reports whether a persisted record is processed or failed and inside
 // its window or retention.
 func live(r *dedup.Record, now time.Time) bool {
@@ -455,12 +487,10 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		// checkpoints (counted) and sweeps (which delete only what already
 		// read as expired), so without a checkpoint since, the index is all
 		// there is to read again.
-		if s.checkpoints.Load() == gen {
-			if rec, ok, rerr := s.loadRecent(rk); ok {
-				disk, err = rec, rerr
-			}
-		} else {
+		if rec, ok, stale, rerr := s.loadRecentSince(rk, gen); stale {
 			disk, err = s.load(rk)
+		} else if ok {
+			disk, err = rec, rerr
 		}
 		if err != nil {
 			return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", err)
@@ -530,9 +560,7 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 		Fingerprint: l.fingerprint,
 		Response:    opts.Response,
 	}
-	err = s.write(ctx, rk, encodeRecord(nil, &rec))
-	s.endFinish(rk, l, err == nil)
-	if err != nil {
+	if err := s.finishWrite(ctx, rk, l, encodeRecord(nil, &rec)); err != nil {
 		return fmt.Errorf("boltstore: commit: %w", err)
 	}
 	return nil
@@ -565,9 +593,7 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 			Fingerprint: l.fingerprint,
 		})
 	}
-	err = s.write(ctx, rk, val)
-	s.endFinish(rk, l, err == nil)
-	if err != nil {
+	if err := s.finishWrite(ctx, rk, l, val); err != nil {
 		return fmt.Errorf("boltstore: release: %w", err)
 	}
 	return nil
@@ -653,7 +679,8 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 		}
 	}
 	// Hold the lease lock across the delete so no claim sees the record in
-	// between. Forget is an admin operation; claims wait one fsync at most.
+	// between. Forget is an admin operation; claims wait one fsync, or at
+	// most forgetWriteTimeout while the journal waits for checkpoints.
 	defer s.mu.Unlock()
 	now := s.now()
 	existed := false
@@ -673,7 +700,10 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 		return existed, nil // nothing on disk: no write, no fsync
 	}
 	// A corrupt record is deleted too: Forget is the way to repair a key.
-	if err := s.write(ctx, rk, nil); err != nil {
+	// The write holds the lease lock, so bound it: claims wait behind it.
+	wctx, cancel := context.WithTimeout(ctx, forgetWriteTimeout)
+	defer cancel()
+	if err := s.write(wctx, rk, nil); err != nil {
 		return false, fmt.Errorf("boltstore: forget: %w", err)
 	}
 	return existed, nil

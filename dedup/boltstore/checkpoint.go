@@ -177,25 +177,18 @@ func (s *Store) replay() (uint64, error) {
 	last := done
 	var pending []walEntry
 	for _, sf := range slots {
-		f, err := os.Open(sf.path)
+		b, err := os.ReadFile(sf.path)
 		if err != nil {
 			return 0, fmt.Errorf("replay journal: %w", err)
 		}
-		rerr := readWAL(f, func(e walEntry) error {
+		rerr := readWAL(b, func(e walEntry) error {
 			if e.seq <= done {
-				return nil // checkpointed, or an older entry of a reused file
+				return nil // checkpointed
 			}
 			last = max(last, e.seq)
-			// Copy out of the reader's buffer: bbolt keeps keys and values
-			// until the commit.
-			c := walEntry{seq: e.seq, key: slices.Clone(e.key)}
-			if e.val != nil {
-				c.val = slices.Clone(e.val)
-			}
-			pending = append(pending, c)
+			pending = append(pending, e) // aliases b, kept until the commit
 			return nil
 		})
-		_ = f.Close()
 		if errors.Is(rerr, errTorn) {
 			s.log.Debug("journal file ends in a torn entry (a write the crash interrupted, or an overwritten older entry)",
 				zap.String("segment", sf.path), zap.Error(rerr))

@@ -1,12 +1,11 @@
 package boltstore
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,9 +25,8 @@ import (
 // overwritten in place, never extended in the common case, so an fdatasync
 // flushes data only: no file size or block allocation to journal in the
 // filesystem, which halves its latency on ext4. A reused file still holds
-// older entries after the new ones; those were checkpointed before the file
-// was reused, so replay skips them by sequence number, as it skips anything
-// at or below the checkpoint.
+// an earlier use's entries after the new ones; they fail the new use's
+// checksums, and were checkpointed before the file was reused anyway.
 //
 // An entry is
 //
@@ -39,10 +37,13 @@ import (
 //	key     keyLen bytes
 //	value   the rest: an encoded record, or nothing for a delete
 //
-// A zero length is the preallocated end of the data. A torn or corrupt entry
-// also ends its segment: it was being written when the process died, so it
-// was never acknowledged (or, in a reused file, it is an older entry partly
-// overwritten).
+// after a 16-byte header naming this use of the file (see
+// appendSegmentHeader): every checksum covers the use's random nonce, and
+// sequence numbers follow on by one within a use, so nothing an earlier use
+// left (or entry-shaped bytes inside a stored record) passes as an entry. A
+// zero length is the preallocated end of the data. A torn or corrupt entry
+// ends its segment: it was being written when the process died, so it was
+// never acknowledged, or it is an earlier use's leftover.
 
 // walSuffix separates the bbolt file name from a segment file's slot number.
 const walSuffix = ".journal."
@@ -53,10 +54,6 @@ const segmentBytes = 4 << 20
 
 // walHeader is the length and checksum in front of every entry.
 const walHeader = 8
-
-// maxWALEntry bounds one entry when reading, so a corrupt length cannot
-// allocate without limit: a record holds at most a stored response.
-const maxWALEntry = 256 << 20
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -71,8 +68,38 @@ type walEntry struct {
 	val []byte
 }
 
-// appendWALEntry appends the encoding of one entry to dst.
-func appendWALEntry(dst []byte, seq uint64, key, val []byte) []byte {
+// A segment file starts with a header naming this use of the file:
+//
+//	magic   "DGWJ"
+//	version uint32 (big-endian), 1
+//	nonce   8 random bytes, new each time the file is (re)used
+//
+// Every entry's checksum covers the nonce, so bytes an earlier use of the
+// file left behind (or bytes inside a stored record that happen to look like
+// an entry) never pass as an entry of this use.
+const (
+	segmentMagic   = "DGWJ"
+	segmentVersion = 1
+	segmentHeader  = 16
+)
+
+// appendSegmentHeader appends a segment header with nonce to dst.
+func appendSegmentHeader(dst []byte, nonce uint64) []byte {
+	dst = append(dst, segmentMagic...)
+	dst = binary.BigEndian.AppendUint32(dst, segmentVersion)
+	return binary.BigEndian.AppendUint64(dst, nonce)
+}
+
+// entryChecksum is the CRC-32C of nonce ‖ body.
+func entryChecksum(nonce uint64, body []byte) uint32 {
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], nonce)
+	return crc32.Update(crc32.Checksum(n[:], castagnoli), castagnoli, body)
+}
+
+// appendWALEntry appends the encoding of one entry of the segment use named
+// by nonce to dst.
+func appendWALEntry(dst []byte, nonce, seq uint64, key, val []byte) []byte {
 	start := len(dst)
 	dst = append(dst, make([]byte, walHeader)...)
 	dst = binary.BigEndian.AppendUint64(dst, seq)
@@ -81,45 +108,56 @@ func appendWALEntry(dst []byte, seq uint64, key, val []byte) []byte {
 	dst = append(dst, val...)
 	body := dst[start+walHeader:]
 	binary.BigEndian.PutUint32(dst[start:], uint32(len(body)))
-	binary.BigEndian.PutUint32(dst[start+4:], crc32.Checksum(body, castagnoli))
+	binary.BigEndian.PutUint32(dst[start+4:], entryChecksum(nonce, body))
 	return dst
 }
 
 // errTorn reports a segment that ends in a partial or corrupt entry.
 var errTorn = errors.New("torn or corrupt entry")
 
-// readWAL calls fn for each entry of the segment in r, in order. It stops
-// without error at a clean end, and with an error wrapping errTorn at a
-// partial or corrupt entry (whatever follows it is ignored). The entry's key
-// and value are only valid during fn.
-func readWAL(r io.Reader, fn func(walEntry) error) error {
-	br := bufio.NewReaderSize(r, 1<<16)
-	var hdr [walHeader]byte
-	var body []byte
-	for off := int64(0); ; {
-		if _, err := io.ReadFull(br, hdr[:]); err == io.EOF {
-			return nil
-		} else if err != nil {
+// readWAL calls fn for each entry of the segment file b, in order. A file
+// without a header (preallocated, never written) has none. It stops without
+// error at a clean end (the end of b, or a zero length: the preallocated
+// rest), and with an error wrapping errTorn at a partial or corrupt entry or
+// one whose sequence number does not follow the previous one's (whatever
+// follows is an earlier use's or a crash's leftover). The entry's key and
+// value alias b.
+func readWAL(b []byte, fn func(walEntry) error) error {
+	if len(b) < segmentHeader || string(b[:4]) != segmentMagic {
+		if len(b) >= 4 && binary.BigEndian.Uint32(b) != 0 {
+			return fmt.Errorf("segment header: %w", errTorn)
+		}
+		return nil // never written
+	}
+	if v := binary.BigEndian.Uint32(b[4:]); v != segmentVersion {
+		return fmt.Errorf("segment version %d (this build reads %d)", v, segmentVersion)
+	}
+	nonce := binary.BigEndian.Uint64(b[8:])
+	var prev uint64
+	for off := segmentHeader; off < len(b); {
+		if len(b)-off < walHeader {
+			if allZero(b[off:]) {
+				return nil
+			}
 			return fmt.Errorf("offset %d: %w", off, errTorn)
 		}
-		n := binary.BigEndian.Uint32(hdr[:4])
-		if n == 0 && binary.BigEndian.Uint32(hdr[4:]) == 0 {
+		n := int64(binary.BigEndian.Uint32(b[off:]))
+		sum := binary.BigEndian.Uint32(b[off+4:])
+		if n == 0 && sum == 0 {
 			return nil // the preallocated, never written end
 		}
-		if n < 9 || n > maxWALEntry {
+		if n < 9 || n > int64(len(b)-off-walHeader) {
 			return fmt.Errorf("offset %d: length %d: %w", off, n, errTorn)
 		}
-		if cap(body) < int(n) {
-			body = make([]byte, n)
-		}
-		body = body[:n]
-		if _, err := io.ReadFull(br, body); err != nil {
-			return fmt.Errorf("offset %d: %w", off, errTorn)
-		}
-		if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(hdr[4:]) {
+		body := b[off+walHeader : off+walHeader+int(n)]
+		if entryChecksum(nonce, body) != sum {
 			return fmt.Errorf("offset %d: checksum: %w", off, errTorn)
 		}
 		e := walEntry{seq: binary.BigEndian.Uint64(body)}
+		if e.seq == 0 || e.seq == math.MaxUint64 || (prev != 0 && e.seq != prev+1) {
+			return fmt.Errorf("offset %d: sequence %d after %d: %w", off, e.seq, prev, errTorn)
+		}
+		prev = e.seq
 		kl, w := binary.Uvarint(body[8:])
 		if w <= 0 || kl > uint64(len(body)-8-w) {
 			return fmt.Errorf("offset %d: key length: %w", off, errTorn)
@@ -132,8 +170,18 @@ func readWAL(r io.Reader, fn func(walEntry) error) error {
 		if err := fn(e); err != nil {
 			return err
 		}
-		off += walHeader + int64(n)
+		off += walHeader + int(n)
 	}
+	return nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // slotFile is one journal segment file found on disk.

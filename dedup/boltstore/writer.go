@@ -2,6 +2,8 @@ package boltstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -35,6 +37,7 @@ type recentEntry struct {
 type segment struct {
 	path   string
 	slot   int
+	nonce  uint64 // names this use of the file (see journal.go)
 	f      *os.File
 	size   int64    // bytes written
 	end    uint64   // the last sequence number handed out while it was current
@@ -44,28 +47,69 @@ type segment struct {
 
 // write journals key → val (val nil: delete) together with every other write
 // queued meanwhile, and returns once it is fsynced and visible to lookups.
-// If ctx ends first it returns ctx's error; the write may still land.
-// Callers hold closeMu for reading, so the writer is running.
+// If ctx ends or Close begins first it returns an error; the write may
+// still land.
 func (s *Store) write(ctx context.Context, key, val []byte) error {
 	return s.send(ctx, &writeReq{key: key, val: val, done: make(chan error, 1)})
 }
 
 func (s *Store) send(ctx context.Context, req *writeReq) error {
-	select {
-	case s.writes <- req:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-s.stop:
-		return dedup.ErrClosed
+	if _, err := s.enqueue(ctx, req); err != nil {
+		return err
 	}
 	select {
 	case err := <-req.done:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-s.stop:
+	case <-s.closing:
 		return dedup.ErrClosed
 	}
+}
+
+// enqueue hands req to the writer; on error it was not queued.
+func (s *Store) enqueue(ctx context.Context, req *writeReq) (bool, error) {
+	select {
+	case s.writes <- req:
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-s.closing:
+		return false, dedup.ErrClosed
+	}
+}
+
+// finishWrite journals the outcome of lease l on rk (a Commit or Release)
+// and ends l's finishing state with the write's real result. If ctx ends or
+// Close begins while the write is queued, it returns that error at once, but
+// l stays finishing (so no claim takes the key over and a Forget waits) until
+// the write lands or fails: the caller's answer may be an error while the
+// write still succeeds, never a lease freed under a write that then lands.
+func (s *Store) finishWrite(ctx context.Context, rk []byte, l *lease, val []byte) error {
+	req := &writeReq{key: rk, val: val, done: make(chan error, 1)}
+	if _, err := s.enqueue(ctx, req); err != nil {
+		s.endFinish(rk, l, false)
+		return err
+	}
+	var err error
+	select {
+	case werr := <-req.done:
+		s.endFinish(rk, l, werr == nil)
+		return werr
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-s.closing:
+		err = dedup.ErrClosed
+	}
+	// The caller holds closeMu for reading, so this Add comes before
+	// Close's Wait; the writer answers every queued write, on stop too.
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		werr := <-req.done
+		s.endFinish(rk, l, werr == nil)
+	}()
+	return err
 }
 
 // flush seals the current segment and checkpoints every sealed one into
@@ -105,7 +149,16 @@ func (s *Store) writeLoop(nextSeq uint64) {
 		select {
 		case <-s.stop:
 			w.seal()
-			return
+			// Answer what is still queued: only finishWrite's waiters can
+			// be left (every operation has returned), and they wait for it.
+			for {
+				select {
+				case req := <-s.writes:
+					req.done <- dedup.ErrClosed
+				default:
+					return
+				}
+			}
 		case <-w.timer.C:
 			w.seal()
 			continue
@@ -136,23 +189,29 @@ func (s *Store) writeLoop(nextSeq uint64) {
 func (w *writer) commit(batch []*writeReq) {
 	s := w.s
 	w.awaitCheckpoint()
-	seals := 0
-	w.buf = w.buf[:0]
-	first := w.nextSeq
+	seals, writes := 0, 0
 	for _, req := range batch {
 		if req.seal {
 			seals++
-			continue
+		} else {
+			writes++
 		}
-		w.buf = appendWALEntry(w.buf, w.nextSeq, req.key, req.val)
-		w.nextSeq++
 	}
+	first := w.nextSeq
 	var err error
-	if len(w.buf) > 0 {
+	if writes > 0 {
+		w.encode(batch, first)
 		if w.seg != nil && w.seg.size > 0 && w.seg.size+int64(len(w.buf)) > segmentBytes {
 			w.seal() // overwrite in place, never extend, when it can be helped
+			w.encode(batch, first)
 		}
-		if err = w.open(); err == nil {
+		if w.seg == nil {
+			if err = w.open(); err == nil {
+				w.encode(batch, first) // under the new segment's nonce
+			}
+		}
+		w.nextSeq += uint64(writes)
+		if err == nil {
 			if _, err = w.seg.f.WriteAt(w.buf, w.seg.size); err == nil {
 				err = fdatasync(w.seg.f)
 			}
@@ -169,7 +228,7 @@ func (w *writer) commit(batch []*writeReq) {
 			}
 		}
 	}
-	if err == nil && len(w.buf) > 0 {
+	if err == nil && writes > 0 {
 		s.recentMu.Lock()
 		seq := first
 		for _, req := range batch {
@@ -202,6 +261,28 @@ func (w *writer) commit(batch []*writeReq) {
 	}
 }
 
+// encode fills w.buf with batch's writes, numbered from first, for the
+// current segment: after its header when nothing is written yet. Without a
+// current segment it encodes nothing useful; open one and encode again.
+func (w *writer) encode(batch []*writeReq, first uint64) {
+	w.buf = w.buf[:0]
+	var nonce uint64
+	if w.seg != nil {
+		nonce = w.seg.nonce
+		if w.seg.size == 0 {
+			w.buf = appendSegmentHeader(w.buf, nonce)
+		}
+	}
+	seq := first
+	for _, req := range batch {
+		if req.seal {
+			continue
+		}
+		w.buf = appendWALEntry(w.buf, nonce, seq, req.key, req.val)
+		seq++
+	}
+}
+
 // awaitCheckpoint holds the writer while the sealed segments exceed
 // maxBacklogBytes, so a checkpointer that cannot keep up slows writes down
 // instead of letting the in-memory index grow without bound.
@@ -216,7 +297,7 @@ func (w *writer) awaitCheckpoint() {
 		}
 		select {
 		case <-s.drained:
-		case <-s.stop:
+		case <-s.closing:
 			return
 		}
 	}
@@ -249,16 +330,32 @@ func (w *writer) open() error {
 		if f != nil {
 			_ = f.Close()
 		}
-		s.sealedMu.Lock()
-		s.freeSlots = append(s.freeSlots, slot) // try it again next time
-		s.sealedMu.Unlock()
+		if reuse {
+			s.sealedMu.Lock()
+			s.freeSlots = append(s.freeSlots, slot) // try it again next time
+			s.sealedMu.Unlock()
+		} else {
+			// Half created: never reuse it as if it were durable.
+			_ = os.Remove(path)
+		}
 		return err
 	}
-	w.seg = &segment{path: path, slot: slot, f: f, opened: time.Now(), end: w.nextSeq - 1}
+	w.seg = &segment{path: path, slot: slot, nonce: randomNonce(), f: f, opened: time.Now(), end: w.nextSeq - 1}
 	if s.checkpointEvery > 0 {
 		w.timer.Reset(s.checkpointEvery)
 	}
 	return nil
+}
+
+// randomNonce returns 8 random bytes that are not zero.
+func randomNonce() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+		if n := binary.BigEndian.Uint64(b[:]); n != 0 {
+			return n
+		}
+	}
 }
 
 // preallocate zero-fills a new segment file to segmentBytes and makes it and
