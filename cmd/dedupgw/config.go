@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/viper"
+	yaml "go.yaml.in/yaml/v3"
 
 	"github.com/dedupgw/dedupgw/providers"
 	"github.com/dedupgw/dedupgw/proxy"
@@ -309,6 +311,15 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	raw := v.AllSettings()
 
 	f := &File{unset: map[string][]string{}}
+	var ps Problems
+	// viper matches keys case-insensitively: two spellings of one key in a
+	// mapping would silently merge, one value winning. Name them instead.
+	if text, err := os.ReadFile(path); err == nil {
+		var doc yaml.Node
+		if yaml.Unmarshal(text, &doc) == nil {
+			caseCollisions(&doc, "", &ps)
+		}
+	}
 	for key, val := range raw {
 		raw[key] = expandValue(val, key, env, f.unset)
 	}
@@ -324,7 +335,6 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 		setPath(raw, o.path, val)
 	}
 
-	var ps Problems
 	decode(raw, reflect.ValueOf(f).Elem(), "", &ps)
 	// A value that does not decode (a duration, a number) because a ${VAR}
 	// in it was unset is explained by naming the variable.
@@ -529,6 +539,37 @@ func envOverrides() []envOverride {
 	}
 	walk(reflect.TypeFor[File](), nil)
 	return out
+}
+
+// caseCollisions reports, for every mapping under n, keys that differ only
+// in case (viper would merge them), naming each by its path as Problems do.
+func caseCollisions(n *yaml.Node, path string, ps *Problems) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			caseCollisions(c, path, ps)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			caseCollisions(c, fmt.Sprintf("%s[%d]", path, i), ps)
+		}
+	case yaml.MappingNode:
+		seen := map[string]*yaml.Node{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, val := n.Content[i], n.Content[i+1]
+			key := k.Value
+			if path != "" {
+				key = path + "." + k.Value
+			}
+			lower := strings.ToLower(k.Value)
+			if first, ok := seen[lower]; ok {
+				ps.add(key, "duplicate key (also %q at line %d; keys are not case-sensitive)", first.Value, first.Line)
+			} else {
+				seen[lower] = k
+			}
+			caseCollisions(val, strings.ToLower(key), ps)
+		}
+	}
 }
 
 // UnknownEnv returns the DEDUPGW_* names in environ ("NAME=value" entries,

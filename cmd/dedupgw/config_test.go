@@ -454,6 +454,8 @@ func TestProblems(t *testing.T) {
     keys: [body]
     windw: 1h
 `, nil, []string{"routes[1].windw: unknown key"}},
+		{"route keys differing in case", route("    window: 1h\n    Window: 2h\n"), nil, []string{`routes[0].Window: duplicate key (also "window" at line 8; keys are not case-sensitive)`}},
+		{"top-level keys differing in case", "Listen: ':1'\nlisten: ':2'\n" + minimal, nil, []string{`listen: duplicate key (also "Listen" at line 1; keys are not case-sensitive)`}},
 		{"unknown signature key", route("    signature:\n      algo: sha1\n"), nil, []string{"routes[0].signature.algo: unknown key"}},
 		{"bad duration", "defaults:\n  lease: 5x\n" + minimal, nil, []string{`defaults.lease: invalid duration "5x" (want e.g. "300ms", "30s", "24h")`}},
 		{"duration without unit", route("    window: 60\n"), nil, []string{`routes[0].window: invalid duration 60 (want a number with a unit, e.g. "60s")`}},
