@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -272,6 +273,17 @@ func (p *pipeliner) send(batch []*op) {
 	if len(live) == 0 {
 		return
 	}
+	// A panic below (in go-redis or a hook) fails this batch's commands
+	// instead of the process: a worker has no net/http recover above it.
+	signalled := false
+	defer func() {
+		if r := recover(); r != nil && !signalled {
+			err := fmt.Errorf("redisstore: pipeline panicked: %v", r)
+			for _, o := range live {
+				o.fail(err)
+			}
+		}
+	}()
 	ctx := live[0].ctx // a lone command runs under its caller's context
 	if len(live) > 1 {
 		var cancel context.CancelFunc
@@ -302,6 +314,7 @@ func (p *pipeliner) send(batch []*op) {
 		}
 		_, _ = pipe.Exec(ctx)
 	}
+	signalled = true
 	for _, o := range live {
 		o.done <- struct{}{}
 	}

@@ -324,3 +324,40 @@ func TestPipelineLoneCommand(t *testing.T) {
 		t.Errorf("context value in the hook: got %v, want trace-1", got)
 	}
 }
+
+// panicHook panics in every pipeline that carries a command other than the
+// connection's handshake.
+type panicHook struct{}
+
+func (panicHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (panicHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if cmds[0].Name() != "client" && cmds[0].Name() != "hello" {
+			panic("injected")
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestPipelinePanicFailsCommands: a panic while sending (in go-redis or a
+// hook) fails the batch's commands with an error instead of crashing the
+// process, and the pipeliner keeps serving.
+func TestPipelinePanicFailsCommands(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	client.AddHook(panicHook{})
+	p := newPipeliner(client, defaultInFlight, defaultMaxBatch)
+	t.Cleanup(p.close)
+	const n = 8
+	errs := make(chan error, n)
+	for range n {
+		go func() { errs <- p.get(context.Background(), "k").Err() }()
+	}
+	for range n {
+		if err := <-errs; err == nil || !strings.Contains(err.Error(), "pipeline panicked") {
+			t.Errorf("command in a panicking pipeline: got %v, want a pipeline-panicked error", err)
+		}
+	}
+}
