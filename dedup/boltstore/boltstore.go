@@ -371,8 +371,11 @@ func (s *Store) load(key []byte) (*dedup.Record, error) {
 	)
 	// A checkpoint drops an entry only after bbolt committed it, so a miss
 	// here finds the record in the transaction below.
-	if rec, ok, err := s.loadRecent(key); ok {
-		return rec, err
+	s.recentMu.RLock()
+	e, ok := s.recent[string(key)]
+	s.recentMu.RUnlock()
+	if ok {
+		return decodeRecent(key, e)
 	}
 	verr := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketRecords).Get(key)
@@ -393,25 +396,22 @@ func (s *Store) load(key []byte) (*dedup.Record, error) {
 	return rec, err
 }
 
-// loadRecent reads key's journaled write not yet checkpointed: ok false when
-// there is none (the record, if any, is in bbolt).
-func (s *Store) loadRecent(key []byte) (rec *dedup.Record, ok bool, err error) {
-	s.recentMu.RLock()
-	e, ok := s.recent[string(key)]
-	s.recentMu.RUnlock()
-	if !ok || e.val == nil {
-		return nil, ok, nil
+// decodeRecent decodes key's journaled write e: nil for a delete.
+func decodeRecent(key []byte, e recentEntry) (*dedup.Record, error) {
+	if e.val == nil {
+		return nil, nil
 	}
 	r, err := decodeRecord(e.val)
 	if err != nil {
-		return nil, true, fmt.Errorf("record %q: %w", key, err)
+		return nil, fmt.Errorf("record %q: %w", key, err)
 	}
-	return &r, true, nil
+	return &r, nil
 }
 
-// loadRecentSince is loadRecent when no checkpoint ran since gen; stale
-// reports that one did (read bbolt too). The check and the read are one
-// critical section: a checkpoint counts and drops its entries in one.
+// loadRecentSince reads key's journaled write not yet checkpointed (ok
+// false when there is none) if no checkpoint ran since gen; stale reports
+// that one did (read bbolt too). The check and the read are one critical
+// section: a checkpoint counts and drops its entries in one.
 func (s *Store) loadRecentSince(key []byte, gen uint64) (rec *dedup.Record, ok, stale bool, err error) {
 	s.recentMu.RLock()
 	if s.checkpoints.Load() != gen {
@@ -420,14 +420,11 @@ func (s *Store) loadRecentSince(key []byte, gen uint64) (rec *dedup.Record, ok, 
 	}
 	e, ok := s.recent[string(key)]
 	s.recentMu.RUnlock()
-	if !ok || e.val == nil {
-		return nil, ok, false, nil
+	if !ok {
+		return nil, false, false, nil
 	}
-	r, err := decodeRecord(e.val)
-	if err != nil {
-		return nil, true, false, fmt.Errorf("record %q: %w", key, err)
-	}
-	return &r, true, false, nil
+	rec, err = decodeRecent(key, e)
+	return rec, true, false, err
 }
 
 // live reports whether a persisted record is processed or failed and inside
@@ -597,13 +594,6 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 		return fmt.Errorf("boltstore: release: %w", err)
 	}
 	return nil
-}
-
-// putRecord returns a write that stores rec under rk in bbolt directly,
-// moving its expiry index entry: for measurements that populate a file.
-func putRecord(rk []byte, rec *dedup.Record) func(*bolt.Tx) error {
-	val := encodeRecord(nil, rec)
-	return func(tx *bolt.Tx) error { return applyWrite(tx, rk, val) }
 }
 
 // deleteRecord deletes rk's record and index entry and returns the expiry

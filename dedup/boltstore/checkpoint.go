@@ -109,9 +109,7 @@ func (s *Store) checkpoint() error {
 	s.sealed = slices.Delete(s.sealed, 0, len(segs))
 	for _, seg := range segs {
 		s.backlog -= seg.size
-		if len(s.freeSlots) < maxFreeSlots {
-			s.freeSlots = append(s.freeSlots, seg.slot)
-		} else {
+		if !s.keepSlot(seg.slot) {
 			remove = append(remove, seg.path)
 		}
 	}
@@ -128,6 +126,18 @@ func (s *Store) checkpoint() error {
 		}
 	}
 	return nil
+}
+
+// keepSlot hands a checkpointed segment file back for reuse, unless
+// maxFreeSlots are kept already: then it reports false and the caller
+// removes the file. The caller holds sealedMu (or runs before the
+// goroutines start).
+func (s *Store) keepSlot(slot int) bool {
+	if len(s.freeSlots) >= maxFreeSlots {
+		return false
+	}
+	s.freeSlots = append(s.freeSlots, slot)
+	return true
 }
 
 // applyWrite stores val under rk, moving its expiry index entry, or deletes
@@ -214,10 +224,10 @@ func (s *Store) replay() (uint64, error) {
 	// Every file is checkpointed now: keep a few for reuse.
 	for _, sf := range slots {
 		s.nextSlot = max(s.nextSlot, sf.slot+1)
-		if len(s.freeSlots) < maxFreeSlots {
-			s.freeSlots = append(s.freeSlots, sf.slot)
-		} else if err := os.Remove(sf.path); err != nil {
-			return 0, fmt.Errorf("replay journal: %w", err)
+		if !s.keepSlot(sf.slot) {
+			if err := os.Remove(sf.path); err != nil {
+				return 0, fmt.Errorf("replay journal: %w", err)
+			}
 		}
 	}
 	return last + 1, nil

@@ -35,14 +35,13 @@ type recentEntry struct {
 // segment is the journal segment being written, owned by the writer
 // goroutine, or a sealed one waiting for its checkpoint.
 type segment struct {
-	path   string
-	slot   int
-	nonce  uint64 // names this use of the file (see journal.go)
-	f      *os.File
-	size   int64    // bytes written
-	end    uint64   // the last sequence number handed out while it was current
-	keys   []string // keys of its acknowledged entries, in order
-	opened time.Time
+	path  string
+	slot  int
+	nonce uint64 // names this use of the file (see journal.go)
+	f     *os.File
+	size  int64    // bytes written
+	end   uint64   // the last sequence number handed out while it was current
+	keys  []string // keys of its acknowledged entries, in order
 }
 
 // write journals key → val (val nil: delete) together with every other write
@@ -54,7 +53,7 @@ func (s *Store) write(ctx context.Context, key, val []byte) error {
 }
 
 func (s *Store) send(ctx context.Context, req *writeReq) error {
-	if _, err := s.enqueue(ctx, req); err != nil {
+	if err := s.enqueue(ctx, req); err != nil {
 		return err
 	}
 	select {
@@ -68,14 +67,14 @@ func (s *Store) send(ctx context.Context, req *writeReq) error {
 }
 
 // enqueue hands req to the writer; on error it was not queued.
-func (s *Store) enqueue(ctx context.Context, req *writeReq) (bool, error) {
+func (s *Store) enqueue(ctx context.Context, req *writeReq) error {
 	select {
 	case s.writes <- req:
-		return true, nil
+		return nil
 	case <-ctx.Done():
-		return false, ctx.Err()
+		return ctx.Err()
 	case <-s.closing:
-		return false, dedup.ErrClosed
+		return dedup.ErrClosed
 	}
 }
 
@@ -87,7 +86,7 @@ func (s *Store) enqueue(ctx context.Context, req *writeReq) (bool, error) {
 // write still succeeds, never a lease freed under a write that then lands.
 func (s *Store) finishWrite(ctx context.Context, rk []byte, l *lease, val []byte) error {
 	req := &writeReq{key: rk, val: val, done: make(chan error, 1)}
-	if _, err := s.enqueue(ctx, req); err != nil {
+	if err := s.enqueue(ctx, req); err != nil {
 		s.endFinish(rk, l, false)
 		return err
 	}
@@ -200,14 +199,15 @@ func (w *writer) commit(batch []*writeReq) {
 	first := w.nextSeq
 	var err error
 	if writes > 0 {
-		w.encode(batch, first)
-		if w.seg != nil && w.seg.size > 0 && w.seg.size+int64(len(w.buf)) > segmentBytes {
-			w.seal() // overwrite in place, never extend, when it can be helped
+		if err = w.open(); err == nil {
 			w.encode(batch, first)
-		}
-		if w.seg == nil {
-			if err = w.open(); err == nil {
-				w.encode(batch, first) // under the new segment's nonce
+			if w.seg.size > 0 && w.seg.size+int64(len(w.buf)) > segmentBytes {
+				// Overwrite in place, never extend, when it can be helped:
+				// the group goes to a fresh segment, under its nonce.
+				w.seal()
+				if err = w.open(); err == nil {
+					w.encode(batch, first)
+				}
 			}
 		}
 		w.nextSeq += uint64(writes)
@@ -262,16 +262,12 @@ func (w *writer) commit(batch []*writeReq) {
 }
 
 // encode fills w.buf with batch's writes, numbered from first, for the
-// current segment: after its header when nothing is written yet. Without a
-// current segment it encodes nothing useful; open one and encode again.
+// current segment: after its header when nothing is written yet.
 func (w *writer) encode(batch []*writeReq, first uint64) {
 	w.buf = w.buf[:0]
-	var nonce uint64
-	if w.seg != nil {
-		nonce = w.seg.nonce
-		if w.seg.size == 0 {
-			w.buf = appendSegmentHeader(w.buf, nonce)
-		}
+	nonce := w.seg.nonce
+	if w.seg.size == 0 {
+		w.buf = appendSegmentHeader(w.buf, nonce)
 	}
 	seq := first
 	for _, req := range batch {
@@ -340,7 +336,7 @@ func (w *writer) open() error {
 		}
 		return err
 	}
-	w.seg = &segment{path: path, slot: slot, nonce: randomNonce(), f: f, opened: time.Now(), end: w.nextSeq - 1}
+	w.seg = &segment{path: path, slot: slot, nonce: randomNonce(), f: f, end: w.nextSeq - 1}
 	if s.checkpointEvery > 0 {
 		w.timer.Reset(s.checkpointEvery)
 	}
