@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"os"
@@ -302,10 +303,13 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	if env == nil {
 		env = func(string) (string, bool) { return "", false }
 	}
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config %s: %w", path, err)
+	}
 	v := viper.New()
-	v.SetConfigFile(path)
 	v.SetConfigType("yaml")
-	if err := v.ReadInConfig(); err != nil {
+	if err := v.ReadConfig(bytes.NewReader(text)); err != nil {
 		return nil, fmt.Errorf("read config %s: %w", path, err)
 	}
 	raw := v.AllSettings()
@@ -314,11 +318,9 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	var ps Problems
 	// viper matches keys case-insensitively: two spellings of one key in a
 	// mapping would silently merge, one value winning. Name them instead.
-	if text, err := os.ReadFile(path); err == nil {
-		var doc yaml.Node
-		if yaml.Unmarshal(text, &doc) == nil {
-			caseCollisions(&doc, "", &ps)
-		}
+	var doc yaml.Node
+	if yaml.Unmarshal(text, &doc) == nil {
+		caseCollisions(&doc, "", &ps)
 	}
 	for key, val := range raw {
 		raw[key] = expandValue(val, key, env, f.unset)
