@@ -168,11 +168,18 @@ func TestSweepDeletesExpired(t *testing.T) {
 		{3 * time.Minute, 30, 1},
 		{time.Hour, 1, 0},
 	}
+	txs := 0
+	s.onSweepTx = func(time.Duration) { txs++ } // Sweep runs on this goroutine
 	for i, tt := range tests {
 		clk.Advance(tt.advance)
+		txs = 0
 		got, err := s.Sweep(ctx)
 		if err != nil || got != tt.wantDeleted {
 			t.Errorf("step %d: Sweep: got (%d, %v), want (%d, nil)", i, got, err, tt.wantDeleted)
+		}
+		// Bounded batches: SweepBatch (7) records per transaction at most.
+		if least := (tt.wantDeleted + 6) / 7; txs < least {
+			t.Errorf("step %d: Sweep: got %d transactions for %d records, want at least %d (7 per transaction)", i, txs, tt.wantDeleted, least)
 		}
 		recs, idx, err := s.counts()
 		if err != nil || recs != tt.wantLeft || idx != tt.wantLeft {

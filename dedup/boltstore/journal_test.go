@@ -35,15 +35,34 @@ func (s *Store) crash(t testing.TB) {
 	}
 }
 
-func claimCommit(t testing.TB, s *Store, k dedup.Key, window time.Duration) {
+// claim claims k for a minute and fails t unless it is claimed.
+func claim(t testing.TB, s *Store, k dedup.Key) dedup.ClaimResult {
 	t.Helper()
-	ctx := context.Background()
-	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+	res, err := s.Claim(context.Background(), k, dedup.ClaimOptions{Lease: time.Minute})
 	if err != nil || res.Outcome != dedup.Claimed {
 		t.Fatalf("Claim %s: got (%v, %v), want (claimed, nil)", k.ID, res.Outcome, err)
 	}
-	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: window, Status: 200}); err != nil {
+	return res
+}
+
+func claimCommit(t testing.TB, s *Store, k dedup.Key, window time.Duration) {
+	t.Helper()
+	res := claim(t, s, k)
+	if err := s.Commit(context.Background(), k, res.Token, dedup.CommitOptions{Window: window, Status: 200}); err != nil {
 		t.Fatalf("Commit %s: %v", k.ID, err)
+	}
+}
+
+// stallWriter leaves the writer waiting for a checkpoint that cannot run:
+// the backlog bound is one byte, a sealed segment holds a commit, and the
+// checkpointer is stuck until the caller unlocks s.checkpointMu.
+func stallWriter(t testing.TB, s *Store) {
+	t.Helper()
+	s.maxBacklog = 1
+	s.checkpointMu.Lock()
+	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "first"}, time.Hour)
+	if err := s.send(context.Background(), &writeReq{seal: true, done: make(chan error, 1)}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -295,17 +314,9 @@ func TestJournalBacklogHoldsWrites(t *testing.T) {
 	ctx := context.Background()
 	s, _ := openTemp(t, Options{CheckpointInterval: -1})
 	defer s.Close()
-	s.maxBacklog = 1
-	s.checkpointMu.Lock() // the checkpointer is stuck
-	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "a"}, time.Hour)
-	if err := s.send(ctx, &writeReq{seal: true, done: make(chan error, 1)}); err != nil {
-		t.Fatal(err)
-	}
+	stallWriter(t, s)
 	kb := dedup.Key{Namespace: "n", ID: "b"}
-	res, err := s.Claim(ctx, kb, dedup.ClaimOptions{Lease: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := claim(t, s, kb)
 	done := make(chan error, 1)
 	go func() { done <- s.Commit(ctx, kb, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}) }()
 	// The writer takes the commit and waits; a commit with a deadline gives
@@ -313,7 +324,7 @@ func TestJournalBacklogHoldsWrites(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	kc := dedup.Key{Namespace: "n", ID: "c"}
-	resc, _ := s.Claim(ctx, kc, dedup.ClaimOptions{Lease: time.Minute})
+	resc := claim(t, s, kc)
 	if err := s.Commit(short, kc, resc.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("commit with a deadline behind a stuck checkpointer: got %v, want DeadlineExceeded", err)
 	}
@@ -434,17 +445,14 @@ func TestJournalEntryShapedRecordIsNotReplayed(t *testing.T) {
 	// offset of the forged entry inside the old record's entry.
 	off := walHeader + 8 + 1 + len("n:"+pad)
 	k2 := dedup.Key{Namespace: "n", ID: strings.Repeat("y", off-walHeader-8-1-len("n:"))}
-	res, err := s.Claim(ctx, k2, dedup.ClaimOptions{Lease: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := claim(t, s, k2)
 	if err := s.Release(ctx, k2, res.Token, dedup.ReleaseOptions{}); err != nil { // Retain 0: a delete
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s, err = Open(path, Options{Now: clk.Now, SweepInterval: -1, CheckpointInterval: -1})
+	s, err := Open(path, Options{Now: clk.Now, SweepInterval: -1, CheckpointInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,17 +479,9 @@ func TestTimedOutCommitDoesNotUndoForget(t *testing.T) {
 	ctx := context.Background()
 	s, _ := openTemp(t, Options{CheckpointInterval: -1})
 	defer s.Close()
-	s.maxBacklog = 1
+	stallWriter(t, s)
 	k := dedup.Key{Namespace: "n", ID: "a"}
-	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "first"}, time.Hour)
-	s.checkpointMu.Lock() // the checkpointer is stuck: the writer waits
-	if err := s.send(ctx, &writeReq{seal: true, done: make(chan error, 1)}); err != nil {
-		t.Fatal(err)
-	}
-	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := claim(t, s, k)
 	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
 	if err := s.Commit(short, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); !errors.Is(err, context.DeadlineExceeded) {
@@ -509,17 +509,9 @@ func TestTimedOutCommitDoesNotUndoForget(t *testing.T) {
 func TestCloseWithStuckCheckpointer(t *testing.T) {
 	ctx := context.Background()
 	s, _ := openTemp(t, Options{CheckpointInterval: -1})
-	s.maxBacklog = 1
-	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "first"}, time.Hour)
-	s.checkpointMu.Lock()
-	if err := s.send(ctx, &writeReq{seal: true, done: make(chan error, 1)}); err != nil {
-		t.Fatal(err)
-	}
+	stallWriter(t, s)
 	k := dedup.Key{Namespace: "n", ID: "b"}
-	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := claim(t, s, k)
 	committed := make(chan error, 1)
 	go func() { committed <- s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}) }()
 	closed := make(chan error, 1)
