@@ -189,19 +189,11 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 		d.outcome = outcomeForwarded
 		g.forward(w, r, d, body, statusForwarded)
 	case dedup.Duplicate:
-		if d.mismatch(res.Record) {
-			g.rejectFingerprint(w, d)
-			return
-		}
 		d.outcome = outcomeDuplicate
 		d.answer = writeDuplicate(w, d.rt, d.clientKey, res.Record)
 	case dedup.Conflict:
 		g.rejectFingerprint(w, d)
 	case dedup.InFlight:
-		if d.mismatch(res.Record) {
-			g.rejectFingerprint(w, d)
-			return
-		}
 		if d.rt.OnInFlight == Wait {
 			g.wait(w, r, d, body, bodySHA, res.Record)
 			return
@@ -225,7 +217,7 @@ func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (de
 	sent, sentWall := g.clock()
 	ctx := newOpContext(d.detach(parent), sent, g.storeTimeout)
 	defer ctx.stop()
-	res, err := g.store.Claim(ctx, d.key, dedup.ClaimOptions{Lease: d.rt.Lease, BodySHA256: bodySHA, Fingerprint: d.fingerprint, BindFingerprint: d.fingerprint != ""})
+	res, err := g.store.Claim(ctx, d.key, d.claimOptions(bodySHA))
 	if err != nil {
 		return res, fmt.Errorf("claim %s: %w", d.key, err)
 	}
@@ -268,7 +260,7 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 		cur, err := g.get(r.Context(), d)
 		switch {
 		case err == nil && cur.State == dedup.StateProcessed:
-			if d.mismatch(cur) { // another request took the key meanwhile
+			if d.claimOptions(bodySHA).Conflicts(cur.Fingerprint) { // another request took the key meanwhile
 				g.rejectFingerprint(w, d)
 				return
 			}

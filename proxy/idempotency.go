@@ -48,11 +48,13 @@ func writeField(h hash.Hash, s string) {
 	h.Write([]byte{'\n'})
 }
 
-// mismatch reports whether rec was stored for a different request than d:
-// both carry a fingerprint and they differ. A record without one (written
-// before the route fingerprinted) never mismatches.
-func (d *delivery) mismatch(rec dedup.Record) bool {
-	return d.fingerprint != "" && rec.Fingerprint != "" && rec.Fingerprint != d.fingerprint
+// claimOptions are the options d's key is claimed with. On a fingerprinting
+// route they bind the key to d's fingerprint, so the store answers Conflict
+// for a key first used by another request (a record without a fingerprint,
+// written before the route fingerprinted, never conflicts); their Conflicts
+// judges a record read otherwise the same way.
+func (d *delivery) claimOptions(bodySHA string) dedup.ClaimOptions {
+	return dedup.ClaimOptions{Lease: d.rt.Lease, BodySHA256: bodySHA, Fingerprint: d.fingerprint, BindFingerprint: d.fingerprint != ""}
 }
 
 // clientScope returns the prefix that scopes a key to the client identified
