@@ -127,24 +127,18 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	defer s.mu.Unlock()
 	now := s.now()
 	r := s.records[key]
+	if r != nil && r.State != dedup.StateProcessing && now.After(r.ExpiresAt) {
+		r = nil // window or retention over: the key is absent
+	}
 	if r != nil {
 		switch {
-		case r.State == dedup.StateProcessed && !now.After(r.ExpiresAt):
-			if opts.Conflicts(r.Fingerprint) {
-				return dedup.ClaimResult{Outcome: dedup.Conflict, Record: export(r)}, nil
-			}
+		case opts.Conflicts(r.Fingerprint): // live, bound to another request
+			return dedup.ClaimResult{Outcome: dedup.Conflict, Record: export(r)}, nil
+		case r.State == dedup.StateProcessed:
 			return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: export(r)}, nil
 		case r.State == dedup.StateProcessing && !now.After(r.LeaseUntil):
-			if opts.Conflicts(r.Fingerprint) {
-				return dedup.ClaimResult{Outcome: dedup.Conflict, Record: export(r)}, nil
-			}
 			return dedup.ClaimResult{Outcome: dedup.InFlight, Record: export(r)}, nil
-		case r.State == dedup.StateProcessed, r.State == dedup.StateFailed && now.After(r.ExpiresAt):
-			r = nil // window or retention over: the key is absent
 		}
-	}
-	if r != nil && opts.Conflicts(r.Fingerprint) { // failed or lapsed, bound to another request
-		return dedup.ClaimResult{Outcome: dedup.Conflict, Record: export(r)}, nil
 	}
 	next := &dedup.Record{
 		State:       dedup.StateProcessing,
