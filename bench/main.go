@@ -235,68 +235,64 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer d.Close()
 	res := newResults(o.workloads, o.targets, o.baseline)
 	started := time.Now().UTC()
-	for r := range o.rounds {
-		for _, w := range o.workloads {
-			for i := range targets {
-				t := targets[(i+r)%len(targets)] // rotate so no target always goes first
-				before, err := d.upstreamCount(ctx, upURL)
-				if err != nil {
-					return err
-				}
-				var profiled chan error
-				if r == 0 && t.pprof != "" {
-					profiled = make(chan error, 1)
-					path := filepath.Join(o.cpuprofile, t.name+"-"+w+".pprof")
-					go func() { profiled <- cpuProfile(ctx, t.pprof, o.warmup, o.duration, path) }()
-				}
-				var opsBefore map[string]opStat
-				if t.metrics != "" {
-					if opsBefore, err = scrapeStoreOps(ctx, d.client, t.metrics); err != nil {
-						fmt.Fprintf(stderr, "bench: %v\n", err)
-					}
-				}
-				cpuBefore, cpuOK := t.cpu()
-				rr, err := d.run(ctx, round{url: t.url, workload: w, warmup: o.warmup, duration: o.duration})
-				if profiled != nil {
-					if perr := <-profiled; perr != nil {
-						fmt.Fprintf(stderr, "bench: cpu profile of %s under %s: %v\n", t.name, w, perr)
-					}
-				}
-				if err != nil {
-					if ctx.Err() != nil {
-						return fmt.Errorf("round %d, %s, %s: %w", r+1, w, t.name, err)
-					}
-					// A target that cannot be primed is reported, not fatal:
-					// the other targets' numbers still stand.
-					fmt.Fprintf(stderr, "round %d/%d %-9s %-18s failed: %v\n", r+1, o.rounds, w, t.label, err)
-					continue
-				}
-				after, err := d.upstreamCount(ctx, upURL)
-				if err != nil {
-					return err
-				}
-				res.cell(w, t.name).add(rr, after-before)
-				cpuNote := ""
-				if cpuAfter, ok := t.cpu(); ok && cpuOK && rr.sent > 0 {
-					res.cell(w, t.name).addCPU(cpuAfter-cpuBefore, rr.sent)
-					cpuNote = fmt.Sprintf("  cpu %4.0f µs/req", float64(cpuAfter-cpuBefore)/float64(time.Microsecond)/float64(rr.sent))
-				}
-				opsNote := ""
-				if opsBefore != nil {
-					if opsAfter, err := scrapeStoreOps(ctx, d.client, t.metrics); err == nil {
-						delta := map[string]opStat{}
-						for op, st := range opsAfter {
-							delta[op] = st.sub(opsBefore[op])
-						}
-						res.cell(w, t.name).addStoreOps(delta)
-						opsNote = fmt.Sprintf("  claim %.3f ms commit %.3f ms", delta["claim"].meanMillis(), delta["commit"].meanMillis())
-					}
-				}
-				fmt.Fprintf(stderr, "round %d/%d %-9s %-18s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  failed %d%s%s %s\n",
-					r+1, o.rounds, w, t.label, float64(rr.requests)/rr.elapsed.Seconds(),
-					millis(rr.lat.quantile(0.5)), millis(rr.lat.quantile(0.99)), rr.failures, cpuNote, opsNote, rr.firstFailure)
+	for _, st := range schedule(o.rounds, o.workloads, len(targets)) {
+		r, w, t := st.round, st.workload, targets[st.target]
+		before, err := d.upstreamCount(ctx, upURL)
+		if err != nil {
+			return err
+		}
+		var profiled chan error
+		if r == 0 && t.pprof != "" {
+			profiled = make(chan error, 1)
+			path := filepath.Join(o.cpuprofile, t.name+"-"+w+".pprof")
+			go func() { profiled <- cpuProfile(ctx, t.pprof, o.warmup, o.duration, path) }()
+		}
+		var opsBefore map[string]opStat
+		if t.metrics != "" {
+			if opsBefore, err = scrapeStoreOps(ctx, d.client, t.metrics); err != nil {
+				fmt.Fprintf(stderr, "bench: %v\n", err)
 			}
 		}
+		cpuBefore, cpuOK := t.cpu()
+		rr, err := d.run(ctx, round{url: t.url, workload: w, warmup: o.warmup, duration: o.duration})
+		if profiled != nil {
+			if perr := <-profiled; perr != nil {
+				fmt.Fprintf(stderr, "bench: cpu profile of %s under %s: %v\n", t.name, w, perr)
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("round %d, %s, %s: %w", r+1, w, t.name, err)
+			}
+			// A target that cannot be primed is reported, not fatal:
+			// the other targets' numbers still stand.
+			fmt.Fprintf(stderr, "round %d/%d %-9s %-18s failed: %v\n", r+1, o.rounds, w, t.label, err)
+			continue
+		}
+		after, err := d.upstreamCount(ctx, upURL)
+		if err != nil {
+			return err
+		}
+		res.cell(w, t.name).add(rr, after-before)
+		cpuNote := ""
+		if cpuAfter, ok := t.cpu(); ok && cpuOK && rr.sent > 0 {
+			res.cell(w, t.name).addCPU(cpuAfter-cpuBefore, rr.sent)
+			cpuNote = fmt.Sprintf("  cpu %4.0f µs/req", float64(cpuAfter-cpuBefore)/float64(time.Microsecond)/float64(rr.sent))
+		}
+		opsNote := ""
+		if opsBefore != nil {
+			if opsAfter, err := scrapeStoreOps(ctx, d.client, t.metrics); err == nil {
+				delta := map[string]opStat{}
+				for op, st := range opsAfter {
+					delta[op] = st.sub(opsBefore[op])
+				}
+				res.cell(w, t.name).addStoreOps(delta)
+				opsNote = fmt.Sprintf("  claim %.3f ms commit %.3f ms", delta["claim"].meanMillis(), delta["commit"].meanMillis())
+			}
+		}
+		fmt.Fprintf(stderr, "round %d/%d %-9s %-18s %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  failed %d%s%s %s\n",
+			r+1, o.rounds, w, t.label, float64(rr.requests)/rr.elapsed.Seconds(),
+			millis(rr.lat.quantile(0.5)), millis(rr.lat.quantile(0.99)), rr.failures, cpuNote, opsNote, rr.firstFailure)
 	}
 
 	fmt.Fprintf(stdout, "dedupgw load benchmark, %s: `%s`\n\n", started.Format("2006-01-02 15:04 UTC"), strings.Join(append([]string{"go run ./bench"}, o.args...), " "))
@@ -311,6 +307,30 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	res.writeGoals(stdout)
 	return nil
+}
+
+// step is one measured span of the run: a round, a workload, a target (by
+// index).
+type step struct {
+	round    int
+	workload string
+	target   int
+}
+
+// schedule returns the measured spans in the order they run: every round
+// runs each workload over every target before the next round starts (A B C,
+// A B C, …), so drift of the machine hits every target alike, and the order
+// of the targets rotates from round to round so none always goes first.
+func schedule(rounds int, workloads []string, targets int) []step {
+	var out []step
+	for r := range rounds {
+		for _, w := range workloads {
+			for i := range targets {
+				out = append(out, step{round: r, workload: w, target: (i + r) % targets})
+			}
+		}
+	}
+	return out
 }
 
 // dedupgwBinary returns bin when set, else builds ./cmd/dedupgw of the module
