@@ -550,3 +550,45 @@ func FuzzReadWAL(f *testing.F) {
 		}
 	})
 }
+
+// No delivery waits for bbolt's write lock: while a sweep or checkpoint
+// transaction holds it (held here by hand), claims, commits, releases and
+// duplicates all complete, from the journal and read-only transactions.
+func TestDeliveriesDoNotWaitForBboltWriteLock(t *testing.T) {
+	s, _ := openTemp(t, Options{CheckpointInterval: -1})
+	defer s.Close()
+	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "before"}, time.Hour)
+	if err := s.flush(context.Background()); err != nil { // "before" is in bbolt
+		t.Fatal(err)
+	}
+	tx, err := s.db.Begin(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	k := dedup.Key{Namespace: "n", ID: "during"}
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim while bbolt's write lock is held: got (%v, %v), want claimed", res.Outcome, err)
+	}
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+		t.Fatalf("Commit while bbolt's write lock is held: %v", err)
+	}
+	for _, id := range []string{"before", "during"} {
+		res, err := s.Claim(ctx, dedup.Key{Namespace: "n", ID: id}, dedup.ClaimOptions{Lease: time.Minute})
+		if err != nil || res.Outcome != dedup.Duplicate {
+			t.Errorf("Claim of %s while bbolt's write lock is held: got (%v, %v), want duplicate", id, res.Outcome, err)
+		}
+	}
+	kr := dedup.Key{Namespace: "n", ID: "failed"}
+	rr, err := s.Claim(ctx, kr, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, kr, rr.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500}); err != nil {
+		t.Errorf("Release while bbolt's write lock is held: %v", err)
+	}
+}
