@@ -60,7 +60,8 @@ type delivery struct {
 	detached context.Context
 
 	forwarded      bool
-	body           bufferedBody // the forwarded request's Body
+	body           bytes.Reader  // the buffered body, read by the forward
+	outBody        io.ReadCloser // io.NopCloser(&body): the forwarded request's Body
 	fwdStart       time.Time
 	upstreamStatus int
 	upstreamErr    string

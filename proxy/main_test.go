@@ -112,6 +112,8 @@ type harnessOpts struct {
 	// wrap wraps the gateway handler in the test server (to observe the
 	// sender's request).
 	wrap func(http.Handler) http.Handler
+	// transport replaces the gateway's upstream transport.
+	transport http.RoundTripper
 }
 
 func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
@@ -129,6 +131,7 @@ func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
 		Backend:    "memory",
 		Version:    "test",
 		Now:        ho.now,
+		Transport:  ho.transport,
 	})
 	if err != nil {
 		t.Fatalf("New: %v", err)
