@@ -5,12 +5,14 @@
 // leases live in memory under one mutex and are checked against the persisted
 // record; only processed and failed records touch the disk.
 //
-// A Commit, Release or Forget returns once it is durable in a write-ahead
-// journal beside the file (<file>.journal.<n>, see journal.go), so a processed
-// key survives kill -9 and power loss. Concurrent writes are group-committed:
-// one writer goroutine appends every write that queued while the previous
-// fdatasync ran in one append and one fdatasync, and a lone write waits for
-// no timer. Journaled writes are served from memory until a checkpointer
+// A Commit or Release returns once it is written to a write-ahead journal
+// beside the file (<file>.journal.<n>, see journal.go), so a processed key
+// survives kill -9; the group's fdatasync follows at once, and a power loss
+// can forget only the group it was flushing (writeLoop says why that is the
+// right trade). A Forget returns after its fdatasync. Concurrent writes are
+// group-committed: one writer goroutine appends every write that queued
+// while the previous fdatasync ran in one append and one fdatasync, and a
+// lone write waits for no timer. Journaled writes are served from memory until a checkpointer
 // copies them into bbolt, about once a second, in one large key-sorted
 // transaction, which costs far less per record than a bbolt transaction per
 // group of commits (random keys dirty about one page each). Open replays a
@@ -35,6 +37,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -195,6 +198,10 @@ type Store struct {
 	stop        chan struct{}
 	wg          sync.WaitGroup
 
+	// syncFile flushes a journal segment after each group is written:
+	// fdatasync; tests replace it before the first write.
+	syncFile func(*os.File) error
+
 	// onSweepTx, when set (by measurements), receives how long each sweep
 	// transaction's deletes took, before its commit and fsync.
 	onSweepTx func(time.Duration)
@@ -241,6 +248,7 @@ func Open(path string, opts Options) (*Store, error) {
 		sealedCh:        make(chan struct{}, 1),
 		drained:         make(chan struct{}, 1),
 		maxBacklog:      maxBacklogBytes,
+		syncFile:        fdatasync,
 		writes:          make(chan *writeReq, maxWriteBatch),
 		closing:         make(chan struct{}),
 		stop:            make(chan struct{}),
@@ -534,7 +542,8 @@ func (s *Store) endFinish(rk []byte, l *lease, written bool) {
 }
 
 // Commit implements dedup.Store. It returns once the processed record is
-// fsynced.
+// written to the journal (it survives a crash of the process) and visible;
+// its fdatasync follows at once (see writeLoop).
 func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts dedup.CommitOptions) error {
 	if err := s.enter(ctx, "commit"); err != nil {
 		return err
@@ -563,8 +572,9 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	return nil
 }
 
-// Release implements dedup.Store. It returns once the failed record is
-// fsynced (or deleted, when opts.Retain is zero).
+// Release implements dedup.Store. It returns once the failed record (or
+// the deletion, when opts.Retain is zero) is written to the journal, like
+// Commit.
 func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts dedup.ReleaseOptions) error {
 	if err := s.enter(ctx, "release"); err != nil {
 		return err
@@ -693,7 +703,7 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 	// The write holds the lease lock, so bound it: claims wait behind it.
 	wctx, cancel := context.WithTimeout(ctx, forgetWriteTimeout)
 	defer cancel()
-	if err := s.write(wctx, rk, nil); err != nil {
+	if err := s.writeDurable(wctx, rk, nil); err != nil {
 		return false, fmt.Errorf("boltstore: forget: %w", err)
 	}
 	return existed, nil

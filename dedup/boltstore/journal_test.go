@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -590,5 +591,177 @@ func TestDeliveriesDoNotWaitForBboltWriteLock(t *testing.T) {
 	}
 	if err := s.Release(ctx, kr, rr.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500}); err != nil {
 		t.Errorf("Release while bbolt's write lock is held: %v", err)
+	}
+}
+
+// heldSync replaces s's journal fdatasync with one that reports each call on
+// the returned channel and then waits for the test to send its result (or
+// for t's end: register s.Close with t.Cleanup before calling heldSync).
+func heldSync(t *testing.T, s *Store) (entered <-chan struct{}, result chan<- error) {
+	t.Helper()
+	in := make(chan struct{}, 8)
+	res := make(chan error)
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	s.syncFile = func(*os.File) error {
+		in <- struct{}{}
+		select {
+		case err := <-res:
+			return err
+		case <-done: // the test is over: let Close finish
+			return nil
+		}
+	}
+	return in, res
+}
+
+// receive waits for ch (for at most 10 s, a deadline, not a measurement).
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: nothing within 10s", what)
+		panic("unreachable")
+	}
+}
+
+// copyStoreFiles copies the bbolt file and its journal files, as they read
+// now (page cache included: what a killed process leaves), into a fresh
+// directory and returns the copy's path.
+func copyStoreFiles(t *testing.T, path string) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), filepath.Base(path))
+	names := []string{path}
+	for _, seg := range segmentsOf(t, path) {
+		names = append(names, seg.path)
+	}
+	for _, name := range names {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst+strings.TrimPrefix(name, path), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dst
+}
+
+// TestCommitIsAnsweredBeforeItsFdatasync: a commit returns once its journal
+// entry is written, while the group's fdatasync is still running, and is a
+// duplicate from then on; a process killed at that point leaves it in the
+// journal. A Forget (durable) returns only after its own fdatasync.
+func TestCommitIsAnsweredBeforeItsFdatasync(t *testing.T) {
+	ctx := context.Background()
+	s, path := openTemp(t, Options{CheckpointInterval: -1, Logger: zaptest.NewLogger(t)})
+	t.Cleanup(func() { _ = s.Close() }) // after heldSync's cleanup lets it
+	entered, result := heldSync(t, s)
+	k := dedup.Key{Namespace: "n", ID: "evt_1"}
+	res := claim(t, s, k)
+
+	committed := make(chan error, 1)
+	go func() { committed <- s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}) }()
+	receive(t, entered, "the commit's fdatasync")
+	if err := receive(t, committed, "Commit while its fdatasync is held"); err != nil {
+		t.Fatalf("Commit: got %v, want nil", err)
+	}
+	if got, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || got.Outcome != dedup.Duplicate {
+		t.Errorf("Claim after Commit, fdatasync held: got (%v, %v), want (duplicate, nil)", got.Outcome, err)
+	}
+	killed := copyStoreFiles(t, path)
+
+	forgot := make(chan error, 1)
+	go func() {
+		_, err := s.Forget(ctx, k)
+		forgot <- err
+	}()
+	result <- nil // the commit's fdatasync ends; the Forget's group is written
+	receive(t, entered, "the Forget's fdatasync")
+	select {
+	case err := <-forgot:
+		t.Fatalf("Forget returned (%v) before its fdatasync ended", err)
+	default:
+	}
+	result <- nil
+	if err := receive(t, forgot, "Forget"); err != nil {
+		t.Fatalf("Forget: got %v, want nil", err)
+	}
+
+	// What a kill -9 during the commit's fdatasync leaves replays.
+	c, err := Open(killed, Options{SweepInterval: -1, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatalf("open the killed copy: %v", err)
+	}
+	defer c.Close()
+	if got, err := c.Get(ctx, k); err != nil || got.State != dedup.StateProcessed {
+		t.Errorf("killed copy: Get: got (%v, %v), want (processed, nil)", got.State, err)
+	}
+}
+
+// TestFailedFdatasyncKeepsAnsweredWrites: when a group's fdatasync fails,
+// its commits were already answered and stay duplicates, and they reach
+// the bbolt file with the next checkpoint (copied from memory); a durable
+// Forget in such a group returns the error.
+func TestFailedFdatasyncKeepsAnsweredWrites(t *testing.T) {
+	ctx := context.Background()
+	s, path := openTemp(t, Options{CheckpointInterval: -1, Logger: zaptest.NewLogger(t)})
+	t.Cleanup(func() { _ = s.Close() }) // after heldSync's cleanup lets it
+	entered, result := heldSync(t, s)
+	eio := errors.New("input/output error")
+
+	k := dedup.Key{Namespace: "n", ID: "evt_1"}
+	res := claim(t, s, k)
+	committed := make(chan error, 1)
+	go func() { committed <- s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}) }()
+	receive(t, entered, "the commit's fdatasync")
+	result <- eio
+	if err := receive(t, committed, "Commit"); err != nil {
+		t.Fatalf("Commit whose fdatasync then failed: got %v, want nil (answered before it)", err)
+	}
+	if got, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || got.Outcome != dedup.Duplicate {
+		t.Errorf("Claim after the failed fdatasync: got (%v, %v), want (duplicate, nil)", got.Outcome, err)
+	}
+
+	gone := dedup.Key{Namespace: "n", ID: "evt_2"}
+	claimCommitAsync(t, s, gone, entered, result)
+	forgot := make(chan error, 1)
+	go func() {
+		_, err := s.Forget(ctx, gone)
+		forgot <- err
+	}()
+	receive(t, entered, "the Forget's fdatasync")
+	result <- eio
+	if err := receive(t, forgot, "Forget"); !errors.Is(err, eio) {
+		t.Errorf("Forget whose fdatasync failed: got %v, want %v", err, eio)
+	}
+
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	s, err := Open(path, Options{SweepInterval: -1, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer s.Close()
+	if got, err := s.Get(ctx, k); err != nil || got.State != dedup.StateProcessed {
+		t.Errorf("after reopen: Get %s: got (%v, %v), want (processed, nil)", k.ID, got.State, err)
+	}
+}
+
+// claimCommitAsync claims and commits k while s's fdatasync is held by
+// heldSync, letting the commit's fdatasync succeed.
+func claimCommitAsync(t *testing.T, s *Store, k dedup.Key, entered <-chan struct{}, result chan<- error) {
+	t.Helper()
+	res := claim(t, s, k)
+	committed := make(chan error, 1)
+	go func() {
+		committed <- s.Commit(context.Background(), k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+	}()
+	receive(t, entered, "the commit's fdatasync")
+	result <- nil
+	if err := receive(t, committed, "Commit"); err != nil {
+		t.Fatalf("Commit %s: %v", k.ID, err)
 	}
 }

@@ -17,12 +17,15 @@ import (
 
 // writeReq is one write waiting for the group commit: val nil deletes key.
 // A request with seal set writes nothing: it seals the current segment so a
-// checkpoint can take everything written before it.
+// checkpoint can take everything written before it. A durable request is
+// answered after its group's fdatasync, any other once its group is written
+// (see writeLoop).
 type writeReq struct {
-	key  []byte
-	val  []byte
-	seal bool
-	done chan error
+	key     []byte
+	val     []byte
+	seal    bool
+	durable bool
+	done    chan error
 }
 
 // recentEntry is a journaled write not yet checkpointed into bbolt: val is
@@ -44,12 +47,12 @@ type segment struct {
 	keys  []string // keys of its acknowledged entries, in order
 }
 
-// write journals key → val (val nil: delete) together with every other write
-// queued meanwhile, and returns once it is fsynced and visible to lookups.
-// If ctx ends or Close begins first it returns an error; the write may
-// still land.
-func (s *Store) write(ctx context.Context, key, val []byte) error {
-	return s.send(ctx, &writeReq{key: key, val: val, done: make(chan error, 1)})
+// writeDurable journals key → val (val nil: delete) together with every
+// other write queued meanwhile, and returns once it is fsynced and visible
+// to lookups. If ctx ends or Close begins first it returns an error; the
+// write may still land.
+func (s *Store) writeDurable(ctx context.Context, key, val []byte) error {
+	return s.send(ctx, &writeReq{key: key, val: val, durable: true, done: make(chan error, 1)})
 }
 
 func (s *Store) send(ctx context.Context, req *writeReq) error {
@@ -79,7 +82,9 @@ func (s *Store) enqueue(ctx context.Context, req *writeReq) error {
 }
 
 // finishWrite journals the outcome of lease l on rk (a Commit or Release)
-// and ends l's finishing state with the write's real result. If ctx ends or
+// and ends l's finishing state with the write's real result. It returns once
+// the entry is written to the journal and visible to lookups, before the
+// group's fdatasync (see writeLoop for why that is enough). If ctx ends or
 // Close begins while the write is queued, it returns that error at once, but
 // l stays finishing (so no claim takes the key over and a Forget waits) until
 // the write lands or fails: the caller's answer may be an error while the
@@ -114,7 +119,7 @@ func (s *Store) finishWrite(ctx context.Context, rk []byte, l *lease, val []byte
 // flush seals the current segment and checkpoints every sealed one into
 // bbolt, so the bbolt file alone holds every acknowledged write.
 func (s *Store) flush(ctx context.Context) error {
-	if err := s.send(ctx, &writeReq{seal: true, done: make(chan error, 1)}); err != nil {
+	if err := s.send(ctx, &writeReq{seal: true, durable: true, done: make(chan error, 1)}); err != nil {
 		return err
 	}
 	return s.checkpoint()
@@ -130,14 +135,30 @@ type writer struct {
 }
 
 // writeLoop is the group committer: it takes the first queued write plus all
-// that queued behind it (up to maxWriteBatch), appends them to the journal in
-// one write and one fdatasync, then makes them visible to lookups and
-// acknowledges them. While that fdatasync runs, the next group queues. Unlike
-// bolt's DB.Batch it waits for no timer, so a lone write costs one fdatasync
-// and concurrent writes share one. A segment is sealed for the checkpointer
-// checkpointEvery after its first entry, or sooner when it grows large. The
-// loop stops when s.stop closes, which Close does only after every operation
-// has returned; it seals the current segment on the way out.
+// that queued behind it (up to maxWriteBatch) and appends them to the
+// journal in one write. Then it makes them visible to lookups, answers the
+// commits and releases among them, and fdatasyncs the group before it
+// writes the next one (which queues meanwhile); durable requests (Forget,
+// a seal) are answered after that fdatasync. Unlike bolt's DB.Batch it waits
+// for no timer, so a lone write costs one fdatasync and concurrent writes
+// share one.
+//
+// Why a commit is answered before its fdatasync: once written, the entry is
+// in the kernel's page cache, so it survives kill -9 and any crash of the
+// gateway; only a power loss (or kernel crash) during that one fdatasync can
+// forget it, at most one group. The gateway answers the sender with the
+// upstream's 2xx whether or not the commit succeeds, so waiting would only
+// delay that answer: a power loss before it reached the sender left the key
+// just as unrecorded, and the provider retried for certain, where now it
+// retries only if it would have redelivered anyway. Meanwhile the wait was
+// most of a unique delivery's latency on bolt (0.35 ms at p50, 1.3 ms at p90
+// on a busy two-core machine), which 32 senders turned into 20% less
+// throughput.
+//
+// A segment is sealed for the checkpointer checkpointEvery after its first
+// entry, or sooner when it grows large. The loop stops when s.stop closes,
+// which Close does only after every operation has returned; it seals the
+// current segment on the way out.
 func (s *Store) writeLoop(nextSeq uint64) {
 	defer s.wg.Done()
 	w := &writer{s: s, nextSeq: nextSeq, timer: time.NewTimer(time.Hour)}
@@ -212,17 +233,10 @@ func (w *writer) commit(batch []*writeReq) {
 		}
 		w.nextSeq += uint64(writes)
 		if err == nil {
-			if _, err = w.seg.f.WriteAt(w.buf, w.seg.size); err == nil {
-				err = fdatasync(w.seg.f)
-			}
+			_, err = w.seg.f.WriteAt(w.buf, w.seg.size)
 			w.seg.end = w.nextSeq - 1
 			if err != nil {
-				// The segment's tail is in doubt (after a failed fdatasync the
-				// kernel may have dropped the pages): seal it and write the
-				// next group to a fresh one. Its acknowledged entries are
-				// still checkpointed from memory.
-				s.log.Error("journal write failed", zap.String("segment", w.seg.path), zap.Error(err))
-				w.seal()
+				w.failed("journal write failed", err)
 			} else {
 				w.seg.size += int64(len(w.buf))
 			}
@@ -246,10 +260,23 @@ func (w *writer) commit(batch []*writeReq) {
 		err = fmt.Errorf("journal: %w", err)
 	}
 	for _, req := range batch {
-		if req.seal {
-			continue
+		if !req.seal && !req.durable {
+			req.done <- err
 		}
-		req.done <- err
+	}
+	if err == nil && writes > 0 {
+		if serr := s.syncFile(w.seg.f); serr != nil {
+			// The group is answered and visible; it reaches bbolt with the
+			// next checkpoint, which copies from memory, not from the file.
+			// A crash before that would forget it.
+			w.failed("journal fdatasync failed", serr)
+			err = fmt.Errorf("journal: %w", serr)
+		}
+	}
+	for _, req := range batch {
+		if !req.seal && req.durable {
+			req.done <- err
+		}
 	}
 	if seals > 0 || (w.seg != nil && (w.seg.size >= segmentBytes || len(w.seg.keys) >= maxSegmentEntries)) {
 		w.seal()
@@ -259,6 +286,15 @@ func (w *writer) commit(batch []*writeReq) {
 			req.done <- nil
 		}
 	}
+}
+
+// failed logs a failed write or fdatasync of the current segment and seals
+// it: its tail is in doubt (after a failed fdatasync the kernel may have
+// dropped the pages), so the next group goes to a fresh segment. Entries
+// already answered are still checkpointed from memory.
+func (w *writer) failed(msg string, err error) {
+	w.s.log.Error(msg, zap.String("segment", w.seg.path), zap.Error(err))
+	w.seal()
 }
 
 // encode fills w.buf with batch's writes, numbered from first, for the
