@@ -15,8 +15,9 @@ import (
 
 // The journal is a write-ahead log in a few preallocated segment files
 // beside the bbolt file, <file>.journal.<slot>. A Commit, Release or Forget
-// is written to the current segment and fdatasynced (one write and one
-// fdatasync per group of concurrent writes) before it returns; the
+// is written to the current segment and fdatasynced, one write and one
+// fdatasync per group of concurrent writes (a Commit or Release returns
+// after the write, a Forget after the fdatasync: see writeLoop); the
 // checkpointer later copies what the sealed segments hold into bbolt in one
 // large, key-sorted transaction, records in bbolt's meta bucket the last
 // sequence number it covered, and hands the segment's file back for reuse.
