@@ -7,12 +7,12 @@
 //
 // A Commit or Release returns once it is written to a write-ahead journal
 // beside the file (<file>.journal.<n>, see journal.go), so a processed key
-// survives kill -9; the group's fdatasync follows at once, and a power loss
-// can forget only the group it was flushing (writeLoop says why that is the
-// right trade). A Forget returns after its fdatasync. Concurrent writes are
-// group-committed: one writer goroutine appends every write that queued
-// while the previous fdatasync ran in one append and one fdatasync, and a
-// lone write waits for no timer. Journaled writes are served from memory until a checkpointer
+// survives kill -9; a syncer goroutine fdatasyncs it at once, and a power
+// loss can forget only what that fdatasync was covering (writeLoop says why
+// that is the right trade). A Forget returns after its fdatasync.
+// Concurrent writes are group-committed: one writer goroutine appends every
+// write that queued meanwhile in one append, and one fdatasync covers every
+// group written while the previous one ran; no write waits for a timer. Journaled writes are served from memory until a checkpointer
 // copies them into bbolt, about once a second, in one large key-sorted
 // transaction, which costs far less per record than a bbolt transaction per
 // group of commits (random keys dirty about one page each). Open replays a
@@ -190,6 +190,12 @@ type Store struct {
 	checkpointMu sync.Mutex    // one checkpoint at a time
 
 	writes chan *writeReq
+	// syncs carries the writer's work to the syncer (see syncLoop); the
+	// writer closes it when it stops.
+	syncs chan syncWork
+	// syncFailed is the segment whose last fdatasync failed, for the writer
+	// to seal (nil when none).
+	syncFailed atomic.Pointer[segment]
 	// closing closes when Close begins, before it waits for operations:
 	// waits on the writer end with ErrClosed then, so Close cannot hang
 	// behind a writer held by the backlog. stop closes once they are gone.
@@ -250,6 +256,7 @@ func Open(path string, opts Options) (*Store, error) {
 		maxBacklog:      maxBacklogBytes,
 		syncFile:        fdatasync,
 		writes:          make(chan *writeReq, maxWriteBatch),
+		syncs:           make(chan syncWork, maxWriteBatch),
 		closing:         make(chan struct{}),
 		stop:            make(chan struct{}),
 	}
@@ -270,8 +277,9 @@ func Open(path string, opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
 	}
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.writeLoop(nextSeq)
+	go s.syncLoop()
 	go s.checkpointLoop()
 	interval := opts.SweepInterval
 	if interval == 0 {

@@ -651,7 +651,8 @@ func copyStoreFiles(t *testing.T, path string) string {
 
 // TestCommitIsAnsweredBeforeItsFdatasync: a commit returns once its journal
 // entry is written, while the group's fdatasync is still running, and is a
-// duplicate from then on; a process killed at that point leaves it in the
+// duplicate from then on; the next commit does not wait for that
+// fdatasync either; a process killed at that point leaves both in the
 // journal. A Forget (durable) returns only after its own fdatasync.
 func TestCommitIsAnsweredBeforeItsFdatasync(t *testing.T) {
 	ctx := context.Background()
@@ -670,14 +671,26 @@ func TestCommitIsAnsweredBeforeItsFdatasync(t *testing.T) {
 	if got, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || got.Outcome != dedup.Duplicate {
 		t.Errorf("Claim after Commit, fdatasync held: got (%v, %v), want (duplicate, nil)", got.Outcome, err)
 	}
+	// The writer does not wait for the flush either: the next commit is
+	// written and answered while the first fdatasync still runs.
+	k2 := dedup.Key{Namespace: "n", ID: "evt_2"}
+	res2 := claim(t, s, k2)
+	go func() {
+		committed <- s.Commit(ctx, k2, res2.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+	}()
+	if err := receive(t, committed, "a second Commit while the first fdatasync is held"); err != nil {
+		t.Fatalf("second Commit: got %v, want nil", err)
+	}
 	killed := copyStoreFiles(t, path)
 
+	result <- nil // the first commit's fdatasync ends
+	receive(t, entered, "the second commit's fdatasync")
 	forgot := make(chan error, 1)
 	go func() {
 		_, err := s.Forget(ctx, k)
 		forgot <- err
 	}()
-	result <- nil // the commit's fdatasync ends; the Forget's group is written
+	result <- nil
 	receive(t, entered, "the Forget's fdatasync")
 	select {
 	case err := <-forgot:
@@ -695,8 +708,10 @@ func TestCommitIsAnsweredBeforeItsFdatasync(t *testing.T) {
 		t.Fatalf("open the killed copy: %v", err)
 	}
 	defer c.Close()
-	if got, err := c.Get(ctx, k); err != nil || got.State != dedup.StateProcessed {
-		t.Errorf("killed copy: Get: got (%v, %v), want (processed, nil)", got.State, err)
+	for _, k := range []dedup.Key{k, k2} {
+		if got, err := c.Get(ctx, k); err != nil || got.State != dedup.StateProcessed {
+			t.Errorf("killed copy: Get %s: got (%v, %v), want (processed, nil)", k.ID, got.State, err)
+		}
 	}
 }
 

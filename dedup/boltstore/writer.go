@@ -45,6 +45,9 @@ type segment struct {
 	size  int64    // bytes written
 	end   uint64   // the last sequence number handed out while it was current
 	keys  []string // keys of its acknowledged entries, in order
+	// flushedTo is how many bytes an fdatasync (successful or not) covered;
+	// the syncer's alone.
+	flushedTo int64
 }
 
 // writeDurable journals key → val (val nil: delete) together with every
@@ -135,32 +138,33 @@ type writer struct {
 }
 
 // writeLoop is the group committer: it takes the first queued write plus all
-// that queued behind it (up to maxWriteBatch) and appends them to the
-// journal in one write. Then it makes them visible to lookups, answers the
-// commits and releases among them, and fdatasyncs the group before it
-// writes the next one (which queues meanwhile); durable requests (Forget,
-// a seal) are answered after that fdatasync. Unlike bolt's DB.Batch it waits
-// for no timer, so a lone write costs one fdatasync and concurrent writes
-// share one.
+// that queued behind it (up to maxWriteBatch), appends them to the journal in
+// one write, makes them visible to lookups and answers the commits and
+// releases among them. The syncer (syncLoop) fdatasyncs what was written
+// meanwhile, so the writer never waits for a flush: while one runs, the next
+// groups are written behind it and the next fdatasync covers them all.
+// Durable requests (Forget, a seal) are answered by the syncer after the
+// fdatasync that covers them. Unlike bolt's DB.Batch it waits for no timer.
 //
 // Why a commit is answered before its fdatasync: once written, the entry is
 // in the kernel's page cache, so it survives kill -9 and any crash of the
-// gateway; only a power loss (or kernel crash) during that one fdatasync can
-// forget it, at most one group. The gateway answers the sender with the
-// upstream's 2xx whether or not the commit succeeds, so waiting would only
-// delay that answer: a power loss before it reached the sender left the key
-// just as unrecorded, and the provider retried for certain, where now it
-// retries only if it would have redelivered anyway. Meanwhile the wait was
-// most of a unique delivery's latency on bolt (0.35 ms at p50, 1.3 ms at p90
-// on a busy two-core machine), which 32 senders turned into 20% less
-// throughput.
+// gateway; only a power loss (or kernel crash) before the fdatasync that
+// follows can forget it. The gateway answers the sender with the upstream's
+// 2xx whether or not the commit succeeds, so waiting would only delay that
+// answer: a power loss before it reached the sender left the key just as
+// unrecorded, and the provider retried for certain, where now it retries
+// only if it would have redelivered anyway. Meanwhile the wait was most of
+// a unique delivery's latency on bolt (0.35 ms at p50, 1.3 ms at p90 on a
+// busy two-core machine), which 32 senders turned into 20% less throughput.
 //
-// A segment is sealed for the checkpointer checkpointEvery after its first
-// entry, or sooner when it grows large. The loop stops when s.stop closes,
-// which Close does only after every operation has returned; it seals the
-// current segment on the way out.
+// A segment is sealed checkpointEvery after its first entry, or sooner when
+// it grows large, and reaches the checkpointer through the syncer once it is
+// flushed. The loop stops when s.stop closes, which Close does only after
+// every operation has returned; it seals the current segment on the way out
+// and then closes s.syncs, which stops the syncer.
 func (s *Store) writeLoop(nextSeq uint64) {
 	defer s.wg.Done()
+	defer close(s.syncs)
 	w := &writer{s: s, nextSeq: nextSeq, timer: time.NewTimer(time.Hour)}
 	w.timer.Stop()
 	defer w.timer.Stop()
@@ -209,6 +213,11 @@ func (s *Store) writeLoop(nextSeq uint64) {
 func (w *writer) commit(batch []*writeReq) {
 	s := w.s
 	w.awaitCheckpoint()
+	if f := s.syncFailed.Swap(nil); f != nil && f == w.seg {
+		// An fdatasync of this segment failed: the kernel may have dropped
+		// its pages, so its tail is in doubt. Go on in a fresh one.
+		w.seal()
+	}
 	seals, writes := 0, 0
 	for _, req := range batch {
 		if req.seal {
@@ -259,39 +268,29 @@ func (w *writer) commit(batch []*writeReq) {
 	if err != nil {
 		err = fmt.Errorf("journal: %w", err)
 	}
+	// Answer the commits and releases now; durable requests and seals wait
+	// for the syncer.
+	item := syncWork{}
 	for _, req := range batch {
-		if !req.seal && !req.durable {
+		if req.seal || (req.durable && err == nil) {
+			item.waiters = append(item.waiters, req)
+		} else {
 			req.done <- err
 		}
 	}
 	if err == nil && writes > 0 {
-		if serr := s.syncFile(w.seg.f); serr != nil {
-			// The group is answered and visible; it reaches bbolt with the
-			// next checkpoint, which copies from memory, not from the file.
-			// A crash before that would forget it.
-			w.failed("journal fdatasync failed", serr)
-			err = fmt.Errorf("journal: %w", serr)
-		}
-	}
-	for _, req := range batch {
-		if !req.seal && req.durable {
-			req.done <- err
-		}
+		item.sync, item.upTo = w.seg, w.seg.size
 	}
 	if seals > 0 || (w.seg != nil && (w.seg.size >= segmentBytes || len(w.seg.keys) >= maxSegmentEntries)) {
-		w.seal()
+		item.seal = w.detach()
 	}
-	for _, req := range batch {
-		if req.seal {
-			req.done <- nil
-		}
+	if item.sync != nil || item.seal != nil || len(item.waiters) > 0 {
+		s.syncs <- item
 	}
 }
 
-// failed logs a failed write or fdatasync of the current segment and seals
-// it: its tail is in doubt (after a failed fdatasync the kernel may have
-// dropped the pages), so the next group goes to a fresh segment. Entries
-// already answered are still checkpointed from memory.
+// failed logs a failed write of the current segment and seals it: its tail
+// is in doubt, so the next group goes to a fresh segment.
 func (w *writer) failed(msg string, err error) {
 	w.s.log.Error(msg, zap.String("segment", w.seg.path), zap.Error(err))
 	w.seal()
@@ -405,24 +404,124 @@ func preallocate(f *os.File) error {
 	return syncDir(filepath.Dir(f.Name()))
 }
 
-// seal closes the current segment, if any, and hands it to the checkpointer.
+// seal ends the current segment, if any: the syncer flushes it, closes it
+// and hands it to the checkpointer.
 func (w *writer) seal() {
-	seg := w.seg
-	if seg == nil {
-		return
+	if seg := w.detach(); seg != nil {
+		w.s.syncs <- syncWork{seal: seg}
 	}
+}
+
+// detach ends the current segment and returns it (nil if there is none),
+// for the caller to send to the syncer.
+func (w *writer) detach() *segment {
+	seg := w.seg
 	w.seg = nil
 	w.timer.Stop()
+	return seg
+}
+
+// syncWork is what the writer hands the syncer after a group: the segment
+// it wrote to, to fdatasync; a segment to seal once flushed; and requests
+// to answer after both.
+type syncWork struct {
+	sync    *segment
+	upTo    int64 // sync's size after the group
+	seal    *segment
+	waiters []*writeReq
+}
+
+// syncLoop is the syncer: it takes every piece of work the writer queued
+// and fdatasyncs each segment they wrote to once (a flush covers every
+// write before it), then seals what is to be sealed and answers the
+// waiters, in order. It stops once the writer closed s.syncs and it has
+// done everything queued.
+func (s *Store) syncLoop() {
+	defer s.wg.Done()
+	work := make([]syncWork, 0, maxWriteBatch)
+	for item := range s.syncs {
+		work = append(work[:0], item)
+		more := true
+	drain:
+		for len(work) < cap(work) {
+			select {
+			case item, ok := <-s.syncs:
+				if !ok {
+					more = false
+					break drain
+				}
+				work = append(work, item)
+			default:
+				break drain
+			}
+		}
+		s.syncWork(work)
+		clear(work)
+		if !more {
+			return
+		}
+	}
+}
+
+// syncWork does work, in order (see syncLoop).
+func (s *Store) syncWork(work []syncWork) {
+	var (
+		flushed *segment // the segment flushed in this call, and its result
+		ferr    error
+	)
+	// flush fdatasyncs seg, which holds upTo bytes, once per call: the
+	// writer queued every piece of work before this call took it, so the
+	// first flush covers them all.
+	flush := func(seg *segment, upTo int64) error {
+		seg.flushedTo = max(seg.flushedTo, upTo)
+		if seg == flushed {
+			return ferr
+		}
+		flushed, ferr = seg, s.syncFile(seg.f)
+		if ferr != nil {
+			// The answered entries stay visible and reach bbolt with the
+			// next checkpoint, which copies from memory, not from the file;
+			// a crash before that would forget them.
+			s.log.Error("journal fdatasync failed", zap.String("segment", seg.path), zap.Error(ferr))
+			ferr = fmt.Errorf("journal: %w", ferr)
+			s.syncFailed.Store(seg)
+		}
+		return ferr
+	}
+	for _, item := range work {
+		var err error
+		if item.sync != nil {
+			err = flush(item.sync, item.upTo)
+		}
+		if seg := item.seal; seg != nil {
+			if seg.flushedTo < seg.size { // the writer is done with it
+				_ = flush(seg, seg.size)
+			}
+			s.handOver(seg)
+		}
+		for _, req := range item.waiters {
+			if req.seal {
+				req.done <- nil
+			} else {
+				req.done <- err
+			}
+		}
+	}
+}
+
+// handOver closes a sealed, flushed segment and hands it to the
+// checkpointer.
+func (s *Store) handOver(seg *segment) {
 	if err := seg.f.Close(); err != nil {
-		w.s.log.Warn("journal close failed", zap.String("segment", seg.path), zap.Error(err))
+		s.log.Warn("journal close failed", zap.String("segment", seg.path), zap.Error(err))
 	}
 	seg.f = nil
-	w.s.sealedMu.Lock()
-	w.s.sealed = append(w.s.sealed, seg)
-	w.s.backlog += seg.size
-	w.s.sealedMu.Unlock()
+	s.sealedMu.Lock()
+	s.sealed = append(s.sealed, seg)
+	s.backlog += seg.size
+	s.sealedMu.Unlock()
 	select {
-	case w.s.sealedCh <- struct{}{}:
+	case s.sealedCh <- struct{}{}:
 	default:
 	}
 }
