@@ -421,6 +421,12 @@ func (w *writer) detach() *segment {
 	return seg
 }
 
+// minFlushGap is the least time between the starts of two journal
+// flushes. Back to back, a busy two-core machine ran about 2,800 a second at
+// ~15 µs of CPU each; paced, one covers a millisecond of groups. It is also
+// the most a power loss can forget beyond the flush in progress.
+const minFlushGap = time.Millisecond
+
 // syncWork is what the writer hands the syncer after a group: the segment
 // it wrote to, to fdatasync; a segment to seal once flushed; and requests
 // to answer after both.
@@ -439,7 +445,14 @@ type syncWork struct {
 func (s *Store) syncLoop() {
 	defer s.wg.Done()
 	work := make([]syncWork, 0, maxWriteBatch)
+	var last time.Time // when the last flush began
 	for item := range s.syncs {
+		if wait := minFlushGap - time.Since(last); wait > 0 {
+			// Pace the flushes under load: nothing waits for them but
+			// durable requests, and each costs CPU.
+			time.Sleep(wait)
+		}
+		last = time.Now()
 		work = append(work[:0], item)
 		more := true
 	drain:
