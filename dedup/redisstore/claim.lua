@@ -1,5 +1,15 @@
 -- claim.lua: take KEYS[1] for one attempt, or report why not, in one round trip.
 --
+-- On Redis >= 7.0 most claims do not get here: the Store first sends
+-- SET KEYS[1] <new record> NX GET PX ARGV[4] (the fast path, claim.go), which
+-- claims an absent key with exactly the record written below, and decides a
+-- live processed record, a live lease and a fingerprint conflict in Go with
+-- claimDecision, the same rule as below for the cases that change nothing.
+-- This script runs for the rest (a lapsed lease or a failed record to take
+-- over, an expired record, anything unusual) and for every claim when the
+-- server refused SET NX GET. It stays the one place that writes over an
+-- existing record: change its rule and claimDecision together.
+--
 -- ARGV[1] now, ms since the Unix epoch, decimal (the caller's clock)
 -- ARGV[2] now, base 36 (first_seen of a new record)
 -- ARGV[3] lease_until, base 36

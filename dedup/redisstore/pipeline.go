@@ -14,11 +14,12 @@ import (
 
 // Auto-pipelining.
 //
-// Every Store operation (the Claim, Commit, Release and Forget scripts, and
-// Get's GET) is one command, and go-redis spends more CPU per round trip than
-// Redis spends running a script. So the Store does not send each command on
-// its own: concurrent operations are coalesced into go-redis pipelines, as
-// rueidis does, and each caller gets its own reply. The contract:
+// Every Store operation (the Commit, Release and Forget scripts, Claim's SET
+// NX GET and, for a takeover, its script, and Get's GET) is one command per
+// round trip, and go-redis spends more CPU per round trip than Redis spends
+// running a script. So the Store does not send each command on its own:
+// concurrent operations are coalesced into go-redis pipelines, as rueidis
+// does, and each caller gets its own reply. The contract:
 //
 //   - The Store owns inFlight worker goroutines, the dispatchers, started by
 //     New and NewFromClient and stopped by Close.
@@ -38,7 +39,8 @@ import (
 //     Cluster, for the slowest node the pipeline touches.
 //   - Scripts go as EVALSHA. Those answered NOSCRIPT (a restarted or
 //     flushed Redis) are sent again as EVAL, which also caches the script, in
-//     one more pipeline: Script.Run's fallback, per command.
+//     one more pipeline: Script.Run's fallback, per command. Plain commands
+//     (GET, SET) travel in the same pipelines and are sent once.
 //   - Each caller honours its own context: if it ends while the command
 //     waits for a worker's pipeline, the call returns the context's error.
 //     The command may still be applied, exactly like a call whose reply was
@@ -84,13 +86,13 @@ const (
 // op is one queued command and, once done is signalled, its reply.
 type op struct {
 	ctx    context.Context
-	script *redis.Script // nil: GET key[0]
-	key    [1]string
-	args   []any
+	script *redis.Script // nil: a plain command, all of it in args
+	key    [1]string     // the script's key
+	args   []any         // the script's ARGV, or the plain command
 
 	cmd  *redis.Cmd       // the script's reply
-	get  *redis.StringCmd // GET's reply
-	done chan struct{}    // one value when cmd or get is final
+	str  *redis.StringCmd // the plain command's reply
+	done chan struct{}    // one value when cmd or str is final
 }
 
 // opPool recycles ops whose callers received their replies. An op whose
@@ -113,8 +115,8 @@ func (o *op) recycle() {
 // fail makes err o's reply and signals o.
 func (o *op) fail(err error) {
 	if o.script == nil {
-		o.get = redis.NewStringCmd(o.ctx)
-		o.get.SetErr(err)
+		o.str = redis.NewStringCmd(o.ctx)
+		o.str.SetErr(err)
 	} else {
 		o.cmd = redis.NewCmd(o.ctx)
 		o.cmd.SetErr(err)
@@ -150,13 +152,20 @@ func (p *pipeliner) run(ctx context.Context, script *redis.Script, key string, a
 
 // get runs GET key in the next pipeline; errors as for run.
 func (p *pipeliner) get(ctx context.Context, key string) *redis.StringCmd {
-	o := newOp(ctx, nil, key, nil)
+	return p.command(ctx, "get", key)
+}
+
+// command runs the plain command args (name, key, arguments; one key, for
+// Cluster routing), whose reply is a string or nil, in the next pipeline;
+// errors as for run. args must not be changed until it returns.
+func (p *pipeliner) command(ctx context.Context, args ...any) *redis.StringCmd {
+	o := newOp(ctx, nil, "", args)
 	if err := p.do(o); err != nil {
 		cmd := redis.NewStringCmd(ctx)
 		cmd.SetErr(err)
 		return cmd
 	}
-	cmd := o.get
+	cmd := o.str
 	o.recycle()
 	return cmd
 }
@@ -294,7 +303,8 @@ func (p *pipeliner) send(batch []*op) {
 	pipe := p.client.Pipeline()
 	for _, o := range live {
 		if o.script == nil {
-			o.get = pipe.Get(ctx, o.key[0])
+			o.str = redis.NewStringCmd(ctx, o.args...)
+			_ = pipe.Process(ctx, o.str) // queues it; Exec sends it
 		} else {
 			o.cmd = o.script.EvalSha(ctx, pipe, o.key[:], o.args...)
 		}

@@ -2,19 +2,29 @@
 // which events were seen for every gateway replica that points at the same
 // Redis, on a single node, behind Sentinel, or on a Cluster.
 //
-// Each operation is one Lua script on one key (claim.lua, commit.lua,
-// release.lua, forget.lua; Get is a plain GET), so it is atomic and
-// Cluster-safe, and a delivery costs one command for a duplicate and two
-// (claim, commit) for a first delivery. Concurrent operations share round
-// trips: the Store auto-pipelines them (see pipeliner in pipeline.go), so
-// under load many deliveries' commands travel in one pipeline, while a lone
-// command goes out at once, never waiting for a timer. The scripts take the
-// caller's clock as an argument and compare it with the times stored in the
-// record, so every replica's decisions follow the same rule and tests can
-// move time. Each key also gets a Redis TTL, the record's remaining life (plus
-// leaseGrace for a processing record), so Redis drops expired records by
-// itself. Every script is safe to run twice with the same arguments, as
-// go-redis does when it retries a command or a pipeline after a lost reply.
+// Each operation is one command on one key, so it is atomic and
+// Cluster-safe: a Lua script (claim.lua, commit.lua, release.lua,
+// forget.lua), or a plain GET for Get. Claim first tries a fast path without
+// Lua (Redis >= 7.0, see claim.go): a plain SET NX GET claims an absent key,
+// or returns the record it found, which decides a duplicate, a held lease or
+// a conflict in Go by claim.lua's rule without changing anything; only a
+// claim that takes a key over (a lapsed lease, a failed record) runs
+// claim.lua as well. So a delivery costs one command for a duplicate and two
+// (claim, commit) for a first delivery. A server that refuses SET NX GET
+// (Redis < 7.0) turns the fast path off, and every claim runs claim.lua.
+//
+// Concurrent operations share round trips: the Store auto-pipelines them
+// (see pipeliner in pipeline.go), so under load many deliveries' commands
+// travel in one pipeline, while a lone command goes out at once, never
+// waiting for a timer. The scripts take the caller's clock as an argument
+// and compare it with the times stored in the record (the fast path compares
+// the same times in Go), so every replica's decisions follow the same rule
+// and tests can move time. Each key also gets a Redis TTL, the record's
+// remaining life (plus leaseGrace for a processing record), so Redis drops
+// expired records by itself. Every command is safe to run twice with the
+// same arguments, as go-redis does when it retries a command or a pipeline
+// after a lost reply: a repeated SET NX GET or claim script finds its own
+// owner token and answers Claimed again.
 //
 // Keys are "{KeyPrefix}{namespace}:{id}" (see redisKey for ids stored by
 // their SHA-256) and values are one compact string (see record.go).
@@ -77,8 +87,9 @@ type Options struct {
 	// clocks (NTP); a skew of s shifts each lease and window by up to s.
 	Now dedup.Clock
 	// Logger receives one line from New naming the topology it chose
-	// (single, cluster or sentinel); operation errors are returned, never
-	// logged. Nil means zap.NewNop().
+	// (single, cluster or sentinel), and one warning if the server refuses
+	// the claim fast path (Redis < 7.0); operation errors are returned,
+	// never logged. Nil means zap.NewNop().
 	Logger *zap.Logger
 }
 
@@ -91,6 +102,7 @@ type Store struct {
 	log        *zap.Logger
 	pipe       *pipeliner
 	closed     atomic.Bool
+	scriptOnly atomic.Bool // the server refused SET NX GET: claims run claim.lua alone
 }
 
 // New builds a go-redis client from cfg (single node, Cluster or Sentinel;
@@ -137,9 +149,13 @@ func (s *Store) Key(k dedup.Key) string { return redisKey(s.prefix, k) }
 // Client returns the underlying go-redis client.
 func (s *Store) Client() redis.UniversalClient { return s.client }
 
-// Claim implements dedup.Store in one round trip: the script returns the
-// record it found for a duplicate or in-flight key, so Record (with the stored
-// Response) is filled without a second call.
+// Claim implements dedup.Store, in one round trip for a first delivery, a
+// duplicate, a held lease and a conflict: SET NX GET either claims an absent
+// key or returns the record that decides the claim, so Record (with the
+// stored Response) is filled without a second call. A claim that takes a key
+// over (a lapsed lease, a failed record) costs a second round trip, for
+// claim.lua (see claim.go). Once the server refused SET NX GET, every claim
+// is claim.lua alone, in one round trip.
 func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOptions) (dedup.ClaimResult, error) {
 	if s.closed.Load() {
 		return dedup.ClaimResult{}, dedup.ErrClosed
@@ -150,55 +166,31 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	if opts.Lease <= 0 {
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: lease %s must be positive", opts.Lease)
 	}
-	now := s.nowMS()
-	leaseMS := durationMS(opts.Lease)
-	token := dedup.NewToken()
-	bind := ""
+	c := &claimCall{
+		key:     s.Key(key),
+		now:     s.nowMS(),
+		leaseMS: durationMS(opts.Lease),
+		token:   dedup.NewToken(),
+		claim:   encodeClaim(opts.BodySHA256, opts.Fingerprint),
+		opts:    opts,
+	}
 	if opts.BindFingerprint && opts.Fingerprint != "" {
-		bind = string(appendField(nil, opts.Fingerprint))
+		c.bind = string(appendField(nil, opts.Fingerprint))
 	}
-	reply, err := s.pipe.run(ctx, claimScript, s.Key(key),
-		now, base36(now), base36(now+leaseMS),
-		leaseMS+leaseGrace.Milliseconds(), token, encodeClaim(opts.BodySHA256, opts.Fingerprint), bind,
-	).Slice()
+	if !s.scriptOnly.Load() {
+		res, ok, err := s.claimFast(ctx, c)
+		if err != nil {
+			return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+		}
+		if ok {
+			return res, nil
+		}
+	}
+	res, err := s.claimScript(ctx, c)
 	if err != nil {
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
-	}
-	code, value, err := claimReply(reply)
-	if err != nil {
-		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
-	}
-	rec, err := decodeRecord(value)
-	if err != nil {
-		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
-	}
-	res := dedup.ClaimResult{Record: rec}
-	switch code {
-	case claimClaimed:
-		res.Outcome, res.Token = dedup.Claimed, token
-	case claimDuplicate:
-		res.Outcome = dedup.Duplicate
-	case claimInFlight:
-		res.Outcome = dedup.InFlight
-	case claimConflict:
-		res.Outcome = dedup.Conflict
-	default:
-		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: unknown result code %d", code)
 	}
 	return res, nil
-}
-
-// claimReply splits the claim script's {code, record} reply.
-func claimReply(reply []any) (int64, string, error) {
-	if len(reply) != 2 {
-		return 0, "", fmt.Errorf("script reply has %d elements, want 2", len(reply))
-	}
-	code, ok1 := reply[0].(int64)
-	value, ok2 := reply[1].(string)
-	if !ok1 || !ok2 {
-		return 0, "", fmt.Errorf("script reply is (%T, %T), want (int64, string)", reply[0], reply[1])
-	}
-	return code, value, nil
 }
 
 // Commit implements dedup.Store. The window is fixed here: later duplicates

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -161,30 +162,41 @@ func TestRoundTrips(t *testing.T) {
 	ctx := context.Background()
 
 	// Warm up: the first run of each script on a fresh server costs a
-	// NOSCRIPT answer and an EVAL. Then a delivery by one caller at a time
-	// costs one pipeline of one EVALSHA per store call: what concurrent
-	// callers share is the pipeline, never a command.
+	// NOSCRIPT answer and an EVAL (claim.lua runs only for a takeover, here
+	// of warm/2 after its release). Then a delivery by one caller at a time
+	// costs one pipeline of one command per round trip: what concurrent
+	// callers share is the pipeline, never a command. A claim is one SET
+	// (the fast path), plus the claim script when it takes a key over.
 	warm := dedup.Key{Namespace: "warm", ID: "1"}
 	claimCommit(t, s, warm)
 	wantDuplicate(t, s, warm)
-	res, _ := s.Claim(ctx, dedup.Key{Namespace: "warm", ID: "2"}, dedup.ClaimOptions{Lease: time.Minute})
-	_ = s.Release(ctx, dedup.Key{Namespace: "warm", ID: "2"}, res.Token, dedup.ReleaseOptions{Retain: time.Minute})
+	warm2 := dedup.Key{Namespace: "warm", ID: "2"}
+	res, _ := s.Claim(ctx, warm2, dedup.ClaimOptions{Lease: time.Minute})
+	_ = s.Release(ctx, warm2, res.Token, dedup.ReleaseOptions{Retain: time.Minute})
+	if res, err := s.Claim(ctx, warm2, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim of a released key: got (%v, %v), want (claimed, nil)", res.Outcome, err)
+	}
 	_, _ = s.Forget(ctx, warm)
 	hook.take()
 
 	lease := dedup.ClaimOptions{Lease: time.Minute}
+	const (
+		set     = "pipeline[set]"
+		evalsha = "pipeline[evalsha]"
+	)
 	tests := []struct {
 		name string
 		run  func(k dedup.Key)
-		want int
+		want []string
 	}{
-		{"first delivery (claim, commit)", func(k dedup.Key) { claimCommit(t, s, k) }, 2},
-		{"duplicate (claim)", func(k dedup.Key) { wantDuplicate(t, s, k) }, 1},
+		{"first delivery (claim, commit)", func(k dedup.Key) { claimCommit(t, s, k) }, []string{set, evalsha}},
+		{"duplicate (claim)", func(k dedup.Key) { wantDuplicate(t, s, k) }, []string{set}},
 		{"failed delivery (claim, release)", func(k dedup.Key) {
 			res, _ := s.Claim(ctx, k, lease)
 			_ = s.Release(ctx, k, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500})
-		}, 2},
-		{"retry of failed (claim, commit)", func(k dedup.Key) { claimCommit(t, s, k) }, 2},
+		}, []string{set, evalsha}},
+		// The SET finds the failed record: claim.lua takes it over.
+		{"retry of failed (claim, commit)", func(k dedup.Key) { claimCommit(t, s, k) }, []string{set, evalsha, evalsha}},
 		{"in flight (claim)", func(k dedup.Key) {
 			if _, err := s.Claim(ctx, dedup.Key{Namespace: k.Namespace, ID: "held"}, lease); err != nil {
 				t.Fatalf("Claim: got %v, want nil", err)
@@ -193,7 +205,7 @@ func TestRoundTrips(t *testing.T) {
 			if res, err := s.Claim(ctx, dedup.Key{Namespace: k.Namespace, ID: "held"}, lease); err != nil || res.Outcome != dedup.InFlight {
 				t.Fatalf("Claim of a held key: got (%v, %v), want (in-flight, nil)", res.Outcome, err)
 			}
-		}, 1},
+		}, []string{set}},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -202,21 +214,16 @@ func TestRoundTrips(t *testing.T) {
 				k.ID = "evt_" + strconv.Itoa(i-1) // the key the step before left
 			}
 			tt.run(k)
-			got := hook.take()
-			if len(got) != tt.want {
-				t.Errorf("round trips: got %d %v, want %d", len(got), got, tt.want)
-			}
-			for _, rt := range got {
-				if rt != "pipeline[evalsha]" {
-					t.Errorf("round trip %q: want pipeline[evalsha], one script call", rt)
-				}
+			if got := hook.take(); !slices.Equal(got, tt.want) {
+				t.Errorf("round trips: got %d %v, want %d %v", len(got), got, len(tt.want), tt.want)
 			}
 		})
 	}
 }
 
-// replayHook sends every script call twice, as a client does when it retries
-// a call (or a pipeline, whole) whose reply was lost after Redis ran it.
+// replayHook sends every script call and SET twice, as a client does when it
+// retries a call (or a pipeline, whole) whose reply was lost after Redis ran
+// it.
 type replayHook struct {
 	countingHook
 	replayed atomic.Int64 // script calls or pipelines sent twice
@@ -224,7 +231,7 @@ type replayHook struct {
 
 func (h *replayHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if replayed(cmd) {
 			h.replayed.Add(1)
 			_ = next(ctx, cmd)
 		}
@@ -235,7 +242,7 @@ func (h *replayHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *replayHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
-			if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			if replayed(cmd) {
 				h.replayed.Add(1)
 				_ = next(ctx, cmds)
 				break
@@ -243,6 +250,12 @@ func (h *replayHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// replayed reports whether replayHook sends cmd twice.
+func replayed(cmd redis.Cmder) bool {
+	name := cmd.Name()
+	return name == "evalsha" || name == "eval" || name == "set"
 }
 
 func TestRetriedCallsAreIdempotent(t *testing.T) {
@@ -283,8 +296,19 @@ func TestRetriedCallsAreIdempotent(t *testing.T) {
 			}
 		})
 	}
-	if n := replay.replayed.Load(); n < 4 {
-		t.Errorf("replayed script calls: got %d, want at least 4 (two claims, a commit, a release)", n)
+	// A takeover of the failed key: the SET finds the failed record (twice),
+	// then the claim script runs twice and finds its own token the second
+	// time.
+	k := dedup.Key{Namespace: "retry", ID: "release"}
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed || res.Record.Attempts != 2 {
+		t.Fatalf("retried Claim of a failed key: got (%v, attempts %d, %v), want (claimed, 2, nil)", res.Outcome, res.Record.Attempts, err)
+	}
+	if rec, err := s.Get(ctx, k); err != nil || rec.Owner != res.Token || rec.Attempts != 2 {
+		t.Fatalf("Get after the takeover: got (owner %q, attempts %d, %v), want (%q, 2, nil)", rec.Owner, rec.Attempts, err, res.Token)
+	}
+	if n := replay.replayed.Load(); n < 6 {
+		t.Errorf("replayed calls: got %d, want at least 6 (three claims' SETs, a claim script, a commit, a release)", n)
 	}
 }
 

@@ -1,0 +1,263 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+)
+
+// decisionRecord is a record value for claimDecision; odd marks one that
+// claimDecision need not decide even where the script changes nothing.
+type decisionRecord struct {
+	value string
+	odd   bool
+}
+
+// decisionRecords returns record values covering what claimDecision reads,
+// around the instant now: every state letter the scripts know and one they
+// do not, expiry before, at and after now, our token and others in aux,
+// fingerprint fields absent, empty, hex, raw and missing, and values
+// claim.lua cannot parse.
+func decisionRecords(now int64, token string) []decisionRecord {
+	fpA, fpB := strings.Repeat("a1", 32), "fp raw B"
+	claims := []string{
+		encodeClaim("", ""),
+		encodeClaim(strings.Repeat("cd", 32), fpA),
+		encodeClaim("body not hex", fpB),
+		encodeClaim("", fpA),
+		"\x00",             // the fingerprint field missing: fingerprint() is ""
+		"",                 // no claim part at all
+		"\x02\x85",         // a raw body whose length runs past the end
+		"\x02\xff\xff\xff", // the same, longer
+		"\x09tagged",       // an unknown tag: fingerprint() skips one byte
+	}
+	result := encodeResult(500, "", nil)
+	var values []decisionRecord
+	for _, st := range []string{"p", "d", "f", "x"} {
+		for _, exp := range []int64{now - 1000, now - 1, now, now + 1, now + 60_000} {
+			for _, aux := range []string{token, "othertoken0", "", base36(now - 5000)} {
+				for _, claim := range claims {
+					values = append(values, decisionRecord{value: st + "," + base36(now-9000) + "," + base36(exp) + ",3," + aux + "," +
+						strconv.Itoa(len(claim)) + "," + claim + result})
+				}
+			}
+		}
+	}
+	return append(values,
+		decisionRecord{value: ""},
+		decisionRecord{value: "garbage"},
+		decisionRecord{value: "p,1,2,3,tok,2"},                             // no comma after claim_len
+		decisionRecord{value: "p,," + base36(now+1) + ",1,tok,2,\x00\x00"}, // empty first_seen
+		decisionRecord{value: "pp,1," + base36(now+1) + ",1,tok,2,\x00\x00"},
+		decisionRecord{value: "d,1," + base36(now+1) + ",-1,1,2,\x00\x00"},
+		decisionRecord{value: "d,1," + base36(now+1) + ",1,a-b,2,\x00\x00"},
+		decisionRecord{value: "d,1," + base36(now+1) + ",1,1,99,\x00\x00"},                 // claim_len beyond the value
+		decisionRecord{value: "d,1," + strings.ToUpper(base36(now+1)) + ",1,1,2,\x00\x00"}, // upper-case base 36
+		decisionRecord{value: "d,1," + base36(now+1) + ",1,1,2,\x00\x00\xff"},              // a result part decodeRecord refuses
+		// expires_at beyond int64: Lua reads it as a huge number (live),
+		// claimDecision leaves it to the script.
+		decisionRecord{value: "d,1,zzzzzzzzzzzzzzzzzz,1,1,2,\x00\x00", odd: true},
+	)
+}
+
+// TestClaimDecisionMatchesScript runs claim.lua on a real server against
+// every record of decisionRecords, with and without a fingerprint to bind,
+// and checks claimDecision against it: where claimDecision decides, the
+// script returns the same code and the record, unchanged; where it does not,
+// the script writes the key or fails.
+func TestClaimDecisionMatchesScript(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client()
+	ctx := context.Background()
+	const key = "decision"
+	now := storetestEpochMS
+	token := "0123456789abcdef0123456789abcdef"
+	binds := []string{"", string(appendField(nil, strings.Repeat("a1", 32))), string(appendField(nil, "fp raw B")),
+		string(appendField(nil, "fp other"))}
+	decided := map[int64]int{}
+	var fellBack int
+	for _, r := range decisionRecords(now, token) {
+		value := r.value
+		for _, bind := range binds {
+			if err := client.Set(ctx, key, value, time.Hour).Err(); err != nil {
+				t.Fatalf("SET: %v", err)
+			}
+			reply, scriptErr := claimScript.Run(ctx, client, []string{key},
+				now, base36(now), base36(now+10_000), 3_600_000, token, encodeClaim("", "fp mine"), bind).Slice()
+			after, err := client.Get(ctx, key).Result()
+			if err != nil {
+				t.Fatalf("GET after the script: %v", err)
+			}
+			code, ok := claimDecision(value, now, token, bind)
+			if !ok {
+				fellBack++
+				if scriptErr == nil && after == value && !r.odd {
+					t.Errorf("claimDecision(%q, bind %q): got no decision, but the script answered %v and left the record unchanged", value, bind, reply)
+				}
+				continue
+			}
+			decided[code]++
+			if scriptErr != nil {
+				t.Errorf("claimDecision(%q, bind %q): got code %d, but the script failed: %v", value, bind, code, scriptErr)
+				continue
+			}
+			gotCode, gotValue, err := claimReply(reply)
+			if err != nil || gotCode != code || gotValue != value || after != value {
+				t.Errorf("claimDecision(%q, bind %q): got code %d; script: code %d, record %q (%v), stored %q; want the same code and the record unchanged",
+					value, bind, code, gotCode, gotValue, err, after)
+			}
+		}
+	}
+	// Every decision occurred, and so did fallbacks.
+	for _, code := range []int64{claimClaimed, claimDuplicate, claimInFlight, claimConflict} {
+		if decided[code] == 0 {
+			t.Errorf("decisions with code %d: got none, want some", code)
+		}
+	}
+	if fellBack == 0 {
+		t.Errorf("fallbacks to the script: got none, want some")
+	}
+}
+
+// storetestEpochMS is an instant in 2026, as the conformance suite uses.
+var storetestEpochMS = time.Date(2026, time.January, 2, 3, 4, 5, 0, time.UTC).UnixMilli()
+
+// TestNewRecordMatchesScript: the fast path writes, for an absent key, the
+// value claim.lua writes, and the Record it returns without parsing is the
+// one decodeRecord reads from that value.
+func TestNewRecordMatchesScript(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client()
+	ctx := context.Background()
+	tests := []struct {
+		name     string
+		lease    time.Duration
+		body, fp string
+	}{
+		{"no digests", time.Minute, "", ""},
+		{"hex digests", 90 * time.Second, strings.Repeat("ab", 32), strings.Repeat("cd", 32)},
+		{"raw digests", 1500 * time.Millisecond, "Not,Hex", "fp with spaces"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := "new" + strconv.Itoa(i)
+			c := &claimCall{key: key, now: storetestEpochMS, leaseMS: durationMS(tt.lease), token: dedup.NewToken(),
+				claim: encodeClaim(tt.body, tt.fp), opts: dedup.ClaimOptions{Lease: tt.lease, BodySHA256: tt.body, Fingerprint: tt.fp}}
+			reply, err := claimScript.Run(ctx, client, []string{key},
+				c.now, base36(c.now), base36(c.now+c.leaseMS), c.ttlMS(), c.token, c.claim, "").Slice()
+			if err != nil {
+				t.Fatalf("claim script: %v", err)
+			}
+			code, scriptValue, err := claimReply(reply)
+			if err != nil || code != claimClaimed {
+				t.Fatalf("claim script: got (%d, %v), want (%d, nil)", code, err, claimClaimed)
+			}
+			if got := newRecord(c.now, c.now+c.leaseMS, c.token, c.claim); got != scriptValue {
+				t.Errorf("newRecord: got %q, want the script's %q", got, scriptValue)
+			}
+			// The fast path on the absent key: the same value, TTL and Record.
+			s := NewFromClient(client, "fast:", Options{})
+			t.Cleanup(func() { _ = s.Close() })
+			c.key = "fast:" + key
+			res, ok, err := s.claimFast(ctx, c)
+			if err != nil || !ok || res.Outcome != dedup.Claimed || res.Token != c.token {
+				t.Fatalf("claimFast: got (%v, %q, %v, %v), want (claimed, %q, true, nil)", res.Outcome, res.Token, ok, err, c.token)
+			}
+			if got, _ := client.Get(ctx, c.key).Result(); got != scriptValue {
+				t.Errorf("value written by the fast path: got %q, want the script's %q", got, scriptValue)
+			}
+			ttl, _ := client.PTTL(ctx, c.key).Result()
+			if want := time.Duration(c.ttlMS()) * time.Millisecond; ttl <= 0 || ttl > want || ttl < want-time.Minute {
+				t.Errorf("TTL set by the fast path: got %s, want just under %s", ttl, want)
+			}
+			want, err := decodeRecord(scriptValue)
+			if err != nil {
+				t.Fatalf("decodeRecord: %v", err)
+			}
+			if !reflect.DeepEqual(res.Record, want) {
+				t.Errorf("fast path Record:\ngot  %+v\nwant %+v", res.Record, want)
+			}
+		})
+	}
+}
+
+func TestRefusesFastPath(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client()
+	ctx := context.Background()
+	if err := client.LPush(ctx, "list", "x").Err(); err != nil {
+		t.Fatalf("LPUSH: %v", err)
+	}
+	// Real replies of this server: an ERR it gives for a SET it cannot
+	// parse, as Redis < 7.0 does for NX with GET, and a WRONGTYPE.
+	syntaxErr := client.Do(ctx, "set", "k", "v", "nx", "xx").Err()
+	wrongType := client.Do(ctx, "set", "list", "v", "nx", "get", "px", 1000).Err()
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"syntax error", syntaxErr, true},
+		{"wrong type", wrongType, false},
+		{"nil reply", redis.Nil, false},
+		{"network", errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), false},
+		{"context", context.DeadlineExceeded, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.err == nil {
+				t.Fatalf("test bug: no error")
+			}
+			if got := refusesFastPath(tt.err); got != tt.want {
+				t.Errorf("refusesFastPath(%v): got %v, want %v", tt.err, got, tt.want)
+			}
+		})
+	}
+}
+
+func FuzzClaimDecision(f *testing.F) {
+	now := storetestEpochMS
+	token := "0123456789abcdef0123456789abcdef"
+	for _, r := range decisionRecords(now, token)[:40] {
+		f.Add(r.value, string(appendField(nil, "fp other")))
+	}
+	f.Add("d,1,"+base36(now+1)+",1,1,2,\x00\x00", "")
+	f.Fuzz(func(t *testing.T, value, bind string) {
+		code, ok := claimDecision(value, now, token, bind)
+		if !ok {
+			return
+		}
+		// Where decodeRecord also reads the value, both parsers agree on
+		// what the decision rests on.
+		rec, err := decodeRecord(value)
+		if err != nil {
+			return
+		}
+		if rec.ExpiresAt.UnixMilli() < now && code != claimConflict {
+			t.Errorf("claimDecision(%q): got code %d for a record that expired at %v", value, code, rec.ExpiresAt)
+		}
+		switch code {
+		case claimDuplicate:
+			if rec.State != dedup.StateProcessed {
+				t.Errorf("claimDecision(%q): got duplicate for state %q", value, rec.State)
+			}
+		case claimClaimed, claimInFlight:
+			if rec.State != dedup.StateProcessing || (rec.Owner == token) != (code == claimClaimed) {
+				t.Errorf("claimDecision(%q): got code %d for state %q owner %q", value, code, rec.State, rec.Owner)
+			}
+		case claimConflict:
+			if bind == "" || rec.Owner == token {
+				t.Errorf("claimDecision(%q, bind %q): got conflict", value, bind)
+			}
+		}
+	})
+}

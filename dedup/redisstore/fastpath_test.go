@@ -1,0 +1,449 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/redisstore"
+	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+	"github.com/dedupgw/dedupgw/dedup/storetest"
+)
+
+// Round trips as countingHook names them: the claim fast path's SET NX GET,
+// and a script.
+const (
+	tripSet     = "pipeline[set]"
+	tripEvalSHA = "pipeline[evalsha]"
+)
+
+// replaySetHook, while on, sends every pipeline that carries a SET twice, as
+// go-redis does when it retries a pipeline whose reply was lost after Redis
+// ran it.
+type replaySetHook struct{ on atomic.Bool }
+
+func (h *replaySetHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *replaySetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *replaySetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.on.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "set" }) {
+			_ = next(ctx, cmds)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestClaimFastPath: each decision the SET NX GET fast path makes, and the
+// takeovers it leaves to claim.lua, on a real server with the store's clock
+// injected. The round trips show which way a claim went: one SET alone is
+// the fast path; a SET then an EVALSHA is a fallback to the script.
+func TestClaimFastPath(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	hook := &countingHook{}
+	client.AddHook(hook)
+	replay := &replaySetHook{}
+	client.AddHook(replay)
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	s := redisstore.NewFromClient(client, uniquePrefix(), redisstore.Options{Now: clk.Now})
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+
+	const lease = 10 * time.Second
+	claim := func(t *testing.T, k dedup.Key, opts dedup.ClaimOptions) dedup.ClaimResult {
+		t.Helper()
+		if opts.Lease == 0 {
+			opts.Lease = lease
+		}
+		res, err := s.Claim(ctx, k, opts)
+		if err != nil {
+			t.Fatalf("Claim(%s): got error %v, want nil", k, err)
+		}
+		return res
+	}
+	// Warm up: load claim.lua (a takeover), release.lua and commit.lua, so
+	// that every script below costs one EVALSHA.
+	warm := dedup.Key{Namespace: "warm", ID: "1"}
+	res := claim(t, warm, dedup.ClaimOptions{})
+	if err := s.Release(ctx, warm, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500}); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	res = claim(t, warm, dedup.ClaimOptions{})
+	if err := s.Commit(ctx, warm, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+
+	body := strings.Repeat("ef", 32)
+	fpA, fpB := strings.Repeat("a1", 32), strings.Repeat("b2", 32)
+	resp := &dedup.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"ok":true}`)}
+	tests := []struct {
+		name   string
+		setup  func(t *testing.T, k dedup.Key) // leaves k in the state under test
+		opts   dedup.ClaimOptions
+		replay bool // send the claim's SET twice
+		want   dedup.Outcome
+		trips  []string
+		// check looks at the result; first is when setup first claimed k.
+		check func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time)
+	}{
+		{
+			name: "absent: claimed", opts: dedup.ClaimOptions{BodySHA256: body},
+			want: dedup.Claimed, trips: []string{tripSet},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, _ time.Time) {
+				now := clk.Now()
+				want := dedup.Record{State: dedup.StateProcessing, FirstSeen: now, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(lease),
+					Attempts: 1, BodySHA256: body, Owner: res.Token}
+				wantRecord(t, res.Record, want)
+			},
+		},
+		{
+			name: "processed: duplicate with the record",
+			setup: func(t *testing.T, k dedup.Key) {
+				res := claim(t, k, dedup.ClaimOptions{BodySHA256: body})
+				clk.Advance(time.Second)
+				if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 201, Response: resp}); err != nil {
+					t.Fatalf("Commit: %v", err)
+				}
+				clk.Advance(time.Second)
+			},
+			want: dedup.Duplicate, trips: []string{tripSet},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
+				done := first.Add(time.Second)
+				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessed, FirstSeen: first, CompletedAt: done,
+					ExpiresAt: done.Add(time.Hour), Attempts: 1, LastStatus: 201, BodySHA256: body, Response: resp})
+			},
+		},
+		{
+			name: "another token's live lease: in flight",
+			setup: func(t *testing.T, k dedup.Key) {
+				claim(t, k, dedup.ClaimOptions{})
+				clk.Advance(lease - time.Second)
+			},
+			want: dedup.InFlight, trips: []string{tripSet},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
+				if res.Record.Owner == "" || res.Record.Owner == res.Token {
+					t.Errorf("in-flight record: got owner %q (token %q), want the first claim's", res.Record.Owner, res.Token)
+				}
+				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessing, FirstSeen: first, LeaseUntil: first.Add(lease),
+					ExpiresAt: first.Add(lease), Attempts: 1, Owner: res.Record.Owner})
+			},
+		},
+		{
+			name: "own token (the SET re-sent after a lost reply): claimed", replay: true,
+			want: dedup.Claimed, trips: []string{tripSet},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, _ time.Time) {
+				now := clk.Now()
+				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessing, FirstSeen: now, LeaseUntil: now.Add(lease),
+					ExpiresAt: now.Add(lease), Attempts: 1, Owner: res.Token})
+			},
+		},
+		{
+			name: "live lease bound to another fingerprint: conflict",
+			setup: func(t *testing.T, k dedup.Key) {
+				claim(t, k, dedup.ClaimOptions{Fingerprint: fpA, BindFingerprint: true})
+				clk.Advance(time.Second)
+			},
+			opts: dedup.ClaimOptions{Fingerprint: fpB, BindFingerprint: true},
+			want: dedup.Conflict, trips: []string{tripSet},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
+				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessing, FirstSeen: first, LeaseUntil: first.Add(lease),
+					ExpiresAt: first.Add(lease), Attempts: 1, Fingerprint: fpA, Owner: res.Record.Owner})
+			},
+		},
+		{
+			name: "lapsed lease bound to another fingerprint: conflict",
+			setup: func(t *testing.T, k dedup.Key) {
+				claim(t, k, dedup.ClaimOptions{Fingerprint: fpA, BindFingerprint: true})
+				clk.Advance(lease + time.Second)
+			},
+			opts: dedup.ClaimOptions{Fingerprint: fpB, BindFingerprint: true},
+			want: dedup.Conflict, trips: []string{tripSet},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
+				if res.Record.Fingerprint != fpA || res.Record.Attempts != 1 {
+					t.Errorf("conflict record: got fingerprint %.8q, attempts %d; want %.8q, 1", res.Record.Fingerprint, res.Record.Attempts, fpA)
+				}
+			},
+		},
+		{
+			name: "lapsed lease: claim.lua takes over, keeping first_seen and counting attempts",
+			setup: func(t *testing.T, k dedup.Key) {
+				claim(t, k, dedup.ClaimOptions{})
+				clk.Advance(lease + time.Second)
+			},
+			want: dedup.Claimed, trips: []string{tripSet, tripEvalSHA},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
+				now := clk.Now()
+				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessing, FirstSeen: first, LeaseUntil: now.Add(lease),
+					ExpiresAt: now.Add(lease), Attempts: 2, Owner: res.Token})
+			},
+		},
+		{
+			name: "live failed record: claim.lua takes over, keeping first_seen, attempts and the last status",
+			setup: func(t *testing.T, k dedup.Key) {
+				res := claim(t, k, dedup.ClaimOptions{})
+				clk.Advance(time.Second)
+				if err := s.Release(ctx, k, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 503}); err != nil {
+					t.Fatalf("Release: %v", err)
+				}
+				clk.Advance(time.Second)
+			},
+			want: dedup.Claimed, trips: []string{tripSet, tripEvalSHA},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
+				now := clk.Now()
+				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessing, FirstSeen: first, LeaseUntil: now.Add(lease),
+					ExpiresAt: now.Add(lease), Attempts: 2, LastStatus: 503, Owner: res.Token})
+			},
+		},
+		{
+			name: "processed record past its window, still in Redis: claim.lua starts over",
+			setup: func(t *testing.T, k dedup.Key) {
+				res := claim(t, k, dedup.ClaimOptions{})
+				if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Minute, Status: 200}); err != nil {
+					t.Fatalf("Commit: %v", err)
+				}
+				clk.Advance(time.Minute + time.Second) // Redis's own TTL runs on the real clock
+			},
+			want: dedup.Claimed, trips: []string{tripSet, tripEvalSHA},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, _ time.Time) {
+				now := clk.Now()
+				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessing, FirstSeen: now, LeaseUntil: now.Add(lease),
+					ExpiresAt: now.Add(lease), Attempts: 1, Owner: res.Token})
+			},
+		},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := dedup.Key{Namespace: "fast", ID: "evt_" + strconv.Itoa(i)}
+			first := clk.Now()
+			if tt.setup != nil {
+				tt.setup(t, k)
+			}
+			before, _ := admin.Get(ctx, s.Key(k)).Result()
+			hook.take()
+			replay.on.Store(tt.replay)
+			res := claim(t, k, tt.opts)
+			replay.on.Store(false)
+			trips := hook.take()
+			if res.Outcome != tt.want {
+				t.Fatalf("Claim: got %v, want %v", res.Outcome, tt.want)
+			}
+			if !slices.Equal(trips, tt.trips) {
+				t.Errorf("round trips: got %v, want %v", trips, tt.trips)
+			}
+			if (res.Token != "") != (tt.want == dedup.Claimed) {
+				t.Errorf("token: got %q for %v", res.Token, res.Outcome)
+			}
+			tt.check(t, k, res, first)
+			after, err := admin.Get(ctx, s.Key(k)).Result()
+			if err != nil {
+				t.Fatalf("GET %s: %v", s.Key(k), err)
+			}
+			if tt.want != dedup.Claimed && after != before {
+				t.Errorf("record after a %v claim: got %q, want it unchanged, %q", res.Outcome, after, before)
+			}
+			if tt.want == dedup.Claimed {
+				// The stored record is the one the claim returned.
+				if got, err := s.Get(ctx, k); err != nil || !reflect.DeepEqual(got, res.Record) {
+					t.Errorf("Get after the claim:\ngot  %+v (%v)\nwant %+v", got, err, res.Record)
+				}
+			}
+		})
+	}
+}
+
+// wantRecord fails t unless got equals want, times compared as instants.
+func wantRecord(t *testing.T, got, want dedup.Record) {
+	t.Helper()
+	for _, tm := range []*time.Time{&got.FirstSeen, &got.CompletedAt, &got.LeaseUntil, &got.ExpiresAt,
+		&want.FirstSeen, &want.CompletedAt, &want.LeaseUntil, &want.ExpiresAt} {
+		if !tm.IsZero() {
+			*tm = tm.UTC()
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("record:\ngot  %+v\nwant %+v", got, want)
+	}
+}
+
+// refuseSetGetHook makes a Redis 7 server look like an older one to the
+// store: it answers each SET … GET of a pipeline itself, without sending it,
+// with refusal, and sends the rest of the pipeline on. refusal is the error
+// the real server replied to a SET it could not parse ("ERR syntax error"),
+// which is what Redis 6.2 replies to SET … NX GET and Redis 6.0 to any
+// SET … GET.
+type refuseSetGetHook struct {
+	refusal error
+	refused atomic.Int64
+}
+
+func (h *refuseSetGetHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *refuseSetGetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *refuseSetGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		rest := cmds[:0:0]
+		for _, c := range cmds {
+			if c.Name() == "set" && slices.ContainsFunc(c.Args()[3:], func(a any) bool { s, _ := a.(string); return strings.EqualFold(s, "get") }) {
+				c.SetErr(h.refusal)
+				h.refused.Add(1)
+				continue
+			}
+			rest = append(rest, c)
+		}
+		if len(rest) == 0 {
+			return nil
+		}
+		return next(ctx, rest)
+	}
+}
+
+// newRefuseSetGetHook returns a refuseSetGetHook with the refusal srv gives.
+func newRefuseSetGetHook(t testing.TB, srv *redistest.Server) *refuseSetGetHook {
+	t.Helper()
+	err := srv.Client().Do(context.Background(), "set", "probe", "v", "nx", "xx").Err()
+	if err == nil || !strings.Contains(err.Error(), "syntax error") {
+		t.Fatalf("SET probe v NX XX: got %v, want a syntax error", err)
+	}
+	return &refuseSetGetHook{refusal: err}
+}
+
+// TestClaimFastPathOff: a server that refuses SET NX GET (simulated with
+// refuseSetGetHook, which answers it with the real server's "ERR syntax
+// error") turns the fast path off for good after the first refusal: the
+// refused claims run claim.lua and succeed, the store logs one warning
+// however many claims were refused at once, and no later claim sends a SET.
+func TestClaimFastPathOff(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	hook := &countingHook{}
+	client.AddHook(hook)
+	refuse := newRefuseSetGetHook(t, srv)
+	client.AddHook(refuse)
+	core, logs := observer.New(zapcore.InfoLevel)
+	s := redisstore.NewFromClient(client, uniquePrefix(), redisstore.Options{Logger: zap.New(core)})
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	if got := hook.take(); len(got) != 0 {
+		t.Fatalf("round trips of NewFromClient: got %v, want none", got)
+	}
+
+	// Concurrent first claims: several may be refused in one pipeline.
+	const n = 16
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			k := dedup.Key{Namespace: "old", ID: "evt_" + strconv.Itoa(i)}
+			res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+			if err != nil || res.Outcome != dedup.Claimed || res.Record.Attempts != 1 {
+				t.Errorf("Claim(%s): got (%v, attempts %d, %v), want (claimed, 1, nil)", k, res.Outcome, res.Record.Attempts, err)
+			}
+		})
+	}
+	wg.Wait()
+	if got := refuse.refused.Load(); got < 1 || got > n {
+		t.Errorf("refused SETs: got %d, want 1 to %d", got, n)
+	}
+	entries := logs.FilterMessageSnippet("fast path off").All()
+	if len(entries) != 1 {
+		t.Fatalf("fast-path-off log lines: got %d, want 1 (all: %v)", len(entries), logs.All())
+	}
+	if e := entries[0]; e.Level != zapcore.WarnLevel || !strings.Contains(e.ContextMap()["error"].(string), "syntax error") {
+		t.Errorf("fast-path-off log line: got %v %q %v, want a warning carrying the syntax error", e.Level, e.Message, e.ContextMap())
+	}
+
+	// From now on every claim is claim.lua alone, whatever it decides.
+	refused := refuse.refused.Load()
+	k := dedup.Key{Namespace: "old", ID: "after"}
+	claimCommit(t, s, k) // loads commit.lua
+	hook.take()
+	res, err := s.Claim(ctx, dedup.Key{Namespace: "old", ID: "held"}, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim: got (%v, %v), want (claimed, nil)", res.Outcome, err)
+	}
+	if res, err := s.Claim(ctx, dedup.Key{Namespace: "old", ID: "held"}, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.InFlight {
+		t.Fatalf("Claim of a held key: got (%v, %v), want (in-flight, nil)", res.Outcome, err)
+	}
+	wantDuplicate(t, s, k)
+	if got, want := hook.take(), []string{tripEvalSHA, tripEvalSHA, tripEvalSHA}; !slices.Equal(got, want) {
+		t.Errorf("round trips after the switch: got %v, want %v", got, want)
+	}
+	if got := refuse.refused.Load(); got != refused {
+		t.Errorf("SETs refused after the switch: got %d more, want none", got-refused)
+	}
+	if got := logs.FilterMessageSnippet("fast path off").Len(); got != 1 {
+		t.Errorf("fast-path-off log lines: got %d, want still 1", got)
+	}
+}
+
+// TestClaimFastPathRedisDown: New does not contact Redis, and a claim that
+// fails because Redis is down does not turn the fast path off: once Redis
+// is back, claims take it again.
+func TestClaimFastPathRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Stop()
+	core, logs := observer.New(zapcore.InfoLevel)
+	s, err := redisstore.New(redisstore.Config{Addrs: []string{srv.Addr()}, KeyPrefix: uniquePrefix(), DialTimeout: 200 * time.Millisecond},
+		redisstore.Options{Logger: zap.New(core)})
+	if err != nil {
+		t.Fatalf("New while Redis is down: got %v, want nil", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	hook := &countingHook{}
+	s.Client().AddHook(hook)
+	ctx := context.Background()
+	k := dedup.Key{Namespace: "down", ID: "evt_1"}
+	if _, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err == nil || errors.Is(err, dedup.ErrClosed) {
+		t.Fatalf("Claim while Redis is down: got %v, want a connection error", err)
+	}
+	srv.Start()
+	waitReady(t, s)
+	hook.take()
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim after Redis came back: got (%v, %v), want (claimed, nil)", res.Outcome, err)
+	}
+	// A new connection's handshake may show up as well.
+	got := slices.DeleteFunc(hook.take(), func(rt string) bool { return rt == "hello" || strings.HasPrefix(rt, "pipeline[client") })
+	if !slices.Equal(got, []string{tripSet}) {
+		t.Errorf("round trips of the claim: got %v, want [%s] (the fast path)", got, tripSet)
+	}
+	if got := logs.FilterMessageSnippet("fast path off").Len(); got != 0 {
+		t.Errorf("fast-path-off log lines: got %d, want 0", got)
+	}
+}
+
+// TestConformanceScriptOnly runs the conformance suite with the fast path
+// refused from the first claim (refuseSetGetHook), as on Redis < 7.0, so
+// claim.lua alone is checked for every case as well.
+func TestConformanceScriptOnly(t *testing.T) {
+	srv := redistest.Start(t)
+	refuse := newRefuseSetGetHook(t, srv)
+	storetest.Run(t, storetest.Harness{
+		New: func(t testing.TB, now dedup.Clock) dedup.Store {
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+			t.Cleanup(func() { _ = client.Close() })
+			client.AddHook(refuse)
+			s := redisstore.NewFromClient(client, uniquePrefix(), redisstore.Options{Now: now})
+			t.Cleanup(func() { _ = s.Close() })
+			return s
+		},
+	})
+	if refuse.refused.Load() == 0 {
+		t.Errorf("refused SETs: got none, want the suite's first claims refused")
+	}
+}
