@@ -495,11 +495,11 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		next.lastStatus, next.lastError = l.lastStatus, l.lastError
 	} else {
 		// Read again under the lock: a commit may have landed since the fast
-		// path (a commit drops its lease only after its write is durable).
-		// It would be in the journal's index: bbolt itself changes only by
-		// checkpoints (counted) and sweeps (which delete only what already
-		// read as expired), so without a checkpoint since, the index is all
-		// there is to read again.
+		// path (a commit drops its lease only once its write is in the
+		// journal's index). It would be in that index: bbolt itself changes
+		// only by checkpoints (counted) and sweeps (which delete only what
+		// already read as expired), so without a checkpoint since, the
+		// index is all there is to read again.
 		if rec, ok, stale, rerr := s.loadRecentSince(rk, gen); stale {
 			disk, err = s.load(rk)
 		} else if ok {

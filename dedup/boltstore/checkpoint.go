@@ -64,9 +64,14 @@ func (s *Store) checkpoint() error {
 	s.recentMu.RLock()
 	for _, seg := range segs {
 		for _, k := range seg.keys {
-			// The map holds each key's newest write: take it once, when it
-			// is in these segments (a newer one waits for its own).
-			if e, ok := s.recent[k]; ok && e.seq <= end {
+			// The map holds each key's newest write: copy it, even when it
+			// is newer than these segments. Skipping the key would move the
+			// checkpoint past its write in these segments while the newer
+			// one may not be flushed yet, and a power loss would then bring
+			// back what that write replaced (a forgotten record, say).
+			// bbolt ahead of the checkpoint for a key is harmless: replay
+			// applies the key's later entries again, in order.
+			if e, ok := s.recent[k]; ok {
 				items = append(items, checkpointItem{key: k, recentEntry: e})
 			}
 		}

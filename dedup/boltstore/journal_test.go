@@ -735,6 +735,9 @@ func TestFailedFdatasyncKeepsAnsweredWrites(t *testing.T) {
 	if err := receive(t, committed, "Commit"); err != nil {
 		t.Fatalf("Commit whose fdatasync then failed: got %v, want nil (answered before it)", err)
 	}
+	// The next group goes to a fresh segment once the writer sees the
+	// failure (one written before would share the failed flush's error).
+	eventually(t, "the failed segment is marked", func() bool { return s.syncFailed.Load() != nil })
 	if got, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || got.Outcome != dedup.Duplicate {
 		t.Errorf("Claim after the failed fdatasync: got (%v, %v), want (duplicate, nil)", got.Outcome, err)
 	}
@@ -778,5 +781,159 @@ func claimCommitAsync(t *testing.T, s *Store, k dedup.Key, entered <-chan struct
 	result <- nil
 	if err := receive(t, committed, "Commit"); err != nil {
 		t.Fatalf("Commit %s: %v", k.ID, err)
+	}
+}
+
+// eventually polls cond until it holds, for at most 10 s (a deadline, not a
+// measurement).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// TestCheckpointDoesNotSkipPastAForget: a record in bbolt, then a durable
+// Forget of it in one segment, then a new commit of the key in the next,
+// not flushed yet when the first segment is checkpointed. After a power
+// loss (journal files as of their last fdatasync, bbolt as last committed)
+// the old record must not come back: the checkpoint copies the key's newest
+// write instead of skipping the key while moving past its Forget.
+func TestCheckpointDoesNotSkipPastAForget(t *testing.T) {
+	ctx := context.Background()
+	s, path := openTemp(t, Options{CheckpointInterval: -1, Logger: zaptest.NewLogger(t)})
+	var (
+		mu      sync.Mutex
+		flushed = map[string][]byte{} // each journal file as of its last fdatasync
+		hold    chan struct{}
+	)
+	entered := make(chan struct{}, 8)
+	s.syncFile = func(f *os.File) error {
+		mu.Lock()
+		h := hold
+		mu.Unlock()
+		if h != nil {
+			entered <- struct{}{}
+			<-h
+		}
+		err := fdatasync(f)
+		b, rerr := os.ReadFile(f.Name())
+		if rerr != nil {
+			return rerr
+		}
+		mu.Lock()
+		flushed[f.Name()] = b
+		mu.Unlock()
+		return err
+	}
+	k := dedup.Key{Namespace: "n", ID: "evt"}
+	res := claim(t, s, k)
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 201}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.flush(ctx); err != nil { // the 201 record is in bbolt
+		t.Fatal(err)
+	}
+	if _, err := s.Forget(ctx, k); err != nil { // flushed, in segment A
+		t.Fatal(err)
+	}
+	s.checkpointMu.Lock() // A's checkpoint waits
+	if err := s.send(ctx, &writeReq{seal: true, durable: true, done: make(chan error, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	h := make(chan struct{})
+	mu.Lock()
+	hold = h
+	mu.Unlock()
+	res = claim(t, s, k)
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+		t.Fatal(err) // segment B, its fdatasync held below
+	}
+	receive(t, entered, "segment B's fdatasync")
+	gen := s.checkpoints.Load()
+	s.checkpointMu.Unlock()
+	eventually(t, "A's checkpoint", func() bool { return s.checkpoints.Load() != gen })
+
+	// Power loss now.
+	lost := filepath.Join(t.TempDir(), filepath.Base(path))
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lost, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	for _, sf := range segmentsOf(t, path) {
+		d, ok := flushed[sf.path]
+		if !ok {
+			d = make([]byte, segmentBytes) // as preallocated
+		}
+		if err := os.WriteFile(lost+strings.TrimPrefix(sf.path, path), d, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Unlock()
+	close(h)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	c, err := Open(lost, Options{SweepInterval: -1, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatalf("open after power loss: %v", err)
+	}
+	defer c.Close()
+	if got, err := c.Get(ctx, k); err == nil && got.LastStatus == 201 {
+		t.Errorf("after power loss: got the forgotten record (status 201) back, want the new one or none")
+	}
+}
+
+// TestForgetAfterFailedFdatasyncOfItsSegment: a Forget written into a
+// segment while that segment's fdatasync fails is answered with the error,
+// although the next fdatasync of the file succeeds (Linux reports a
+// writeback error once): replay stops at the lost pages, before the Forget.
+func TestForgetAfterFailedFdatasyncOfItsSegment(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTemp(t, Options{CheckpointInterval: -1, Logger: zaptest.NewLogger(t)})
+	t.Cleanup(func() { _ = s.Close() }) // after heldSync's cleanup lets it
+	entered, result := heldSync(t, s)
+	k2 := dedup.Key{Namespace: "n", ID: "evt_2"}
+	claimCommitAsync(t, s, k2, entered, result)
+	k := dedup.Key{Namespace: "n", ID: "evt_1"}
+	res := claim(t, s, k)
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, entered, "the commit's fdatasync")
+	forgot := make(chan error, 1)
+	go func() {
+		_, err := s.Forget(ctx, k2)
+		forgot <- err
+	}()
+	// The writer puts the Forget in the same segment while the flush runs.
+	eventually(t, "the Forget is written", func() bool {
+		s.recentMu.RLock()
+		defer s.recentMu.RUnlock()
+		e, ok := s.recent[string(recordKey(k2))]
+		return ok && e.val == nil
+	})
+	result <- errors.New("input/output error")
+	for {
+		select {
+		case <-entered:
+			result <- nil // the next fdatasync of the file returns 0
+		case err := <-forgot:
+			if err == nil {
+				t.Errorf("Forget in a segment whose fdatasync failed: got nil, want the error")
+			}
+			return
+		case <-time.After(10 * time.Second):
+			t.Fatal("Forget: no answer within 10s")
+		}
 	}
 }

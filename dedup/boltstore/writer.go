@@ -48,6 +48,12 @@ type segment struct {
 	// flushedTo is how many bytes an fdatasync (successful or not) covered;
 	// the syncer's alone.
 	flushedTo int64
+	// syncErr is the segment's first failed fdatasync, the syncer's alone.
+	// Every later flush of the segment fails with it: Linux reports a
+	// writeback error to an fdatasync once, so the next one returns 0
+	// although the pages it failed to write are lost, and replay stops
+	// there.
+	syncErr error
 }
 
 // writeDurable journals key → val (val nil: delete) together with every
@@ -153,9 +159,13 @@ type writer struct {
 // 2xx whether or not the commit succeeds, so waiting would only delay that
 // answer: a power loss before it reached the sender left the key just as
 // unrecorded, and the provider retried for certain, where now it retries
-// only if it would have redelivered anyway. Meanwhile the wait was most of
-// a unique delivery's latency on bolt (0.35 ms at p50, 1.3 ms at p90 on a
-// busy two-core machine), which 32 senders turned into 20% less throughput.
+// only if it would have redelivered anyway. What is given up: the flush
+// can end later than the old synchronous one would have (pacing, queueing),
+// and a power loss in that extra time forgets a commit whose sender was
+// answered, so a spontaneous redelivery of that event after the restart is
+// forwarded again. Meanwhile the wait was most of a unique delivery's
+// latency on bolt (0.35 ms at p50, 1.3 ms at p90 on a busy two-core
+// machine), which 32 senders turned into 20% less throughput.
 //
 // A segment is sealed checkpointEvery after its first entry, or sooner when
 // it grows large, and reaches the checkpointer through the syncer once it is
@@ -487,6 +497,9 @@ func (s *Store) syncWork(work []syncWork) {
 	// first flush covers them all.
 	flush := func(seg *segment, upTo int64) error {
 		seg.flushedTo = max(seg.flushedTo, upTo)
+		if seg.syncErr != nil {
+			return seg.syncErr
+		}
 		if seg == flushed {
 			return ferr
 		}
@@ -497,6 +510,7 @@ func (s *Store) syncWork(work []syncWork) {
 			// a crash before that would forget them.
 			s.log.Error("journal fdatasync failed", zap.String("segment", seg.path), zap.Error(ferr))
 			ferr = fmt.Errorf("journal: %w", ferr)
+			seg.syncErr = ferr
 			s.syncFailed.Store(seg)
 		}
 		return ferr
