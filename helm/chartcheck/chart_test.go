@@ -374,7 +374,10 @@ func TestRenderedConfigValidates(t *testing.T) {
 				)
 				for _, e := range c.Env {
 					v := e.Value
-					if e.ValueFrom != nil {
+					switch {
+					case e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil:
+						v = "268435456" // what the kubelet puts there: bytes
+					case e.ValueFrom != nil:
 						v = "from-a-secret"
 					}
 					cmd.Env = append(cmd.Env, e.Name+"="+v)
@@ -405,6 +408,14 @@ func checkGatewayPods(t *testing.T, r *rendered) {
 		httpName, adminName := "http", "admin"
 		if sidecar {
 			httpName, adminName = "dedupgw-http", "dedupgw-admin"
+		}
+
+		// The Go runtime's soft memory limit follows the container's.
+		if lim, ok := c.Resources.Limits[corev1.ResourceMemory]; ok && !lim.IsZero() {
+			e := env(c, "GOMEMLIMIT")
+			if e == nil || e.ValueFrom == nil || e.ValueFrom.ResourceFieldRef == nil || e.ValueFrom.ResourceFieldRef.Resource != "limits.memory" {
+				t.Errorf("%s: GOMEMLIMIT: got %+v, want resourceFieldRef limits.memory (limits.memory is %s)", d.Name, e, lim.String())
+			}
 		}
 
 		// Selector must match the pod labels, or the Deployment is rejected.

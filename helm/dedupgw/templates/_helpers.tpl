@@ -167,7 +167,9 @@ containers. Standalone and sidecar use the same container.
     - name: {{ include "dedupgw.portName.admin" . }}
       containerPort: {{ int .Values.ports.admin }}
       protocol: TCP
-  {{- if or .Values.admin.tokenSecret.name .Values.env }}
+  {{- $memLimit := and .Values.goMemLimit (dig "limits" "memory" "" (.Values.resources | default dict)) }}
+  {{- range .Values.env }}{{ if eq .name "GOMEMLIMIT" }}{{ $memLimit = false }}{{ end }}{{ end }}
+  {{- if or .Values.admin.tokenSecret.name .Values.env $memLimit }}
   env:
     {{- if .Values.admin.tokenSecret.name }}
     - name: DEDUPGW_ADMIN_TOKEN
@@ -175,6 +177,14 @@ containers. Standalone and sidecar use the same container.
         secretKeyRef:
           name: {{ .Values.admin.tokenSecret.name }}
           key: {{ .Values.admin.tokenSecret.key }}
+    {{- end }}
+    {{- if $memLimit }}
+    # The Go runtime's soft memory limit: the container's, so the garbage
+    # collector works harder before the kernel's OOM killer would.
+    - name: GOMEMLIMIT
+      valueFrom:
+        resourceFieldRef:
+          resource: limits.memory
     {{- end }}
     {{- with .Values.env }}
     {{- toYaml . | nindent 4 }}
