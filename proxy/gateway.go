@@ -91,6 +91,8 @@ type Gateway struct {
 	draining atomic.Bool
 	active   sync.WaitGroup // deliveries being served
 	closeMu  sync.Once
+	// reading are the bodies being read, which Close cuts short.
+	reading bodyReads
 }
 
 // New validates cfg, fills defaults, builds each route's provider and reverse
@@ -239,6 +241,7 @@ func (g *Gateway) Close() error {
 		g.closed = true
 		g.mu.Unlock()
 		g.cancel()
+		g.reading.cutAll()
 		g.active.Wait()
 		if g.ownTransport != nil {
 			g.ownTransport.CloseIdleConnections()

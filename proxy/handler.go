@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -410,11 +411,12 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 	rc := http.NewResponseController(w)
 	if rc.SetReadDeadline(start.Add(g.bodyTimeout)) == nil {
 		// Close cuts a body still arriving short, so it does not wait for
-		// a slow sender. (The func makes its own controller, so that rc
-		// stays on this goroutine's stack.)
-		stop := context.AfterFunc(g.ctx, func() { _ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0)) })
+		// a slow sender.
+		if !g.reading.add(w) {
+			_ = rc.SetReadDeadline(time.Unix(1, 0)) // closing already
+		}
 		defer func() {
-			stop()
+			g.reading.remove(w)
 			if err != nil {
 				// The body is unfinished: keep the deadline in the past so
 				// the server's discard of the rest fails at once and the
@@ -444,6 +446,47 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 		return nil, fmt.Errorf("read body: %w", err)
 	}
 	return buf.Bytes(), nil
+}
+
+// bodyReads are the deliveries whose body is being read, so that Close can
+// cut them short. (A context.AfterFunc on the gateway's context per delivery
+// did the same for three allocations, and a lock every delivery shared.)
+type bodyReads struct {
+	mu      sync.Mutex
+	writers map[http.ResponseWriter]struct{}
+	cut     bool
+}
+
+// add registers w while its body is read. It reports false once cutAll ran:
+// the caller cuts its own read.
+func (b *bodyReads) add(w http.ResponseWriter) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cut {
+		return false
+	}
+	if b.writers == nil {
+		b.writers = make(map[http.ResponseWriter]struct{})
+	}
+	b.writers[w] = struct{}{}
+	return true
+}
+
+func (b *bodyReads) remove(w http.ResponseWriter) {
+	b.mu.Lock()
+	delete(b.writers, w)
+	b.mu.Unlock()
+}
+
+// cutAll sets a read deadline in the past on every body being read, and
+// makes add refuse later ones.
+func (b *bodyReads) cutAll() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cut = true
+	for w := range b.writers {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
+	}
 }
 
 // maxLoggedKey bounds a key in log lines; keys come from senders.
