@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -37,6 +38,51 @@ import (
 // A server that refuses the combination (Redis < 7.0 answers "ERR syntax
 // error") turns the fast path off for the Store's lifetime: that claim and
 // every later one run claim.lua alone.
+
+// heldKeys are the Redis keys this Store claimed and has not yet committed
+// or released, with the claim's token. A claim of such a key (a copy of an
+// event arriving while this gateway's own delivery of it is in flight) goes
+// straight to claim.lua: the key is either busy, which the script answers
+// in one round trip like the fast path, or its lease lapsed and is taken
+// over, which the fast path answers only in two. Leases lapse when the
+// store is slow, so that second round trip would come exactly when it
+// costs most (chaos.TestSlowCommitAfterLease). The gateway always ends a
+// claim with a Commit or a Release, so the set is bounded by the deliveries
+// in flight.
+type heldKeys struct {
+	mu sync.Mutex
+	m  map[string]string // Redis key → token
+}
+
+// claimed records res's claim of key, if res claimed it.
+func (h *heldKeys) claimed(key string, res dedup.ClaimResult) {
+	if res.Outcome != dedup.Claimed {
+		return
+	}
+	h.mu.Lock()
+	if h.m == nil {
+		h.m = make(map[string]string)
+	}
+	h.m[key] = res.Token
+	h.mu.Unlock()
+}
+
+// finished forgets key's claim by token (a Commit or Release of it ran,
+// whatever its result).
+func (h *heldKeys) finished(key, token string) {
+	h.mu.Lock()
+	if h.m[key] == token {
+		delete(h.m, key)
+	}
+	h.mu.Unlock()
+}
+
+func (h *heldKeys) has(key string) bool {
+	h.mu.Lock()
+	_, ok := h.m[key]
+	h.mu.Unlock()
+	return ok
+}
 
 // claimCall is one Claim's arguments, shared by the fast path and the script.
 type claimCall struct {

@@ -60,30 +60,40 @@ func TestClaimFastPath(t *testing.T) {
 	replay := &replaySetHook{}
 	client.AddHook(replay)
 	clk := storetest.NewFakeClock(storetest.Epoch)
-	s := redisstore.NewFromClient(client, uniquePrefix(), redisstore.Options{Now: clk.Now})
+	prefix := uniquePrefix()
+	s := redisstore.NewFromClient(client, prefix, redisstore.Options{Now: clk.Now})
 	t.Cleanup(func() { _ = s.Close() })
+	// other is another replica: the set-ups claim through it, so that s
+	// holds no claim of the key under test (a key s holds goes straight to
+	// claim.lua: see the "held" cases).
+	other := redisstore.NewFromClient(client, prefix, redisstore.Options{Now: clk.Now})
+	t.Cleanup(func() { _ = other.Close() })
 	ctx := context.Background()
 
 	const lease = 10 * time.Second
-	claim := func(t *testing.T, k dedup.Key, opts dedup.ClaimOptions) dedup.ClaimResult {
+	claimOn := func(t *testing.T, st *redisstore.Store, k dedup.Key, opts dedup.ClaimOptions) dedup.ClaimResult {
 		t.Helper()
 		if opts.Lease == 0 {
 			opts.Lease = lease
 		}
-		res, err := s.Claim(ctx, k, opts)
+		res, err := st.Claim(ctx, k, opts)
 		if err != nil {
 			t.Fatalf("Claim(%s): got error %v, want nil", k, err)
 		}
 		return res
 	}
+	claim := func(t *testing.T, k dedup.Key, opts dedup.ClaimOptions) dedup.ClaimResult {
+		t.Helper()
+		return claimOn(t, other, k, opts)
+	}
 	// Warm up: load claim.lua (a takeover), release.lua and commit.lua, so
 	// that every script below costs one EVALSHA.
 	warm := dedup.Key{Namespace: "warm", ID: "1"}
-	res := claim(t, warm, dedup.ClaimOptions{})
+	res := claimOn(t, s, warm, dedup.ClaimOptions{})
 	if err := s.Release(ctx, warm, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	res = claim(t, warm, dedup.ClaimOptions{})
+	res = claimOn(t, s, warm, dedup.ClaimOptions{})
 	if err := s.Commit(ctx, warm, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
 		t.Fatalf("Commit: %v", err)
 	}
@@ -225,6 +235,46 @@ func TestClaimFastPath(t *testing.T) {
 					ExpiresAt: now.Add(lease), Attempts: 1, Owner: res.Token})
 			},
 		},
+		{
+			name: "held by this store, live lease: claim.lua answers in flight in one round trip",
+			setup: func(t *testing.T, k dedup.Key) {
+				claimOn(t, s, k, dedup.ClaimOptions{})
+				clk.Advance(time.Second)
+			},
+			want: dedup.InFlight, trips: []string{tripEvalSHA},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
+				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessing, FirstSeen: first, LeaseUntil: first.Add(lease),
+					ExpiresAt: first.Add(lease), Attempts: 1, Owner: res.Record.Owner})
+			},
+		},
+		{
+			name: "held by this store, lapsed lease: claim.lua takes over in one round trip",
+			setup: func(t *testing.T, k dedup.Key) {
+				claimOn(t, s, k, dedup.ClaimOptions{})
+				clk.Advance(lease + time.Second)
+			},
+			want: dedup.Claimed, trips: []string{tripEvalSHA},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
+				now := clk.Now()
+				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessing, FirstSeen: first, LeaseUntil: now.Add(lease),
+					ExpiresAt: now.Add(lease), Attempts: 2, Owner: res.Token})
+			},
+		},
+		{
+			name: "released by this store: the fast path again",
+			setup: func(t *testing.T, k dedup.Key) {
+				res := claimOn(t, s, k, dedup.ClaimOptions{})
+				if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+					t.Fatalf("Commit: %v", err)
+				}
+			},
+			want: dedup.Duplicate, trips: []string{tripSet},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
+				if res.Record.State != dedup.StateProcessed {
+					t.Errorf("record: got state %v, want processed", res.Record.State)
+				}
+			},
+		},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -236,7 +286,7 @@ func TestClaimFastPath(t *testing.T) {
 			before, _ := admin.Get(ctx, s.Key(k)).Result()
 			hook.take()
 			replay.on.Store(tt.replay)
-			res := claim(t, k, tt.opts)
+			res := claimOn(t, s, k, tt.opts)
 			replay.on.Store(false)
 			trips := hook.take()
 			if res.Outcome != tt.want {

@@ -103,6 +103,7 @@ type Store struct {
 	pipe       *pipeliner
 	closed     atomic.Bool
 	scriptOnly atomic.Bool // the server refused SET NX GET: claims run claim.lua alone
+	held       heldKeys    // keys this Store claimed and has not finished
 }
 
 // New builds a go-redis client from cfg (single node, Cluster or Sentinel;
@@ -177,12 +178,13 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	if opts.BindFingerprint && opts.Fingerprint != "" {
 		c.bind = string(appendField(nil, opts.Fingerprint))
 	}
-	if !s.scriptOnly.Load() {
+	if !s.scriptOnly.Load() && !s.held.has(c.key) {
 		res, ok, err := s.claimFast(ctx, c)
 		if err != nil {
 			return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 		}
 		if ok {
+			s.held.claimed(c.key, res)
 			return res, nil
 		}
 	}
@@ -190,6 +192,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	if err != nil {
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
+	s.held.claimed(c.key, res)
 	return res, nil
 }
 
@@ -205,9 +208,11 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	if opts.Window <= 0 {
 		return fmt.Errorf("redisstore: commit: window %s must be positive", opts.Window)
 	}
+	rk := s.Key(key)
+	defer s.held.finished(rk, token)
 	now := s.nowMS()
 	windowMS := durationMS(opts.Window)
-	n, err := s.pipe.run(ctx, commitScript, s.Key(key),
+	n, err := s.pipe.run(ctx, commitScript, rk,
 		now, token, base36(now), base36(now+windowMS),
 		windowMS, encodeResult(opts.Status, "", opts.Response),
 	).Int64()
@@ -231,9 +236,11 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	if opts.Retain < 0 {
 		return fmt.Errorf("redisstore: release: retain %s must not be negative", opts.Retain)
 	}
+	rk := s.Key(key)
+	defer s.held.finished(rk, token)
 	now := s.nowMS()
 	retainMS := durationMS(opts.Retain)
-	n, err := s.pipe.run(ctx, releaseScript, s.Key(key),
+	n, err := s.pipe.run(ctx, releaseScript, rk,
 		now, token, base36(now), base36(now+retainMS),
 		retainMS, encodeResult(opts.Status, opts.Error, nil),
 	).Int64()
