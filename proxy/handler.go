@@ -412,11 +412,11 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 	if rc.SetReadDeadline(start.Add(g.bodyTimeout)) == nil {
 		// Close cuts a body still arriving short, so it does not wait for
 		// a slow sender.
-		if !g.reading.add(w) {
+		if !g.reading.add(r, w) {
 			_ = rc.SetReadDeadline(time.Unix(1, 0)) // closing already
 		}
 		defer func() {
-			g.reading.remove(w)
+			g.reading.remove(r)
 			if err != nil {
 				// The body is unfinished: keep the deadline in the past so
 				// the server's discard of the rest fails at once and the
@@ -453,28 +453,28 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 // did the same for three allocations, and a lock every delivery shared.)
 type bodyReads struct {
 	mu      sync.Mutex
-	writers map[http.ResponseWriter]struct{}
+	writers map[*http.Request]http.ResponseWriter // keyed by request: any ResponseWriter a middleware passes in need not be hashable
 	cut     bool
 }
 
-// add registers w while its body is read. It reports false once cutAll ran:
-// the caller cuts its own read.
-func (b *bodyReads) add(w http.ResponseWriter) bool {
+// add registers r's body read, answered through w. It reports false once
+// cutAll ran: the caller cuts its own read.
+func (b *bodyReads) add(r *http.Request, w http.ResponseWriter) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.cut {
 		return false
 	}
 	if b.writers == nil {
-		b.writers = make(map[http.ResponseWriter]struct{})
+		b.writers = make(map[*http.Request]http.ResponseWriter)
 	}
-	b.writers[w] = struct{}{}
+	b.writers[r] = w
 	return true
 }
 
-func (b *bodyReads) remove(w http.ResponseWriter) {
+func (b *bodyReads) remove(r *http.Request) {
 	b.mu.Lock()
-	delete(b.writers, w)
+	delete(b.writers, r)
 	b.mu.Unlock()
 }
 
@@ -484,7 +484,7 @@ func (b *bodyReads) cutAll() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.cut = true
-	for w := range b.writers {
+	for _, w := range b.writers {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
 	}
 }

@@ -261,6 +261,23 @@ func TestClaimFastPath(t *testing.T) {
 			},
 		},
 		{
+			name: "finished by a Commit whose context had ended: the fast path again",
+			setup: func(t *testing.T, k dedup.Key) {
+				res := claimOn(t, s, k, dedup.ClaimOptions{})
+				done, cancel := context.WithCancel(ctx)
+				cancel()
+				if err := s.Commit(done, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err == nil {
+					t.Fatal("Commit with an ended context: got nil, want its error")
+				}
+			},
+			want: dedup.InFlight, trips: []string{tripSet},
+			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
+				if res.Record.State != dedup.StateProcessing {
+					t.Errorf("record: got state %v, want processing (the commit never ran)", res.Record.State)
+				}
+			},
+		},
+		{
 			name: "released by this store: the fast path again",
 			setup: func(t *testing.T, k dedup.Key) {
 				res := claimOn(t, s, k, dedup.ClaimOptions{})

@@ -202,14 +202,14 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	if s.closed.Load() {
 		return dedup.ErrClosed
 	}
+	rk := s.Key(key)
+	defer s.held.finished(rk, token) // whatever happens next: the caller is done with the claim
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: commit: %w", err)
 	}
 	if opts.Window <= 0 {
 		return fmt.Errorf("redisstore: commit: window %s must be positive", opts.Window)
 	}
-	rk := s.Key(key)
-	defer s.held.finished(rk, token)
 	now := s.nowMS()
 	windowMS := durationMS(opts.Window)
 	n, err := s.pipe.run(ctx, commitScript, rk,
@@ -230,14 +230,14 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	if s.closed.Load() {
 		return dedup.ErrClosed
 	}
+	rk := s.Key(key)
+	defer s.held.finished(rk, token) // whatever happens next: the caller is done with the claim
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
 	if opts.Retain < 0 {
 		return fmt.Errorf("redisstore: release: retain %s must not be negative", opts.Retain)
 	}
-	rk := s.Key(key)
-	defer s.held.finished(rk, token)
 	now := s.nowMS()
 	retainMS := durationMS(opts.Retain)
 	n, err := s.pipe.run(ctx, releaseScript, rk,
