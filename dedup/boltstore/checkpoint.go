@@ -27,15 +27,9 @@ func (s *Store) checkpointLoop() {
 		case <-retry:
 		}
 		retry = nil
-		more, err := s.checkpointStep()
-		if err != nil {
+		if err := s.checkpoint(); err != nil {
 			s.log.Warn("checkpoint failed; the journal keeps the writes", zap.Error(err))
 			retry = time.After(checkpointRetry)
-		} else if more {
-			select {
-			case s.sealedCh <- struct{}{}:
-			default:
-			}
 		}
 	}
 }
@@ -46,40 +40,20 @@ type checkpointItem struct {
 	recentEntry
 }
 
-// maxCheckpointSegments bounds the sealed segments one checkpoint takes
-// (at most 2 × maxSegmentEntries records). A backlog is checkpointed in
-// steps, each freeing its segments for the writer: when writes wait for
-// the backlog (see awaitCheckpoint), they wait for one step, not for one
-// transaction over the whole backlog, which took 10 s at 10M keys.
-const maxCheckpointSegments = 2
-
-// checkpoint checkpoints every sealed segment, in steps (see
-// checkpointStep).
+// checkpoint copies what the sealed segments hold into bbolt in one
+// transaction, in key order, then forgets them: their entries leave the
+// in-memory index (unless written again since) and their files are handed
+// back for reuse (or removed, beyond maxFreeSlots).
+// Only the newest write of each key is copied. On error nothing is forgotten
+// and the next checkpoint retries.
 func (s *Store) checkpoint() error {
-	for {
-		more, err := s.checkpointStep()
-		if err != nil || !more {
-			return err
-		}
-	}
-}
-
-// checkpointStep copies what the oldest sealed segments (at most
-// maxCheckpointSegments) hold into bbolt in one transaction, in key order,
-// then forgets them: their entries leave the in-memory index (unless
-// written again since) and their files are handed back for reuse (or
-// removed, beyond maxFreeSlots). Only the newest write of each key is
-// copied. It reports whether more sealed segments wait. On error nothing is
-// forgotten and the next checkpoint retries.
-func (s *Store) checkpointStep() (more bool, err error) {
 	s.checkpointMu.Lock()
 	defer s.checkpointMu.Unlock()
 	s.sealedMu.Lock()
-	segs := slices.Clone(s.sealed[:min(len(s.sealed), maxCheckpointSegments)])
-	more = len(s.sealed) > len(segs)
+	segs := slices.Clone(s.sealed)
 	s.sealedMu.Unlock()
 	if len(segs) == 0 {
-		return false, nil
+		return nil
 	}
 	end := segs[len(segs)-1].end
 	n := 0
@@ -112,7 +86,7 @@ func (s *Store) checkpointStep() (more bool, err error) {
 	items = slices.CompactFunc(items, func(a, b checkpointItem) bool { return a.key == b.key })
 
 	start := time.Now()
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		for _, it := range items {
 			if err := applyWrite(tx, []byte(it.key), it.val); err != nil {
 				return err
@@ -124,7 +98,7 @@ func (s *Store) checkpointStep() (more bool, err error) {
 		s.onCheckpoint(len(items), time.Since(start))
 	}
 	if err != nil {
-		return false, fmt.Errorf("boltstore: checkpoint: %w", err)
+		return fmt.Errorf("boltstore: checkpoint: %w", err)
 	}
 
 	s.recentMu.Lock()
@@ -156,7 +130,7 @@ func (s *Store) checkpointStep() (more bool, err error) {
 			s.log.Warn("journal segment not removed", zap.String("segment", path), zap.Error(err))
 		}
 	}
-	return more, nil
+	return nil
 }
 
 // keepSlot hands a checkpointed segment file back for reuse, unless

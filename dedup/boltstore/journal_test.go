@@ -9,7 +9,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -935,51 +934,6 @@ func TestForgetAfterFailedFdatasyncOfItsSegment(t *testing.T) {
 			return
 		case <-time.After(10 * time.Second):
 			t.Fatal("Forget: no answer within 10s")
-		}
-	}
-}
-
-// TestCheckpointInSteps: a backlog of sealed segments is checkpointed at
-// most maxCheckpointSegments at a time, each step freeing its segments, so
-// writes held by the backlog bound wait for one step, not for one
-// transaction over the whole backlog.
-func TestCheckpointInSteps(t *testing.T) {
-	ctx := context.Background()
-	s, _ := openTemp(t, Options{CheckpointInterval: -1, Logger: zaptest.NewLogger(t)})
-	defer s.Close()
-	var (
-		mu    sync.Mutex
-		steps []int
-	)
-	s.onCheckpoint = func(n int, _ time.Duration) {
-		mu.Lock()
-		steps = append(steps, n)
-		mu.Unlock()
-	}
-	const segments = 5
-	s.checkpointMu.Lock() // the backlog builds up
-	for i := range segments {
-		claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)}, time.Hour)
-		if err := s.send(ctx, &writeReq{seal: true, done: make(chan error, 1)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s.checkpointMu.Unlock()
-	eventually(t, "the backlog to drain", func() bool {
-		s.sealedMu.Lock()
-		defer s.sealedMu.Unlock()
-		return len(s.sealed) == 0
-	})
-	mu.Lock()
-	got := slices.Clone(steps)
-	mu.Unlock()
-	if want := []int{2, 2, 1}; !slices.Equal(got, want) {
-		t.Errorf("records per checkpoint (one per segment): got %v, want %v", got, want)
-	}
-	for i := range segments {
-		k := dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)}
-		if res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.Duplicate {
-			t.Errorf("Claim %s after the checkpoints: got (%v, %v), want (duplicate, nil)", k.ID, res.Outcome, err)
 		}
 	}
 }
