@@ -508,13 +508,9 @@ func TestTimedOutCommitDoesNotUndoForget(t *testing.T) {
 // Close does not hang behind a writer held by the backlog of a checkpointer
 // that cannot finish: waiting writes end with ErrClosed.
 func TestCloseWithStuckCheckpointer(t *testing.T) {
-	ctx := context.Background()
 	s, _ := openTemp(t, Options{CheckpointInterval: -1})
 	stallWriter(t, s)
-	k := dedup.Key{Namespace: "n", ID: "b"}
-	res := claim(t, s, k)
-	committed := make(chan error, 1)
-	go func() { committed <- s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}) }()
+	committed := commitAsync(t, s, dedup.Key{Namespace: "n", ID: "b"})
 	closed := make(chan error, 1)
 	go func() { closed <- s.Close() }()
 	if err := <-committed; err == nil {
@@ -660,10 +656,7 @@ func TestCommitIsAnsweredBeforeItsFdatasync(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() }) // after heldSync's cleanup lets it
 	entered, result := heldSync(t, s)
 	k := dedup.Key{Namespace: "n", ID: "evt_1"}
-	res := claim(t, s, k)
-
-	committed := make(chan error, 1)
-	go func() { committed <- s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}) }()
+	committed := commitAsync(t, s, k)
 	receive(t, entered, "the commit's fdatasync")
 	if err := receive(t, committed, "Commit while its fdatasync is held"); err != nil {
 		t.Fatalf("Commit: got %v, want nil", err)
@@ -674,22 +667,14 @@ func TestCommitIsAnsweredBeforeItsFdatasync(t *testing.T) {
 	// The writer does not wait for the flush either: the next commit is
 	// written and answered while the first fdatasync still runs.
 	k2 := dedup.Key{Namespace: "n", ID: "evt_2"}
-	res2 := claim(t, s, k2)
-	go func() {
-		committed <- s.Commit(ctx, k2, res2.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
-	}()
-	if err := receive(t, committed, "a second Commit while the first fdatasync is held"); err != nil {
+	if err := receive(t, commitAsync(t, s, k2), "a second Commit while the first fdatasync is held"); err != nil {
 		t.Fatalf("second Commit: got %v, want nil", err)
 	}
 	killed := copyStoreFiles(t, path)
 
 	result <- nil // the first commit's fdatasync ends
 	receive(t, entered, "the second commit's fdatasync")
-	forgot := make(chan error, 1)
-	go func() {
-		_, err := s.Forget(ctx, k)
-		forgot <- err
-	}()
+	forgot := forgetAsync(s, k)
 	result <- nil
 	receive(t, entered, "the Forget's fdatasync")
 	select {
@@ -727,9 +712,7 @@ func TestFailedFdatasyncKeepsAnsweredWrites(t *testing.T) {
 	eio := errors.New("input/output error")
 
 	k := dedup.Key{Namespace: "n", ID: "evt_1"}
-	res := claim(t, s, k)
-	committed := make(chan error, 1)
-	go func() { committed <- s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}) }()
+	committed := commitAsync(t, s, k)
 	receive(t, entered, "the commit's fdatasync")
 	result <- eio
 	if err := receive(t, committed, "Commit"); err != nil {
@@ -744,11 +727,7 @@ func TestFailedFdatasyncKeepsAnsweredWrites(t *testing.T) {
 
 	gone := dedup.Key{Namespace: "n", ID: "evt_2"}
 	claimCommitAsync(t, s, gone, entered, result)
-	forgot := make(chan error, 1)
-	go func() {
-		_, err := s.Forget(ctx, gone)
-		forgot <- err
-	}()
+	forgot := forgetAsync(s, gone)
 	receive(t, entered, "the Forget's fdatasync")
 	result <- eio
 	if err := receive(t, forgot, "Forget"); !errors.Is(err, eio) {
@@ -768,15 +747,35 @@ func TestFailedFdatasyncKeepsAnsweredWrites(t *testing.T) {
 	}
 }
 
+// commitAsync claims k and commits it on another goroutine, so that a
+// commit that wrongly waits for something the test holds fails the test
+// (see receive) instead of hanging it; the result arrives on the channel.
+func commitAsync(t testing.TB, s *Store, k dedup.Key) <-chan error {
+	t.Helper()
+	res := claim(t, s, k)
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Commit(context.Background(), k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+	}()
+	return done
+}
+
+// forgetAsync forgets k on another goroutine; the error arrives on the
+// channel.
+func forgetAsync(s *Store, k dedup.Key) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Forget(context.Background(), k)
+		done <- err
+	}()
+	return done
+}
+
 // claimCommitAsync claims and commits k while s's fdatasync is held by
 // heldSync, letting the commit's fdatasync succeed.
 func claimCommitAsync(t *testing.T, s *Store, k dedup.Key, entered <-chan struct{}, result chan<- error) {
 	t.Helper()
-	res := claim(t, s, k)
-	committed := make(chan error, 1)
-	go func() {
-		committed <- s.Commit(context.Background(), k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
-	}()
+	committed := commitAsync(t, s, k)
 	receive(t, entered, "the commit's fdatasync")
 	result <- nil
 	if err := receive(t, committed, "Commit"); err != nil {
@@ -910,11 +909,7 @@ func TestForgetAfterFailedFdatasyncOfItsSegment(t *testing.T) {
 		t.Fatal(err)
 	}
 	receive(t, entered, "the commit's fdatasync")
-	forgot := make(chan error, 1)
-	go func() {
-		_, err := s.Forget(ctx, k2)
-		forgot <- err
-	}()
+	forgot := forgetAsync(s, k2)
 	// The writer puts the Forget in the same segment while the flush runs.
 	eventually(t, "the Forget is written", func() bool {
 		s.recentMu.RLock()
