@@ -488,32 +488,29 @@ func (s *Store) syncLoop() {
 
 // syncWork does work, in order (see syncLoop).
 func (s *Store) syncWork(work []syncWork) {
-	var (
-		flushed *segment // the segment flushed in this call, and its result
-		ferr    error
-	)
+	var flushed *segment // the segment flushed in this call
 	// flush fdatasyncs seg, which holds upTo bytes, once per call: the
 	// writer queued every piece of work before this call took it, so the
-	// first flush covers them all.
+	// first flush covers them all. A failed flush is seg.syncErr from then
+	// on.
 	flush := func(seg *segment, upTo int64) error {
 		seg.flushedTo = max(seg.flushedTo, upTo)
 		if seg.syncErr != nil {
 			return seg.syncErr
 		}
 		if seg == flushed {
-			return ferr
+			return nil
 		}
-		flushed, ferr = seg, s.syncFile(seg.f)
-		if ferr != nil {
+		flushed = seg
+		if err := s.syncFile(seg.f); err != nil {
 			// The answered entries stay visible and reach bbolt with the
 			// next checkpoint, which copies from memory, not from the file;
 			// a crash before that would forget them.
-			s.log.Error("journal fdatasync failed", zap.String("segment", seg.path), zap.Error(ferr))
-			ferr = fmt.Errorf("journal: %w", ferr)
-			seg.syncErr = ferr
+			s.log.Error("journal fdatasync failed", zap.String("segment", seg.path), zap.Error(err))
+			seg.syncErr = fmt.Errorf("journal: %w", err)
 			s.syncFailed.Store(seg)
 		}
-		return ferr
+		return seg.syncErr
 	}
 	for _, item := range work {
 		var err error
