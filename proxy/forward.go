@@ -73,7 +73,7 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 				// gateway and the upstream alike). The bytes are the
 				// delivery's own, never recycled, so a read by the
 				// Transport after the handler returned is harmless.
-				pr.Out.Body = d.outBody
+				pr.Out.Body = pr.In.Body // forward's io.NopCloser(&d.body)
 			}
 		},
 		Transport:      g.transport,
@@ -171,8 +171,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 	out.ContentLength = int64(len(body))
 	out.TransferEncoding = nil
 	d.body.Reset(body)
-	d.outBody = io.NopCloser(&d.body)
-	out.Body = d.outBody
+	out.Body = io.NopCloser(&d.body) // see Rewrite
 	// No GetBody: with it, the Transport would silently resend a request
 	// carrying Idempotency-Key when a kept-alive upstream connection drops
 	// after the request was written, and the application could process one

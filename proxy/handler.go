@@ -61,8 +61,7 @@ type delivery struct {
 	detached context.Context
 
 	forwarded      bool
-	body           bytes.Reader  // the buffered body, read by the forward
-	outBody        io.ReadCloser // io.NopCloser(&body): the forwarded request's Body
+	body           bytes.Reader // the buffered body, read by the forward
 	fwdStart       time.Time
 	upstreamStatus int
 	upstreamErr    string
