@@ -263,9 +263,15 @@ func (g *Gateway) enter() bool {
 
 // newTransport is the default upstream transport: the upstream is usually
 // one application on the same host or pod, so keep many idle connections.
+// It never compresses on its own: the upstream sees the sender's
+// Accept-Encoding, and the sender gets the upstream's bytes.
 func newTransport() *http.Transport {
 	return &http.Transport{
 		Proxy: nil, // the upstream is the local application: never an HTTP_PROXY
+		// Go's default adds "Accept-Encoding: gzip" to a request without one
+		// and decompresses the answer, which would change the response the
+		// sender gets (and the one replay stores).
+		DisableCompression: true,
 		DialContext: (&net.Dialer{
 			Timeout:   5 * time.Second,
 			KeepAlive: 30 * time.Second,

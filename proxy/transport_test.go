@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -119,4 +122,66 @@ type countingConn struct {
 func (c *countingConn) Write(p []byte) (int, error) {
 	c.writes.Add(1)
 	return c.Conn.Write(p)
+}
+
+// TestContentEncodingPassesThrough: the gateway neither asks the upstream for
+// a compression the sender did not ask for nor undoes one it did, so the
+// sender gets the upstream's response byte for byte. (Go's Transport, by
+// default, adds "Accept-Encoding: gzip" to a request without one and then
+// hands back the body decompressed, without its Content-Encoding and
+// Content-Length.)
+func TestContentEncodingPassesThrough(t *testing.T) {
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	_, _ = io.WriteString(zw, `{"received":true}`)
+	_ = zw.Close()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ int) {
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			w.Header().Set("Content-Length", strconv.Itoa(zipped.Len()))
+			_, _ = w.Write(zipped.Bytes())
+			return
+		}
+		_, _ = io.WriteString(w, `{"received":true}`)
+	})
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{})
+	// A sender that sends exactly the headers it is given and never
+	// decompresses.
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	t.Cleanup(client.CloseIdleConnections)
+
+	for i, tc := range []struct {
+		acceptEncoding string // the sender's; "" sends none
+		wantEncoding   string
+		wantBody       []byte
+	}{
+		{"", "", []byte(`{"received":true}`)},
+		{"gzip", "gzip", zipped.Bytes()},
+	} {
+		req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/hooks/orders", strings.NewReader(fmt.Sprintf(`{"id":"evt_%d"}`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.acceptEncoding != "" {
+			req.Header.Set("Accept-Encoding", tc.acceptEncoding)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("Accept-Encoding %q: %v", tc.acceptEncoding, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("Accept-Encoding %q: read: %v", tc.acceptEncoding, err)
+		}
+		if got := up.request(i).Header.Get("Accept-Encoding"); got != tc.acceptEncoding {
+			t.Errorf("sender's Accept-Encoding %q: upstream got Accept-Encoding %q, want %q", tc.acceptEncoding, got, tc.acceptEncoding)
+		}
+		if got := resp.Header.Get("Content-Encoding"); got != tc.wantEncoding {
+			t.Errorf("sender's Accept-Encoding %q: got Content-Encoding %q, want %q", tc.acceptEncoding, got, tc.wantEncoding)
+		}
+		if !bytes.Equal(body, tc.wantBody) {
+			t.Errorf("sender's Accept-Encoding %q: got body %q, want the upstream's %q", tc.acceptEncoding, body, tc.wantBody)
+		}
+	}
 }
