@@ -45,7 +45,9 @@ func ValidateKeys(keys []string) error {
 //     bytes when not JSON). An empty body is absent.
 //
 // The KeyFunc returns the first non-empty value; an empty value counts as
-// absent. When every source is absent it returns an error wrapping ErrNoKey.
+// absent. When every source is absent it returns an error wrapping ErrNoKey
+// and, when a json: source found no value because the body is not JSON it
+// can read, also ErrJSONSyntax or ErrJSONDepth (so the gateway can say why).
 // ParseKeys fails with a *KeySourceError for an invalid entry, and with an
 // error for an empty list.
 func ParseKeys(keys []string) (KeyFunc, error) {
@@ -62,25 +64,34 @@ func ParseKeys(keys []string) (KeyFunc, error) {
 	}
 	desc := strings.Join(keys, ", ")
 	return func(r *http.Request, body []byte) (string, error) {
+		var bodyErr error
 		for _, s := range sources {
-			if v := s(r, body); v != "" {
+			v, err := s(r, body)
+			if v != "" {
 				return v, nil
 			}
+			if bodyErr == nil {
+				bodyErr = err
+			}
+		}
+		if bodyErr != nil {
+			return "", fmt.Errorf("%w (tried %s): %w", ErrNoKey, desc, bodyErr)
 		}
 		return "", fmt.Errorf("%w (tried %s)", ErrNoKey, desc)
 	}, nil
 }
 
-// keySource extracts one candidate key; "" means absent.
-type keySource func(r *http.Request, body []byte) string
+// keySource extracts one candidate key; "" means absent. A json: source
+// that could not read the body says why in err.
+type keySource func(r *http.Request, body []byte) (key string, err error)
 
 func parseKeySource(s string) (keySource, error) {
 	if s == "body" {
-		return func(_ *http.Request, body []byte) string {
+		return func(_ *http.Request, body []byte) (string, error) {
 			if len(body) == 0 {
-				return ""
+				return "", nil
 			}
-			return BodyKey(body)
+			return BodyKey(body), nil
 		}, nil
 	}
 	kind, arg, ok := strings.Cut(s, ":")
@@ -93,27 +104,30 @@ func parseKeySource(s string) (keySource, error) {
 			return nil, fmt.Errorf("invalid header name in source")
 		}
 		name := http.CanonicalHeaderKey(arg)
-		return func(r *http.Request, _ []byte) string {
-			return r.Header.Get(name)
+		return func(r *http.Request, _ []byte) (string, error) {
+			return r.Header.Get(name), nil
 		}, nil
 	case "query":
 		if arg == "" {
 			return nil, fmt.Errorf("empty query parameter name in source")
 		}
-		return func(r *http.Request, _ []byte) string {
+		return func(r *http.Request, _ []byte) (string, error) {
 			if r.URL == nil {
-				return ""
+				return "", nil
 			}
-			return r.URL.Query().Get(arg)
+			return r.URL.Query().Get(arg), nil
 		}, nil
 	case "json":
 		p, err := parseJSONPath(arg)
 		if err != nil {
 			return nil, fmt.Errorf("invalid json path (want dotted names like data.object.id) in source")
 		}
-		return func(_ *http.Request, body []byte) string {
-			v, _, _ := p.lookup(body)
-			return v
+		return func(_ *http.Request, body []byte) (string, error) {
+			if len(body) == 0 {
+				return "", nil // absent, like the body source's empty body
+			}
+			v, _, err := p.lookup(body)
+			return v, err
 		}, nil
 	default:
 		return nil, fmt.Errorf("unknown source")

@@ -34,7 +34,11 @@ func TestParseKeys(t *testing.T) {
 		{"body non-json", []string{"body"}, "/", nil, "a=1&b=2", BodyKey([]byte("a=1&b=2")), nil},
 		{"empty body is absent", []string{"body"}, "/", nil, "", "", ErrNoKey},
 		{"none found", []string{"header:X-Id", "json:id", "query:id"}, "/", nil, `{}`, "", ErrNoKey},
-		{"json on non-json body", []string{"json:id"}, "/", nil, `id=1`, "", ErrNoKey},
+		{"json on non-json body", []string{"json:id"}, "/", nil, `id=1`, "", ErrJSONSyntax},
+		{"json on truncated json", []string{"json:id"}, "/", nil, `{"id":"evt_bad",`, "", ErrJSONSyntax},
+		{"json on truncated json, then a header", []string{"json:id", "header:X-Id"}, "/", map[string]string{"X-Id": "h1"}, `{"id":"evt_bad",`, "h1", nil},
+		{"json on valid json without the path", []string{"json:id"}, "/", nil, `[1,2]`, "", ErrNoKey},
+		{"json on an empty body", []string{"json:id"}, "/", nil, ``, "", ErrNoKey},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -49,6 +53,12 @@ func TestParseKeys(t *testing.T) {
 			got, err := kf(r, []byte(tt.body))
 			if got != tt.want || !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
 				t.Errorf("key: got (%q, %v), want (%q, %v)", got, err, tt.want, tt.wantErr)
+			}
+			if err != nil && !errors.Is(err, ErrNoKey) {
+				t.Errorf("key error: got %v, want it to wrap ErrNoKey as well", err)
+			}
+			if tt.wantErr == ErrNoKey && errors.Is(err, ErrJSONSyntax) {
+				t.Errorf("key error: got %v, want no JSON syntax error (the body is JSON or empty)", err)
 			}
 		})
 	}

@@ -134,9 +134,20 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if err != nil && !errors.Is(err, providers.ErrNoKey) {
 			rt.log.Debug("key extraction failed", zap.String("request_id", d.requestID), zap.Error(err))
 		}
+		// A body a json: source cannot read is worth saying: on a webhook
+		// route it means the delivery is not deduplicated.
+		notJSON := errors.Is(err, providers.ErrJSONSyntax) || errors.Is(err, providers.ErrJSONDepth)
 		if rt.OnMissingKey == Reject {
-			g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, "no key in the request; expected "+expectedKey(rt)))
+			detail := "no key in the request; expected " + expectedKey(rt)
+			if notJSON {
+				detail += " (the body is not valid JSON)"
+			}
+			g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, detail))
 			return
+		}
+		if notJSON {
+			rt.log.Warn("no key: the body is not valid JSON, so the delivery is forwarded without deduplication",
+				zap.String("request_id", d.requestID), zap.Int("body_bytes", len(body)))
 		}
 		d.outcome = outcomeUnkeyed
 		g.forward(w, r, d, body, statusUnkeyed)

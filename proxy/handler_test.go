@@ -148,6 +148,17 @@ func TestDeliveryTable(t *testing.T) {
 			steps: []step{{body: `{"no":"id"}`, wantStatus: 400, wantDedup: "rejected", wantCT: problemJSON, wantBodyHas: "header:Idempotency-Key, then json:id"}},
 		},
 		{
+			name:  "body not JSON, on_missing_key: reject: 400 saying so",
+			route: func(r *Route) { r.OnMissingKey = Reject },
+			steps: []step{{body: `{"id":"evt_1",`, wantStatus: 400, wantDedup: "rejected", wantCT: problemJSON, wantBodyHas: "(the body is not valid JSON)"}},
+		},
+		{
+			name:         "body not JSON, on_missing_key: forward: forwarded unkeyed",
+			handle:       ok,
+			steps:        []step{{body: `{"id":"evt_1",`, wantStatus: 201, wantDedup: "unkeyed"}},
+			wantUpstream: 1,
+		},
+		{
 			name:  "API key too long or not printable ASCII: 400",
 			route: func(r *Route) { r.OnMissingKey = Reject },
 			steps: []step{
