@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"reflect"
@@ -661,7 +662,11 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 			}
 			fv, ok := fields[strings.ToLower(k)]
 			if !ok {
-				ps.add(key, "unknown key")
+				if near := nearestKey(strings.ToLower(k), fields); near != "" {
+					ps.add(key, "unknown key (did you mean %q?)", near)
+				} else {
+					ps.add(key, "unknown key")
+				}
 				continue
 			}
 			decode(m[k], fv, key, ps)
@@ -722,6 +727,41 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 	default:
 		panic(fmt.Sprintf("config: no decoder for %s at %s", t, path))
 	}
+}
+
+// nearestKey returns the known key closest to the unknown key k, by edit
+// distance, when it is close enough to be a misspelling (at most 2 edits, and
+// fewer than half of k's length); else "". Ties go to the first in order.
+func nearestKey(k string, known map[string]reflect.Value) string {
+	best, bestDist := "", 3
+	names := slices.Sorted(maps.Keys(known))
+	for _, name := range names {
+		if d := editDistance(k, name); d < bestDist && 2*d < len(k) {
+			best, bestDist = name, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // fieldsOf maps the config tag names of struct v's fields, including the

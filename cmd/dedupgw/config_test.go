@@ -44,17 +44,9 @@ func envMap(m map[string]string) func(string) (string, bool) {
 // "key: message" lines.
 func loadText(t *testing.T, text string, env map[string]string) (*File, []string) {
 	t.Helper()
-	f, err := Load(writeConfig(t, text), envMap(env))
-	var ps Problems
-	if err != nil && !errors.As(err, &ps) {
-		t.Fatalf("Load: %v", err)
-	}
-	if verr := f.Validate(); verr != nil {
-		var vps Problems
-		if !errors.As(verr, &vps) {
-			t.Fatalf("Validate returned %T, want Problems", verr)
-		}
-		ps = append(ps, vps...)
+	f, ps, err := checkConfig(writeConfig(t, text), envMap(env))
+	if err != nil {
+		t.Fatalf("checkConfig: %v", err)
 	}
 	var out []string
 	for _, p := range ps {
@@ -446,14 +438,14 @@ func TestProblems(t *testing.T) {
 		env  map[string]string
 		want []string
 	}{
-		{"unknown top-level key", "lisen: x\n" + minimal, nil, []string{"lisen: unknown key"}},
-		{"unknown nested key", "store:\n  redis:\n    adrs: [x]\n" + minimal, nil, []string{"store.redis.adrs: unknown key"}},
+		{"unknown top-level key", "lisen: x\n" + minimal, nil, []string{`lisen: unknown key (did you mean "listen"?)`}},
+		{"unknown nested key", "store:\n  redis:\n    adrs: [x]\n" + minimal, nil, []string{`store.redis.adrs: unknown key (did you mean "addrs"?)`}},
 		{"unknown route key", minimal + `  - name: b
     path: /b
     upstream: http://x
     keys: [body]
     windw: 1h
-`, nil, []string{"routes[1].windw: unknown key"}},
+`, nil, []string{`routes[1].windw: unknown key (did you mean "window"?)`}},
 		{"route keys differing in case", route("    window: 1h\n    Window: 2h\n"), nil, []string{`routes[0].Window: duplicate key (also "window" at line 8; keys are not case-sensitive)`}},
 		{"top-level keys differing in case", "Listen: ':1'\nlisten: ':2'\n" + minimal, nil, []string{`listen: duplicate key (also "Listen" at line 1; keys are not case-sensitive)`}},
 		{"unknown signature key", route("    signature:\n      algo: sha1\n"), nil, []string{"routes[0].signature.algo: unknown key"}},
@@ -608,7 +600,7 @@ routes:
     window: 0s
 `, nil, []string{
 			"defaults.lease: invalid duration \"5x\" (want e.g. \"300ms\", \"30s\", \"24h\")",
-			"lisen: unknown key",
+			`lisen: unknown key (did you mean "listen"?)`,
 			`store.backend: unknown backend "mongo" (want bolt, redis or memory)`,
 			`routes[0].path: must start with "/", got "a"`,
 			`routes[0].provider: unknown provider "paypal" (want stripe, shopify, github, standard-webhooks, slack or generic)`,
@@ -683,4 +675,47 @@ func FuzzLoad(f *testing.F) {
 			_ = cfg.GatewayConfig() // must not panic on a valid file
 		}
 	})
+}
+
+// TestProblemsNameTheRoute: loadConfig, which serve and validate use, adds
+// the route's name to a problem under routes[N], and suggests the key a
+// misspelt one was probably meant to be.
+func TestProblemsNameTheRoute(t *testing.T) {
+	path := writeConfig(t, minimal+`  - name: github
+    path: /hooks/github
+    upstream: http://127.0.0.1:3000
+    provder: github
+`)
+	_, err := loadConfig(path, nil)
+	var ps Problems
+	if !errors.As(err, &ps) {
+		t.Fatalf("loadConfig: got %v, want Problems", err)
+	}
+	want := `routes[1].provder: unknown key (did you mean "provider"?) (route "github")`
+	if len(ps) == 0 || ps[0].String() != want {
+		t.Errorf("first problem: got %v, want %q", ps, want)
+	}
+}
+
+func TestNearestKey(t *testing.T) {
+	known := map[string]reflect.Value{}
+	for _, k := range []string{"listen", "provider", "path", "window", "keys", "upstream", "upstream_timeout"} {
+		known[k] = reflect.Value{}
+	}
+	for _, tt := range []struct{ unknown, want string }{
+		{"lisen", "listen"},
+		{"provder", "provider"},
+		{"providers", "provider"},
+		{"windw", "window"},
+		{"upstream_timout", "upstream_timeout"},
+		{"key", "keys"},
+		{"pth", "path"},
+		{"xy", ""},   // too short to guess from
+		{"algo", ""}, // nothing close
+		{"secrets", ""},
+	} {
+		if got := nearestKey(tt.unknown, known); got != tt.want {
+			t.Errorf("nearestKey(%q): got %q, want %q", tt.unknown, got, tt.want)
+		}
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"github.com/dedupgw/dedupgw/dedup/memstore"
@@ -99,24 +100,57 @@ func configFlag(name string, args []string, stderr io.Writer) (string, bool) {
 }
 
 // loadConfig loads and validates the file at path. The error is Problems when
-// the file was read but is invalid, listing every problem.
+// the file was read but is invalid, listing every problem; a problem under
+// routes[N] names its route.
 func loadConfig(path string, env func(string) (string, bool)) (*File, error) {
+	f, ps, err := checkConfig(path, env)
+	if err != nil {
+		return nil, err
+	}
+	if len(ps) > 0 {
+		nameRoutes(ps, f.Routes)
+		return nil, ps
+	}
+	return f, nil
+}
+
+// checkConfig loads the file at path and validates it. It returns every
+// problem Load and Validate found, and an error only when the file could not
+// be read or parsed.
+func checkConfig(path string, env func(string) (string, bool)) (*File, Problems, error) {
 	f, err := Load(path, env)
 	var ps Problems
 	if err != nil && !errors.As(err, &ps) {
-		return nil, err
+		return nil, nil, err
 	}
 	if verr := f.Validate(); verr != nil {
 		var vps Problems
 		if !errors.As(verr, &vps) {
-			return nil, verr
+			return nil, nil, verr
 		}
 		ps = append(ps, vps...)
 	}
-	if len(ps) > 0 {
-		return nil, ps
+	return f, ps, nil
+}
+
+// nameRoutes adds the route's name to each problem under routes[N], so a
+// reader with many routes need not count them.
+func nameRoutes(ps Problems, routes []Route) {
+	for i, p := range ps {
+		rest, ok := strings.CutPrefix(p.Key, "routes[")
+		if !ok {
+			continue
+		}
+		n, _, ok := strings.Cut(rest, "]")
+		if !ok {
+			continue
+		}
+		idx, err := strconv.Atoi(n)
+		if err != nil || idx < 0 || idx >= len(routes) || routes[idx].Name == "" {
+			continue
+		}
+		ps[i].Msg += fmt.Sprintf(" (route %q)", routes[idx].Name)
 	}
-	return f, nil
 }
 
 // printConfigError writes err to w, one problem per line when it lists them.
