@@ -586,6 +586,7 @@ routes:
 		{"unknown command", []string{"frobnicate"}, 2, nil, []string{`unknown command "frobnicate"`}, nil},
 		{"help", []string{"help"}, 0, []string{"dedupgw serve --config FILE"}, nil, nil},
 		{"keys without args", []string{"keys", "get"}, 2, nil, []string{"dedupgw keys get"}, nil},
+		{"keys flag after the key", []string{"keys", "get", "orders", "evt_1", "--admin", "http://127.0.0.1:1"}, 2, nil, []string{"flags go before ROUTE and KEY"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

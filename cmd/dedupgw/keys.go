@@ -46,6 +46,12 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
+	if fs.NArg() > 2 && strings.HasPrefix(fs.Arg(2), "-") {
+		// Go's flag package stops at the first argument: --admin after
+		// the key would otherwise be an unexplained usage error.
+		fmt.Fprintf(stderr, "dedupgw keys %s: flags go before ROUTE and KEY, e.g. dedupgw keys %s --admin URL ROUTE KEY\n", op, op)
+		return exitUsage
+	}
 	if fs.NArg() != 2 || fs.Arg(0) == "" || fs.Arg(1) == "" {
 		fmt.Fprint(stderr, keysUsage)
 		return exitUsage
