@@ -98,7 +98,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !rt.allows(r.Method) {
 		closeIfUnread(w, r)
 		w.Header().Set("Allow", strings.Join(rt.methods, ", "))
-		g.reject(w, d, "", probMethod.with(rt.Name, fmt.Sprintf("this route accepts %s", strings.Join(rt.methods, ", "))))
+		g.reject(w, d, outcomeRejectedMethod, probMethod.with(rt.Name, fmt.Sprintf("this route accepts %s", strings.Join(rt.methods, ", "))))
 		return
 	}
 
@@ -351,7 +351,6 @@ func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, d *delivery
 }
 
 // reject answers a delivery the gateway refuses with Dedup-Status: rejected.
-// An empty outcome is not counted.
 func (g *Gateway) reject(w http.ResponseWriter, d *delivery, outcome string, p problem) {
 	d.outcome = outcome
 	d.answer = p.Status
@@ -375,7 +374,7 @@ func (d *delivery) detach(parent context.Context) context.Context {
 
 // finish counts the delivery and writes its log line.
 func (g *Gateway) finish(d *delivery) {
-	if d.outcome != "" {
+	if d.outcome != "" && d.outcome != outcomeRejectedMethod {
 		d.rt.metrics.delivery(d.outcome)
 	}
 	status := d.answer

@@ -25,6 +25,10 @@ const (
 	outcomeStoreError          = "store_error"
 )
 
+// outcomeRejectedMethod is the delivery log's outcome for a method the route
+// does not accept (405). It is not a delivery, so it is not counted.
+const outcomeRejectedMethod = "rejected_method"
+
 var outcomes = []string{
 	outcomeForwarded, outcomeDuplicate, outcomeInFlight, outcomeUnkeyed,
 	outcomeRejectedSignature, outcomeRejectedBody, outcomeRejectedKey,

@@ -119,15 +119,21 @@ func TestDeliveryLogLine(t *testing.T) {
 	post(t, srv, "/hooks/orders", `{"id":"evt_1","card":"4242424242424242"}`)
 	post(t, srv, "/hooks/orders", `{"id":"evt_1","card":"4242424242424242"}`)
 	post(t, srv, "/hooks/github", `{"secret":"payload"}`, "X-GitHub-Delivery: d-123", "X-Hub-Signature-256: sha256=00")
+	resp, err := http.Get(srv.URL + "/hooks/orders")
+	if err != nil {
+		t.Fatalf("GET: %v", err)
+	}
+	resp.Body.Close()
 
 	lines := logs.FilterMessage("delivery").All()
-	if len(lines) != 3 {
-		t.Fatalf("got %d delivery lines, want 3", len(lines))
+	if len(lines) != 4 {
+		t.Fatalf("got %d delivery lines, want 4", len(lines))
 	}
 	want := []map[string]any{
 		{"route": "orders", "key": "evt_1", "outcome": "forwarded", "status": int64(200), "upstream_status": int64(200)},
 		{"route": "orders", "key": "evt_1", "outcome": "duplicate", "status": int64(200)},
 		{"route": "github", "outcome": "rejected_signature", "status": int64(401), "request_id": "d-123"},
+		{"route": "orders", "outcome": "rejected_method", "status": int64(405)},
 	}
 	for i, l := range lines {
 		if l.Level != zapcore.InfoLevel {
