@@ -74,6 +74,11 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 				// delivery's own, never recycled, so a read by the
 				// Transport after the handler returned is harmless.
 				pr.Out.Body = pr.In.Body // forward's io.NopCloser(&d.body)
+			} else if pr.In.Body != http.NoBody && pr.In.Body != nil {
+				// An empty body the Transport must not resend (see
+				// replayableWithoutBody): the ReverseProxy dropped it, as it
+				// drops every empty body; put it back.
+				pr.Out.Body = pr.In.Body
 			}
 		},
 		Transport:      g.transport,
@@ -178,8 +183,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 	// delivery twice. Without it only a request nothing was written of is
 	// retried; anything else is a visible 502 and a provider retry.
 	out.GetBody = nil
-	if len(body) == 0 {
-		out.Body = http.NoBody
+	if len(body) == 0 && !replayableWithoutBody(out) {
+		out.Body = http.NoBody // "Content-Length: 0" on the wire
 	}
 
 	setDedupStatus(w.Header(), status)
@@ -355,6 +360,23 @@ func upstreamErrorText(err error) string {
 		err = urlErr.Err
 	}
 	return err.Error()
+}
+
+// replayableWithoutBody reports whether the Transport would resend r on a
+// new connection, after a kept-alive one failed with r written, if r had no
+// body (http.NoBody): its method is GET, HEAD, OPTIONS or TRACE, or it
+// carries Idempotency-Key or X-Idempotency-Key (net/http's own rule). Such an
+// empty request keeps an empty reader as its body instead: the Transport
+// cannot rewind it, so it is not resent (a POST then goes out with
+// "Transfer-Encoding: chunked" and no chunk, the same empty body).
+func replayableWithoutBody(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, key := r.Header["Idempotency-Key"]
+	_, xKey := r.Header["X-Idempotency-Key"]
+	return key || xKey
 }
 
 // commit marks d's key processed. It runs under its own timeout on a context
