@@ -70,6 +70,10 @@ type pipeliner struct {
 
 	workers sync.WaitGroup // the worker goroutines
 	direct  sync.WaitGroup // pipelines callers send themselves
+
+	// onClosedWait, when set (by tests), is called with mu held when a
+	// worker of a closed pipeliner waits for a slot to send the rest.
+	onClosedWait func()
 }
 
 // Pipelining defaults: at most defaultInFlight pipelines on the wire, each of
@@ -192,10 +196,15 @@ func (p *pipeliner) do(o *op) error {
 		p.send(batch[:])
 		p.mu.Lock()
 		p.free++
-		wake := len(p.queue) > 0
+		wake, closed := len(p.queue) > 0, p.closed
 		p.mu.Unlock()
 		p.direct.Done()
-		if wake {
+		switch {
+		case closed:
+			// A worker of a closed pipeliner may wait for this slot to
+			// send the rest, or (the rest sent meanwhile) to exit.
+			p.cond.Broadcast()
+		case wake:
 			p.cond.Signal()
 		}
 		<-o.done
@@ -244,9 +253,15 @@ func (p *pipeliner) work() {
 		}
 		if len(p.queue) == 0 && p.closed { // closed and drained
 			p.mu.Unlock()
+			// Another worker may be waiting for a slot to send what this
+			// one sent: it must see the queue drained and exit too.
+			p.cond.Broadcast()
 			return
 		}
 		if p.free == 0 { // closed, but every slot busy: wait for one
+			if p.onClosedWait != nil {
+				p.onClosedWait()
+			}
 			p.cond.Wait()
 			continue
 		}

@@ -361,3 +361,91 @@ func TestPipelinePanicFailsCommands(t *testing.T) {
 		}
 	}
 }
+
+// keyGate holds each pipeline whose first command's key has a gate until the
+// gate is closed, and reports every pipeline's first key on entered.
+type keyGate struct {
+	gates   map[string]chan struct{}
+	entered chan string
+}
+
+func (h *keyGate) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *keyGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *keyGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if n := cmds[0].Name(); n == "client" || n == "hello" {
+			return next(ctx, cmds) // a new connection's set-up
+		}
+		key, _ := cmds[0].Args()[1].(string)
+		h.entered <- key
+		if g := h.gates[key]; g != nil {
+			<-g
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestPipelineCloseWakesWaitingWorker: a worker of a closed pipeliner that
+// waits for a slot (both taken: one by a caller's own pipeline, one by the
+// other worker) must wake when the queue was sent by the other worker and
+// the caller's slot freed, else close never returns. (Found by review: the
+// last worker exited and the caller freed its slot without waking it.)
+func TestPipelineCloseWakesWaitingWorker(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	h := &keyGate{
+		gates:   map[string]chan struct{}{"d1": make(chan struct{}), "d2": make(chan struct{}), "w": make(chan struct{})},
+		entered: make(chan string, 16),
+	}
+	t.Cleanup(func() {
+		for _, g := range h.gates {
+			select {
+			case <-g:
+			default:
+				close(g)
+			}
+		}
+	})
+	client.AddHook(h)
+	p := newPipeliner(client, 2, 128)
+	waiting := make(chan struct{}, 1)
+	p.mu.Lock()
+	p.onClosedWait = func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}
+	p.mu.Unlock()
+	ctx := context.Background()
+	get := func(key string) { go func() { _ = p.get(ctx, key) }() }
+
+	get("d1") // nothing queued, a slot free: its caller sends it (slot 1)
+	if k := await(t, "d1 on the wire", h.entered); k != "d1" {
+		t.Fatalf("got pipeline %q, want d1", k)
+	}
+	get("d2") // the same (slot 2)
+	if k := await(t, "d2 on the wire", h.entered); k != "d2" {
+		t.Fatalf("got pipeline %q, want d2", k)
+	}
+	get("w") // no slot: queued
+	waitFor(t, "w queued", func() bool { return p.queued() == 1 })
+	close(h.gates["d1"]) // slot 1 frees: a worker (A) takes w and holds it
+	if k := await(t, "w on the wire", h.entered); k != "w" {
+		t.Fatalf("got pipeline %q, want w", k)
+	}
+	get("q") // no slot: queued
+	waitFor(t, "q queued", func() bool { return p.queued() == 1 })
+
+	closed := make(chan struct{})
+	go func() { p.close(); close(closed) }()
+	await(t, "the other worker (B) waiting for a slot after close", waiting)
+	close(h.gates["w"]) // A finishes, sends q itself, and exits
+	if k := await(t, "q on the wire", h.entered); k != "q" {
+		t.Fatalf("got pipeline %q, want q", k)
+	}
+	waitFor(t, "q sent", func() bool { return p.queued() == 0 })
+	close(h.gates["d2"]) // slot 2 frees with nothing queued
+	await(t, "close to return", closed)
+}
