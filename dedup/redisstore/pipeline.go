@@ -14,7 +14,7 @@ import (
 
 // Auto-pipelining.
 //
-// Every Store operation (the Commit, Release and Forget scripts, Claim's SET
+// Every Store operation but Forget (the Commit and Release scripts, Claim's SET
 // NX GET and, for a takeover, its script, and Get's GET) is one command per
 // round trip, and go-redis spends more CPU per round trip than Redis spends
 // running a script. So the Store does not send each command on its own:
@@ -44,7 +44,7 @@ import (
 //   - Each caller honours its own context: if it ends while the command
 //     waits for a worker's pipeline, the call returns the context's error.
 //     The command may still be applied, exactly like a call whose reply was
-//     lost; every script is safe to send again. A command whose context ended
+//     lost; every script sent here is safe to send again. A command whose context ended
 //     before its batch was sent is dropped. A pipeline of one command runs
 //     under its caller's context, as a plain go-redis call does; a larger one
 //     under the latest deadline of its commands' contexts (none if one has

@@ -21,10 +21,11 @@
 // the same times in Go), so every replica's decisions follow the same rule
 // and tests can move time. Each key also gets a Redis TTL, the record's
 // remaining life (plus leaseGrace for a processing record), so Redis drops
-// expired records by itself. Every command is safe to run twice with the
-// same arguments, as go-redis does when it retries a command or a pipeline
-// after a lost reply: a repeated SET NX GET or claim script finds its own
-// owner token and answers Claimed again.
+// expired records by itself. Every command but Forget's is safe to run twice
+// with the same arguments, as go-redis does when it retries a command or a
+// pipeline after a lost reply: a repeated SET NX GET or claim script finds
+// its own owner token and answers Claimed again. Forget deletes whatever the
+// key holds, so it is sent on its own and never resent (see forgetOnce).
 //
 // Keys are "{KeyPrefix}{namespace}:{id}" (see redisKey for ids stored by
 // their SHA-256) and values are one compact string (see record.go).
@@ -288,11 +289,38 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("redisstore: forget: %w", err)
 	}
-	n, err := s.pipe.run(ctx, forgetScript, s.Key(key), s.nowMS()).Int64()
+	n, err := s.forgetOnce(ctx, s.Key(key), s.nowMS()).Int64()
 	if err != nil {
 		return false, fmt.Errorf("redisstore: forget: %w", err)
 	}
 	return n == 1, nil
+}
+
+// onceCmd is a command go-redis must not send again after a network error
+// (a lost reply): its NoRetry reports true.
+type onceCmd struct{ *redis.Cmd }
+
+// NoRetry implements redis.Cmder.
+func (onceCmd) NoRetry() bool { return true }
+
+// forgetOnce runs forget.lua on rk on its own, not in a pipeline, and
+// without go-redis's retry after a network error: forget.lua is the one
+// script that is not safe to run twice. It deletes whatever the key holds,
+// so a resend after a lost reply could delete what another replica claimed
+// or committed in between (the replay the operator asked for) and let its
+// duplicate through. A lost reply is an error instead: the caller may look
+// and forget again. NOSCRIPT falls back to EVAL, as Script.Run does.
+func (s *Store) forgetOnce(ctx context.Context, rk string, now int64) *redis.Cmd {
+	send := func(name, body string) *redis.Cmd {
+		cmd := redis.NewCmd(ctx, name, body, 1, rk, now)
+		_ = s.client.Process(ctx, onceCmd{cmd}) // the error is cmd's
+		return cmd
+	}
+	cmd := send("evalsha", forgetScript.Hash())
+	if isNoScript(cmd.Err()) {
+		cmd = send("eval", forgetSrc)
+	}
+	return cmd
 }
 
 // Ping implements dedup.Store: PING on the node, on the Sentinel master, or
