@@ -14,13 +14,18 @@ import (
 // both directions. Tests put it between the gateway and Redis to make the store
 // slow without touching either. The zero delay relays at full speed.
 //
+// It can also throw away what the target answers (SetDropReplies): a lost
+// reply, the command applied and its sender never told.
+//
 // When the target refuses a connection, DelayProxy closes the client's
 // connection at once, so a stopped target looks stopped through the proxy.
 type DelayProxy struct {
-	target string
-	ln     net.Listener
-	delay  atomic.Int64 // nanoseconds
-	relays atomic.Int64 // client connections being relayed
+	target  string
+	ln      net.Listener
+	delay   atomic.Int64 // nanoseconds
+	relays  atomic.Int64 // client connections being relayed
+	drop    atomic.Bool  // throw away what the target sends
+	dropped atomic.Int64 // chunks from the target thrown away
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -57,6 +62,14 @@ func (p *DelayProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // Delay returns the current delay.
 func (p *DelayProxy) Delay() time.Duration { return time.Duration(p.delay.Load()) }
+
+// SetDropReplies makes the proxy read and throw away everything the target
+// sends while on (what the client sends still reaches the target), and relay
+// it again once off.
+func (p *DelayProxy) SetDropReplies(on bool) { p.drop.Store(on) }
+
+// DroppedReplies returns how many chunks from the target were thrown away.
+func (p *DelayProxy) DroppedReplies() int64 { return p.dropped.Load() }
 
 // Conns returns how many client connections are being relayed now.
 func (p *DelayProxy) Conns() int { return int(p.relays.Load()) }
@@ -143,19 +156,23 @@ func (p *DelayProxy) relay(client net.Conn) {
 	defer p.untrack(server)
 	var inner sync.WaitGroup
 	inner.Add(2)
-	go func() { defer inner.Done(); p.pipe(server, client) }()
-	go func() { defer inner.Done(); p.pipe(client, server) }()
+	go func() { defer inner.Done(); p.pipe(server, client, false) }()
+	go func() { defer inner.Done(); p.pipe(client, server, true) }()
 	inner.Wait()
 }
 
-// pipe copies src to dst, waiting the current delay before each chunk. When
-// either side fails both are closed, so the opposite pipe ends too.
-func (p *DelayProxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst, waiting the current delay before each chunk; a
+// chunk from the target (fromTarget) is thrown away while replies are
+// dropped. When either side fails both are closed, so the opposite pipe ends
+// too.
+func (p *DelayProxy) pipe(dst, src net.Conn, fromTarget bool) {
 	defer func() { _ = dst.Close(); _ = src.Close() }()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 {
+		if n > 0 && fromTarget && p.drop.Load() {
+			p.dropped.Add(1)
+		} else if n > 0 {
 			if d := p.Delay(); d > 0 {
 				t := time.NewTimer(d)
 				select {

@@ -138,3 +138,44 @@ func TestDelayProxyCloseEndsConnections(t *testing.T) {
 		t.Fatal("Close did not return within 5s with a relay waiting on its delay")
 	}
 }
+
+// TestDelayProxyDropReplies: while replies are dropped, what the client sends
+// still reaches the target and the target's answer never reaches the client;
+// once they pass again, the next answer does.
+func TestDelayProxyDropReplies(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	ln := echoServer(t)
+	defer ln.Close()
+	p, err := NewDelayProxy(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+
+	p.SetDropReplies(true)
+	if _, err := c.Write([]byte("lost\n")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for p.DroppedReplies() == 0 { // the echo came back and was thrown away
+		if time.Now().After(deadline) {
+			t.Fatal("no reply dropped within 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p.SetDropReplies(false)
+	if _, err := c.Write([]byte("kept\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := r.ReadString('\n')
+	if err != nil || got != "kept\n" {
+		t.Errorf("after replies pass again: got %q, %v, want %q (the dropped %q never arrives)", got, err, "kept\n", "lost\n")
+	}
+}

@@ -15,7 +15,8 @@
 //   - App is the upstream application: it counts every event it answered 2xx
 //     to and fails on purpose (5xx, answers slower than the gateway's upstream
 //     timeout, connection resets).
-//   - DelayProxy is an in-process TCP proxy that adds latency on demand.
+//   - DelayProxy is an in-process TCP proxy that adds latency, or drops
+//     replies, on demand.
 //   - Redis runs a real redis-server on a fixed 127.0.0.1 port that survives
 //     Stop and Start.
 //   - Gateway runs one dedupgw replica from a config file and can kill,

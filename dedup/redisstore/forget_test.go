@@ -3,84 +3,16 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dedupgw/dedupgw/chaos"
 	"github.com/dedupgw/dedupgw/dedup"
 	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
 )
-
-// replyDropper is a TCP relay to a Redis server that, while drop is set,
-// passes commands on but throws the replies away: a lost reply, the command
-// applied and its sender never told.
-type replyDropper struct {
-	ln      net.Listener
-	drop    atomic.Bool
-	dropped atomic.Int64 // reads thrown away
-	mu      sync.Mutex
-	open    []net.Conn
-	wg      sync.WaitGroup
-}
-
-func newReplyDropper(t *testing.T, addr string) *replyDropper {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &replyDropper{ln: ln}
-	r.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", addr)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			r.mu.Lock()
-			r.open = append(r.open, c, s)
-			r.mu.Unlock()
-			r.wg.Go(func() { _, _ = io.Copy(s, c); s.Close() })
-			r.wg.Go(func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := s.Read(buf)
-					switch {
-					case n > 0 && r.drop.Load():
-						r.dropped.Add(1)
-					case n > 0:
-						if _, err := c.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		r.mu.Lock()
-		for _, c := range r.open {
-			c.Close()
-		}
-		r.mu.Unlock()
-		r.wg.Wait()
-	})
-	return r
-}
 
 // TestForgetIsNotResent: go-redis sends a command again after a lost reply
 // (MaxRetries). Forget must not be: between the two sends another replica
@@ -90,9 +22,13 @@ func newReplyDropper(t *testing.T, addr string) *replyDropper {
 // and the later commit stays.
 func TestForgetIsNotResent(t *testing.T) {
 	srv := redistest.Start(t)
-	relay := newReplyDropper(t, srv.Addr())
+	relay, err := chaos.NewDelayProxy(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = relay.Close() })
 	viaRelay := redis.NewClient(&redis.Options{
-		Addr: relay.ln.Addr().String(), ReadTimeout: 300 * time.Millisecond, MaxRetries: 1,
+		Addr: relay.Addr(), ReadTimeout: 300 * time.Millisecond, MaxRetries: 1,
 		ContextTimeoutEnabled: true, // as New configures it
 	})
 	t.Cleanup(func() { _ = viaRelay.Close() })
@@ -114,7 +50,8 @@ func TestForgetIsNotResent(t *testing.T) {
 	if err := viaRelay.Ping(ctx).Err(); err != nil {
 		t.Fatalf("PING through the relay: %v", err)
 	}
-	res, err := gw.Claim(ctx, k, lease)
+	var res dedup.ClaimResult
+	res, err = gw.Claim(ctx, k, lease)
 	if err != nil || res.Outcome != dedup.Claimed {
 		t.Fatalf("first delivery: got %v, %v, want claimed", res.Outcome, err)
 	}
@@ -122,12 +59,12 @@ func TestForgetIsNotResent(t *testing.T) {
 		t.Fatalf("commit: %v", err)
 	}
 
-	relay.drop.Store(true)
+	relay.SetDropReplies(true)
 	forgot := make(chan error, 1)
 	go func() { _, err := admin.Forget(ctx, k); forgot <- err }()
 	waitFor(t, "forget.lua to delete the key and its reply to be lost", func() bool {
 		n, err := direct.Exists(ctx, gw.Key(k)).Result()
-		return err == nil && n == 0 && relay.dropped.Load() > 0
+		return err == nil && n == 0 && relay.DroppedReplies() > 0
 	})
 	// The operator's replay reaches the other replica and is processed.
 	res, err = gw.Claim(ctx, k, lease)
@@ -139,7 +76,7 @@ func TestForgetIsNotResent(t *testing.T) {
 	}
 	// Replies pass again, before the lost one times out: a resend (on a new
 	// connection) would run and be answered.
-	relay.drop.Store(false)
+	relay.SetDropReplies(false)
 	err = await(t, "Forget to return", forgot)
 	var netErr net.Error
 	if !errors.As(err, &netErr) || !netErr.Timeout() {
