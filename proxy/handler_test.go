@@ -145,7 +145,11 @@ func TestDeliveryTable(t *testing.T) {
 		{
 			name:  "no key, on_missing_key: reject: 400 naming the expected key",
 			route: func(r *Route) { r.OnMissingKey = Reject },
-			steps: []step{{body: `{"no":"id"}`, wantStatus: 400, wantDedup: "rejected", wantCT: problemJSON, wantBodyHas: "header:Idempotency-Key, then json:id"}},
+			steps: []step{
+				{body: `{"no":"id"}`, wantStatus: 400, wantDedup: "rejected", wantCT: problemJSON, wantBodyHas: "header:Idempotency-Key, then json:id"},
+				// Webhook and API routes share the title: not "Idempotency key".
+				{body: `{"no":"id"}`, wantStatus: 400, wantDedup: "rejected", wantBodyHas: `"title":"Deduplication key missing or invalid"`},
+			},
 		},
 		{
 			name:  "body not JSON, on_missing_key: reject: 400 saying so",

@@ -56,8 +56,8 @@ var (
 	probBodyTimeout  = problem{Type: problemTypePrefix + "body-timeout", Title: "Request body not received in time", Status: http.StatusRequestTimeout}
 	probBodyUnread   = problem{Type: problemTypePrefix + "body-unreadable", Title: "Request body could not be read", Status: http.StatusBadRequest}
 	probSignature    = problem{Type: problemTypePrefix + "invalid-signature", Title: "Signature missing, invalid or stale", Status: http.StatusUnauthorized}
-	probMissingKey   = problem{Type: problemTypePrefix + "missing-key", Title: "Idempotency key missing or invalid", Status: http.StatusBadRequest}
-	probKeyReused    = problem{Type: problemTypePrefix + "key-reused", Title: "Idempotency key reused with a different payload", Status: http.StatusUnprocessableEntity}
+	probMissingKey   = problem{Type: problemTypePrefix + "missing-key", Title: "Deduplication key missing or invalid", Status: http.StatusBadRequest}
+	probKeyReused    = problem{Type: problemTypePrefix + "key-reused", Title: "Deduplication key reused with a different payload", Status: http.StatusUnprocessableEntity}
 	probInFlight     = problem{Type: problemTypePrefix + "in-flight", Title: "A delivery with this key is being processed", Status: http.StatusConflict}
 	probStoreError   = problem{Type: problemTypePrefix + "store-unavailable", Title: "Dedup store unavailable", Status: http.StatusServiceUnavailable}
 	probBadGateway   = problem{Type: problemTypePrefix + "upstream-unreachable", Title: "Upstream unreachable", Status: http.StatusBadGateway}
