@@ -221,6 +221,14 @@ const LeaseGrace = time.Hour
 // Clock returns the current time. Stores take one so tests can move time.
 type Clock func() time.Time
 
+// Millis returns c's current time in UTC, truncated to the millisecond: the
+// precision of every time a Store records (Redis keeps Unix milliseconds).
+// Stores read their clock through it, so a record's times look alike on
+// every backend, in memory or on disk.
+func (c Clock) Millis() time.Time {
+	return c().UTC().Truncate(time.Millisecond)
+}
+
 // NewToken returns a random 128-bit owner token, hex encoded.
 func NewToken() string {
 	var b [16]byte

@@ -81,7 +81,7 @@ func (s *Store) sweepLoop(interval time.Duration) {
 // once their lease ran out more than dedup.LeaseGrace ago) and returns how
 // many it deleted.
 func (s *Store) Sweep() int {
-	now := s.now()
+	now := s.now.Millis()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
@@ -125,7 +125,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		return dedup.ClaimResult{}, err
 	}
 	defer s.mu.Unlock()
-	now := s.now()
+	now := s.now.Millis()
 	r := s.records[key]
 	if r != nil && r.State != dedup.StateProcessing && now.After(r.ExpiresAt) {
 		r = nil // window or retention over: the key is absent
@@ -180,7 +180,7 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	if err != nil {
 		return err
 	}
-	now := s.now()
+	now := s.now.Millis()
 	r.State = dedup.StateProcessed
 	r.CompletedAt = now
 	r.LeaseUntil = time.Time{}
@@ -206,7 +206,7 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 		delete(s.records, key)
 		return nil
 	}
-	now := s.now()
+	now := s.now.Millis()
 	r.State = dedup.StateFailed
 	r.CompletedAt = now
 	r.LeaseUntil = time.Time{}
@@ -225,7 +225,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	}
 	defer s.mu.Unlock()
 	r := s.records[key]
-	if r == nil || s.now().After(r.ExpiresAt) {
+	if r == nil || s.now.Millis().After(r.ExpiresAt) {
 		return dedup.Record{}, dedup.ErrNotFound
 	}
 	return export(r), nil
@@ -242,7 +242,7 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 		return false, nil
 	}
 	delete(s.records, key)
-	return !s.now().After(r.ExpiresAt), nil
+	return !s.now.Millis().After(r.ExpiresAt), nil
 }
 
 // Ping implements dedup.Store: nil unless ctx is done or the store closed.

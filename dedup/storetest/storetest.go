@@ -105,6 +105,7 @@ func Run(t *testing.T, h Harness) {
 		{"ReleaseRetainZero", testRetainZero},
 		{"Forget", testForget},
 		{"Get", testGet},
+		{"MillisecondTimes", testMillisecondTimes},
 		{"NamespacesIsolate", testNamespaces},
 		{"UnusualIDs", testUnusualIDs},
 		{"Ping", testPing},
@@ -746,6 +747,44 @@ func testGet(t *testing.T, e *env) {
 	// Get is read-only: it neither claims nor extends anything.
 	e.clk.Advance(window + time.Second)
 	mustAbsent(t, e.s, k)
+}
+
+// testMillisecondTimes checks that every time a store returns is UTC,
+// truncated to the millisecond, whatever the clock's precision: the admin API
+// and the duplicate acknowledgement show the same first_seen on every backend,
+// before and after the record reaches disk.
+func testMillisecondTimes(t *testing.T, e *env) {
+	k := dedup.Key{Namespace: "ms", ID: "evt_1"}
+	t0 := e.clk.Advance(1234567 * time.Nanosecond).Truncate(time.Millisecond)
+	a := mustClaim(t, e.s, k, dedup.Claimed)
+	processing := dedup.Record{State: dedup.StateProcessing, FirstSeen: t0, LeaseUntil: t0.Add(lease), ExpiresAt: t0.Add(lease), Attempts: 1}
+	checkMillis(t, "Claim", a.Record, processing)
+	checkMillis(t, "Get processing", mustGet(t, e.s, k), processing)
+
+	t1 := e.clk.Advance(time.Second + 999999*time.Nanosecond).Truncate(time.Millisecond)
+	mustCommit(t, e.s, k, a.Token, nil)
+	processed := dedup.Record{State: dedup.StateProcessed, FirstSeen: t0, CompletedAt: t1, ExpiresAt: t1.Add(window), Attempts: 1, LastStatus: 200}
+	checkMillis(t, "Get processed", mustGet(t, e.s, k), processed)
+	checkMillis(t, "duplicate Claim", mustClaim(t, e.s, k, dedup.Duplicate).Record, processed)
+}
+
+// checkMillis is checkRecord plus: every non-zero time is in UTC with no
+// part below the millisecond.
+func checkMillis(t *testing.T, what string, got, want dedup.Record) {
+	t.Helper()
+	checkRecord(t, what, got, want)
+	for _, f := range []struct {
+		name string
+		tm   time.Time
+	}{{"FirstSeen", got.FirstSeen}, {"CompletedAt", got.CompletedAt}, {"LeaseUntil", got.LeaseUntil}, {"ExpiresAt", got.ExpiresAt}} {
+		name, tm := f.name, f.tm
+		if tm.IsZero() {
+			continue
+		}
+		if tm.Location() != time.UTC || tm.Nanosecond()%int(time.Millisecond) != 0 {
+			t.Errorf("%s: got %s %s, want UTC whole milliseconds", what, name, tm.Format(time.RFC3339Nano+" MST"))
+		}
+	}
 }
 
 func testNamespaces(t *testing.T, e *env) {
