@@ -101,14 +101,17 @@ func FuzzHandler(f *testing.F) {
 		if !documentedStatus[rec.Code] {
 			t.Fatalf("got status %d, want a documented one (body %s)", rec.Code, rec.Body)
 		}
-		matched := gw.routes.Load().match(req.URL.Path) != nil
+		canonical := canonicalPath(req.URL)
+		matched := canonical && gw.routes.Load().match(req.URL.Path) != nil
 		ds := rec.Header().Values(HeaderDedupStatus)
 		switch {
+		case !canonical && (rec.Code != http.StatusBadRequest || len(ds) != 0):
+			t.Fatalf("path %q not canonical: got %d with Dedup-Status %q, want 400 and none", req.URL.Path, rec.Code, ds)
 		case matched && (len(ds) != 1 || !documentedDedupStatus[ds[0]]):
 			t.Fatalf("matched route: got Dedup-Status %q, want exactly one documented value", ds)
 		case !matched && len(ds) != 0:
 			t.Fatalf("no route: got Dedup-Status %q, want none", ds)
-		case !matched && rec.Code != http.StatusNotFound:
+		case canonical && !matched && rec.Code != http.StatusNotFound:
 			t.Fatalf("no route: got %d, want 404", rec.Code)
 		}
 	})

@@ -70,7 +70,8 @@ type delivery struct {
 	answer  int    // status the gateway wrote itself; 0 when the upstream's
 }
 
-// ServeHTTP handles one delivery: match the route, check the method, read the
+// ServeHTTP handles one delivery: refuse a path that is not canonical (see
+// canonicalPath), match the route, check the method, read the
 // body (bounded), verify the signature, extract the key (validated on
 // on_missing_key: reject routes, scoped by client_identity when set), check
 // the request's fingerprint (on_fingerprint_mismatch: reject), claim the key,
@@ -78,6 +79,11 @@ type delivery struct {
 // on_missing_key / on_store_error policy. See DESIGN.md "What each delivery
 // gets". Every answer on a matched route carries Dedup-Status.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !canonicalPath(r.URL) {
+		closeIfUnread(w, r)
+		writeProblem(w, probBadPath.with("", `the path has a "." or ".." segment, an empty segment, a backslash or an encoded slash; post to the path the route is configured with`), 0)
+		return
+	}
 	rt := g.routes.Load().match(r.URL.Path)
 	if rt == nil {
 		closeIfUnread(w, r)

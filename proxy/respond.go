@@ -50,6 +50,7 @@ type problem struct {
 
 // The problems the gateway answers with. Each kind has a fixed status and title.
 var (
+	probBadPath      = problem{Type: problemTypePrefix + "invalid-path", Title: "Request path not in canonical form", Status: http.StatusBadRequest}
 	probNoRoute      = problem{Type: problemTypePrefix + "no-route", Title: "No route for this path", Status: http.StatusNotFound}
 	probMethod       = problem{Type: problemTypePrefix + "method-not-allowed", Title: "Method not allowed on this route", Status: http.StatusMethodNotAllowed}
 	probBodyTooLarge = problem{Type: problemTypePrefix + "body-too-large", Title: "Request body too large", Status: http.StatusRequestEntityTooLarge}

@@ -73,6 +73,41 @@ func (t *routeTable) match(path string) *route {
 	return nil
 }
 
+// canonicalPath reports whether u's path is one every upstream reads as the
+// gateway routes it: absolute, with no "." or ".." segment (also not as
+// "..;x", which Tomcat reads as ".."), no empty segment but a trailing one
+// ("//" is merged by nginx), no backslash, and no percent-encoded "/" or "\".
+// Anything else could match an unsigned prefix route here and be normalised
+// by the upstream into a signed route's path, skipping its signature check.
+// Webhook providers post to the path they were configured with, which is
+// canonical, so the gateway refuses the rest.
+func canonicalPath(u *url.URL) bool {
+	p := u.Path
+	if p == "" || p[0] != '/' || strings.IndexByte(p, '\\') >= 0 {
+		return false
+	}
+	for rest := p[1:]; ; {
+		seg, after, more := strings.Cut(rest, "/")
+		if j := strings.IndexByte(seg, ';'); j >= 0 {
+			seg = seg[:j]
+		}
+		if seg == "." || seg == ".." || (seg == "" && more) {
+			return false
+		}
+		if !more {
+			break
+		}
+		rest = after
+	}
+	if u.RawPath != "" {
+		raw := strings.ToUpper(u.RawPath)
+		if strings.Contains(raw, "%2F") || strings.Contains(raw, "%5C") {
+			return false
+		}
+	}
+	return true
+}
+
 // newProviderFunc builds a route's provider (providers.New).
 type newProviderFunc func(providers.Config) (*providers.Provider, error)
 

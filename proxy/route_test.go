@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -142,5 +144,80 @@ func TestRouteDefaultsAndMatching(t *testing.T) {
 		if got != m.want {
 			t.Errorf("match(%q): got route %q, want %q", m.path, got, m.want)
 		}
+	}
+}
+
+func TestCanonicalPath(t *testing.T) {
+	tests := []struct {
+		uri  string // the request-target as sent
+		want bool
+	}{
+		{"/", true},
+		{"/webhooks/stripe", true},
+		{"/hooks/", true},
+		{"/hooks/orders?id=1", true},
+		{"/a;v=1/b", true},
+		{"/a%20b/.well-known/...", true},
+		{"/webhooks%3Astripe", true},
+		{"/a/../b", false},
+		{"/api/payments/../../webhooks/stripe", false},
+		{"/a/./b", false},
+		{"/..", false},
+		{"/a/..", false},
+		{"/a/.", false},
+		{"/a/%2e%2e/b", false},
+		{"/a/%2E./b", false},
+		{"/a/..;/b", false},
+		{"/a/.;x/b", false},
+		{"/a//b", false},
+		{"//webhooks/stripe", false},
+		{`/a\..\b`, false},
+		{"/a%2F..%2Fb", false},
+		{"/webhooks%2fstripe", false},
+		{"/a%5cb", false},
+		{"*", false},
+	}
+	for _, tt := range tests {
+		u, err := url.ParseRequestURI(tt.uri)
+		if err != nil {
+			t.Fatalf("ParseRequestURI(%q): %v", tt.uri, err)
+		}
+		if got := canonicalPath(u); got != tt.want {
+			t.Errorf("canonicalPath(%q): got %v, want %v", tt.uri, got, tt.want)
+		}
+	}
+}
+
+// TestDotSegmentsCannotReachASignedRoute is config.example.yaml's shape: an
+// unsigned prefix route beside a signed exact route on the same upstream. A
+// path that matches the prefix route here but that the upstream (nginx,
+// Spring, ...) normalises to the signed route's path must not be forwarded.
+func TestDotSegmentsCannotReachASignedRoute(t *testing.T) {
+	up := newUpstream(t, nil)
+	api := genericRoute("payments-api", "/api/payments/*", up.URL)
+	stripe := genericRoute("stripe", "/webhooks/stripe", up.URL)
+	stripe.Provider = providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}}
+	h := newHarness(t, Config{Routes: []Route{api, stripe}}, harnessOpts{})
+
+	for _, path := range []string{
+		"/api/payments/../../webhooks/stripe",
+		"/api/payments/%2e%2e/%2e%2e/webhooks/stripe",
+		"/api/payments/..;/..;/webhooks/stripe",
+		"/api/payments%2F..%2F..%2Fwebhooks/stripe",
+	} {
+		resp := h.send(path, `{"id":"evt_forged"}`, "Idempotency-Key: k-"+path)
+		if resp.Status != http.StatusBadRequest || !strings.Contains(string(resp.Body), "invalid-path") {
+			t.Errorf("%s: got %d %s, want 400 invalid-path", path, resp.Status, resp.Body)
+		}
+		if got := resp.Header.Values(HeaderDedupStatus); len(got) != 0 {
+			t.Errorf("%s: got Dedup-Status %q, want none (no route decided)", path, got)
+		}
+	}
+	if n := up.count(); n != 0 {
+		t.Errorf("got %d requests at the upstream, want 0", n)
+	}
+	// The canonical path still works.
+	if resp := h.send("/api/payments/charge", `{}`, "Idempotency-Key: ok-1"); resp.Status != http.StatusOK {
+		t.Errorf("/api/payments/charge: got %d %s, want 200", resp.Status, resp.Body)
 	}
 }
