@@ -366,6 +366,15 @@ func (s *server) reload() {
 		restart = append(restart, "log.format")
 		f.Log.Format = old.Log.Format
 	}
+	if f.Admin.unguarded() {
+		// The file is valid for its own admin.listen, but the running one
+		// stays until a restart: dropping the token now would open the keys
+		// API on it.
+		s.gw.ReloadFailed()
+		s.log.Error("config reload rejected: keeping the running config", zap.String("config", s.path),
+			zap.Strings("problems", []string{fmt.Sprintf("admin.token: the running admin.listen %q is not a loopback address and stays until a restart; keep the token (or set admin.insecure: true)", f.Admin.Listen)}))
+		return
+	}
 	if len(restart) > 0 {
 		s.log.Warn("changes that need a restart are ignored until then", zap.String("keys", strings.Join(restart, ", ")))
 	}

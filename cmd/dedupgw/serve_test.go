@@ -30,6 +30,7 @@ type inProcess struct {
 	client  *http.Client
 	cfgPath string
 	level   zap.AtomicLevel
+	srv     *server
 }
 
 func startInProcess(t *testing.T, cfgPath string) *inProcess {
@@ -45,6 +46,7 @@ func startInProcess(t *testing.T, cfgPath string) *inProcess {
 	}
 	p.level = zap.NewAtomicLevelAt(zap.InfoLevel)
 	s := &server{path: cfgPath, log: zap.New(core), level: p.level, file: f}
+	p.srv = s
 	go func() { p.done <- s.run(p.sigs) }()
 	p.waitLog("dedupgw started", 1)
 	started := logs.FilterMessage("dedupgw started").All()[0].ContextMap()
@@ -158,6 +160,54 @@ routes:
 	}
 	if _, err := os.Stat(filepath.Join(dir, "y.db")); !os.IsNotExist(err) {
 		t.Errorf("y.db: got %v, want it never created (store changes need a restart)", err)
+	}
+}
+
+// TestReloadKeepsAdminGuarded: admin.listen needs a restart, so a reload
+// that moves it to loopback and drops the token must not drop the token of
+// the non-loopback listener still running.
+func TestReloadKeepsAdminGuarded(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	text := fmt.Sprintf(`listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+  token: one
+store:
+  bolt:
+    path: %q
+routes:
+  - name: orders
+    path: /hooks/orders
+    upstream: http://127.0.0.1:1
+    keys: ["header:Idempotency-Key"]
+`, filepath.Join(dir, "x.db"))
+	writeFileAtomic(t, cfg, text)
+	p := startInProcess(t, cfg)
+	// Tests bind only to loopback: pretend the process was started on a
+	// public admin address. The SIGHUP below orders this write before the
+	// reload reads it.
+	p.srv.file.Admin.Listen = "0.0.0.0:9097"
+
+	writeFileAtomic(t, cfg, strings.Replace(text, "  token: one\n", "", 1))
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reload rejected: keeping the running config", 1)
+	problems := fmt.Sprint(p.logs.FilterMessage("config reload rejected: keeping the running config").All()[0].ContextMap()["problems"])
+	if !strings.Contains(problems, "admin.token") {
+		t.Errorf("reload problems: got %s, want admin.token named", problems)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+p.admin+"/v1/keys/orders/k", nil)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("keys API without a token after the reload: got %d, want 401", resp.StatusCode)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
 	}
 }
 

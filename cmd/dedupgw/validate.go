@@ -20,8 +20,7 @@ import (
 func (f *File) Validate() error {
 	var ps Problems
 	f.checkAddr(&ps, "listen", f.Listen)
-	if f.checkAddr(&ps, "admin.listen", f.Admin.Listen) &&
-		f.Admin.Token == "" && !f.Admin.Insecure && !isLoopback(f.Admin.Listen) {
+	if f.checkAddr(&ps, "admin.listen", f.Admin.Listen) && f.Admin.unguarded() {
 		ps.add("admin.listen", "%q is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one)", f.Admin.Listen)
 	}
 	if f.Listen == f.Admin.Listen && !strings.HasSuffix(f.Listen, ":0") {
@@ -324,4 +323,10 @@ func (f *File) empty(key string) string {
 		return fmt.Sprintf("must not be empty (environment variable %s is not set)", strings.Join(vars, ", "))
 	}
 	return "must not be empty"
+}
+
+// unguarded reports whether a would serve the keys API, forget included, on
+// a non-loopback address without a token and without admin.insecure.
+func (a Admin) unguarded() bool {
+	return a.Token == "" && !a.Insecure && !isLoopback(a.Listen)
 }
