@@ -101,6 +101,12 @@ func (v *standardWebhooksVerifier) Verify(r *http.Request, body []byte) error {
 	if id == "" {
 		return fmt.Errorf("%w: missing %s header", ErrBadSignature, idH)
 	}
+	// The preset keys by webhook-id, then svix-id: whichever the signature
+	// covers, the other must not name another message, or a captured Svix
+	// delivery could be replayed under a fresh, unsigned webhook-id.
+	if w, s := r.Header.Get(webhookIDHeader), r.Header.Get(svixIDHeader); w != "" && s != "" && w != s {
+		return fmt.Errorf("%w: %s and %s differ", ErrBadSignature, webhookIDHeader, svixIDHeader)
+	}
 	tsText := r.Header.Get(tsH)
 	ts, ok := parseUnix(tsText)
 	if !ok {

@@ -103,6 +103,41 @@ func TestStandardWebhooksVerify(t *testing.T) {
 	}
 }
 
+// TestStandardWebhooksIDsAgree: a delivery signed under svix-id is keyed by
+// webhook-id when that header is present, so the two must name one message.
+func TestStandardWebhooksIDsAgree(t *testing.T) {
+	ts := fmt.Sprint(swTS)
+	tests := []struct {
+		name    string
+		headers map[string]string
+		want    error
+	}{
+		{"svix signed, same webhook-id", map[string]string{"svix-id": swID, "svix-timestamp": ts, "svix-signature": swSig, "webhook-id": swID}, nil},
+		{"svix signed, other webhook-id", map[string]string{"svix-id": swID, "svix-timestamp": ts, "svix-signature": swSig, "webhook-id": "replay-1"}, ErrBadSignature},
+		{"webhook signed, other svix-id", map[string]string{"webhook-id": swID, "webhook-timestamp": ts, "webhook-signature": swSig, "svix-id": "replay-1"}, ErrBadSignature},
+		{"both families, same ids", map[string]string{"webhook-id": swID, "webhook-timestamp": ts, "webhook-signature": swSig, "svix-id": swID, "svix-timestamp": ts, "svix-signature": swSig}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := New(Config{Provider: StandardWebhooks, Secrets: []string{swSecret}, Now: fixedClock(swTS)})
+			if err != nil {
+				t.Fatalf("New: got %v, want nil", err)
+			}
+			r := newRequest(tt.headers)
+			err = p.Verifier.Verify(r, []byte(swBody))
+			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Fatalf("Verify: got %v, want %v", err, tt.want)
+			}
+			if err != nil {
+				return
+			}
+			if key, err := p.Key(r, []byte(swBody)); err != nil || key != swID {
+				t.Errorf("Key: got %q, %v, want the signed id %q", key, err, swID)
+			}
+		})
+	}
+}
+
 // FuzzWebhookSignatures checks that the webhook-signature list parser never
 // panics, keeps only v1/v1a entries, and that Verify only returns sentinels.
 func FuzzWebhookSignatures(f *testing.F) {
