@@ -175,7 +175,7 @@ type Route struct {
 	// Keys overrides the provider preset's key sources.
 	Keys []string `config:"keys"`
 	// Secrets enable signature verification; several allow rotation.
-	Secrets []string `config:"secrets"`
+	Secrets secretList `config:"secrets"`
 	// Tolerance is the signature timestamp tolerance. Zero means 300s.
 	Tolerance time.Duration `config:"tolerance"`
 	// Methods accepted. Empty means POST.
@@ -620,6 +620,14 @@ func setPath(raw map[string]any, path []string, val any) {
 
 var durationType = reflect.TypeFor[time.Duration]()
 
+// secretList is a list of secrets. Unlike other lists, one string in its
+// place is one secret, never split on commas: a GitHub or generic HMAC
+// secret is chosen by its owner and may contain one, and every fragment of
+// a split secret would be accepted as a key.
+type secretList []string
+
+var secretListType = reflect.TypeFor[secretList]()
+
 // decode stores raw (as parsed from YAML) into v, reporting unknown keys and
 // values of the wrong type by key path. A value that fails to decode leaves v
 // unchanged.
@@ -674,8 +682,10 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 	case t.Kind() == reflect.Slice:
 		list, ok := raw.([]any)
 		if !ok {
-			if s, isStr := raw.(string); isStr && t.Elem().Kind() == reflect.String {
-				list = splitList(s) // a comma list from the environment
+			if s, isStr := raw.(string); isStr && t == secretListType {
+				list = []any{s}
+			} else if isStr && t.Elem().Kind() == reflect.String {
+				list = splitList(s) // a comma list, as in the environment
 			} else {
 				ps.add(path, "want a list, got %s", describe(raw))
 				return

@@ -317,6 +317,25 @@ func TestLoadExpandsAfterParsing(t *testing.T) {
 	}
 }
 
+// TestOneSecretIsNeverSplit: a secret written as one string is one secret,
+// commas included; splitting it would accept each fragment as a key.
+func TestOneSecretIsNeverSplit(t *testing.T) {
+	text := strings.Replace(minimal, `keys: ["header:Idempotency-Key"]`, `keys: "header:X-Id, body"`, 1) + `    secrets: "${GH_SECRET}"
+`
+	f, problems := loadText(t, text, map[string]string{"GH_SECRET": "Xk9#long-random-part,a"})
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	r := f.GatewayConfig().Routes[0]
+	if got, want := r.Provider.Secrets, []string{"Xk9#long-random-part,a"}; !slices.Equal(got, want) {
+		t.Errorf("secrets: got %q, want %q", got, want)
+	}
+	// Other lists still take a comma-separated string.
+	if got, want := r.Provider.Keys, []string{"header:X-Id", "body"}; !slices.Equal(got, want) {
+		t.Errorf("keys: got %q, want %q", got, want)
+	}
+}
+
 func TestEnvOverrides(t *testing.T) {
 	env := map[string]string{
 		"DEDUPGW_LISTEN":                    "127.0.0.1:1",
