@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"strings"
 	"sync"
 	"time"
@@ -107,6 +108,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.reject(w, d, outcomeRejectedMethod, probMethod.with(rt.Name, fmt.Sprintf("this route accepts %s", strings.Join(rt.methods, ", "))))
 		return
 	}
+
+	dropConnectionHeaders(r.Header)
 
 	body, err := g.readBody(w, r, rt.MaxBodyBytes, d.start)
 	if err != nil {
@@ -514,6 +517,21 @@ func keyField(id string) zap.Field {
 		id = id[:maxLoggedKey] + "…"
 	}
 	return zap.String("key", id)
+}
+
+// dropConnectionHeaders deletes the headers that h's Connection header
+// names, as the ReverseProxy does before forwarding: the gateway verifies
+// signatures and reads keys only from headers the upstream will see, so a
+// sender cannot have a signature or key checked here and then stripped
+// before the application reads it.
+func dropConnectionHeaders(h http.Header) {
+	for _, v := range h["Connection"] {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = textproto.TrimString(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
 }
 
 // closeIfUnread asks the server to close the connection after an answer

@@ -133,3 +133,36 @@ func TestGitHubBodyKey(t *testing.T) {
 		})
 	}
 }
+
+// TestConnectionNamedHeadersAreNotTrusted: headers the Connection header
+// names are hop-by-hop and never reach the upstream, so the gateway must not
+// verify a signature or take a key from them either.
+func TestConnectionNamedHeadersAreNotTrusted(t *testing.T) {
+	up := newUpstream(t, nil)
+	gh := Route{
+		Name:     "github",
+		Path:     "/webhooks/github",
+		Upstream: up.URL,
+		Provider: providers.Config{Provider: providers.GitHub, Secrets: []string{"gh-secret"}},
+	}
+	orders := genericRoute("orders", "/hooks/orders", up.URL)
+	h := newHarness(t, Config{Routes: []Route{gh, orders}}, harnessOpts{})
+	const body = `{"action":"opened"}`
+
+	resp := h.send("/webhooks/github", body, githubSigned("gh-secret", body), "X-GitHub-Delivery: d-1", "Connection: X-Hub-Signature-256")
+	if resp.Status != http.StatusUnauthorized || up.count() != 0 {
+		t.Errorf("signature named in Connection: got %d with %d upstream requests, want 401 and none", resp.Status, up.count())
+	}
+	resp = h.send("/webhooks/github", body, githubSigned("gh-secret", body), "X-GitHub-Delivery: d-1")
+	if resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != statusForwarded {
+		t.Errorf("the genuine delivery: got %d %q, want 200 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+
+	resp = h.send("/hooks/orders", `{"no":"id"}`, "Idempotency-Key: k-1", "Connection: keep-alive, Idempotency-Key")
+	if got := resp.Header.Get(HeaderDedupStatus); got != statusUnkeyed {
+		t.Errorf("key header named in Connection: got Dedup-Status %q, want %q", got, statusUnkeyed)
+	}
+	if got := up.request(up.count() - 1).Header.Get("Idempotency-Key"); got != "" {
+		t.Errorf("upstream Idempotency-Key: got %q, want none", got)
+	}
+}
