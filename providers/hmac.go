@@ -94,13 +94,22 @@ func newGenericVerifier(s GenericSignature, secrets []string, c clock) (*generic
 	if err != nil {
 		return nil, fmt.Errorf("signature.template: %w", err)
 	}
+	signsTS := false // the template covers the timestamp header's value
 	for _, p := range parts {
-		if p.kind == 't' {
-			v.needsTime = true
+		switch {
+		case p.kind == 't':
+			v.needsTime, signsTS = true, true
+		case p.kind == 'h' && v.tsHeader != "" && p.literal == http.CanonicalHeaderKey(v.tsHeader):
+			signsTS = true
 		}
 	}
 	if v.needsTime && v.tsHeader == "" {
 		return nil, fmt.Errorf("signature.template: {timestamp} needs signature.timestamp_header")
+	}
+	if v.tsHeader != "" && !signsTS {
+		// A tolerance checked on a header the signature does not cover
+		// stops nothing: a replay just sends a fresh one.
+		return nil, fmt.Errorf("signature.timestamp_header: %s is not signed: put {timestamp} (or {header:%s}) in signature.template", v.tsHeader, v.tsHeader)
 	}
 	v.template = parts
 	return v, nil

@@ -99,6 +99,10 @@ func TestGenericSignatureValidate(t *testing.T) {
 		{GenericSignature{Template: "{header:}"}, "signature.template: unknown placeholder {header:} (want {body}, {timestamp} or {header:NAME})"},
 		{GenericSignature{Template: "{body"}, "signature.template: unclosed '{' in template"},
 		{GenericSignature{Template: "v0:{header:X-Ts}:{body}"}, ""},
+		{GenericSignature{TimestampHeader: "X-Ts"}, "signature.timestamp_header: X-Ts is not signed: put {timestamp} (or {header:X-Ts}) in signature.template"},
+		{GenericSignature{TimestampHeader: "X-Ts", Template: "{header:X-Other}.{body}"}, "signature.timestamp_header: X-Ts is not signed: put {timestamp} (or {header:X-Ts}) in signature.template"},
+		{GenericSignature{TimestampHeader: "X-Ts", Template: "{timestamp}.{body}"}, ""},
+		{GenericSignature{TimestampHeader: "x-ts", Template: "v0:{header:X-Ts}:{body}"}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
