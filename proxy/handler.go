@@ -36,7 +36,7 @@ const maxAPIKeyLen = 255
 type delivery struct {
 	rt        *route
 	start     time.Time
-	requestID string
+	requestID string // the provider's delivery ID, clipped for logs
 
 	key   dedup.Key
 	keyed bool
@@ -128,7 +128,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt.metrics.bodyBytes.Observe(float64(len(body)))
 
 	if rt.provider.RequestID != nil {
-		d.requestID = rt.provider.RequestID(r)
+		d.requestID = clipForLog(rt.provider.RequestID(r)) // only logged
 	}
 	if v := rt.provider.Verifier; v != nil {
 		if err := v.Verify(r, body); err != nil {
@@ -507,16 +507,22 @@ func (b *bodyReads) cutAll() {
 	}
 }
 
-// maxLoggedKey bounds a key in log lines; keys come from senders.
+// maxLoggedKey bounds a key or request ID in log lines; both come from
+// senders.
 const maxLoggedKey = 256
+
+// clipForLog returns s truncated to maxLoggedKey bytes, marked with "…".
+func clipForLog(s string) string {
+	if len(s) > maxLoggedKey {
+		return s[:maxLoggedKey] + "…"
+	}
+	return s
+}
 
 // keyField is the log field for a delivery's key, truncated to maxLoggedKey
 // bytes.
 func keyField(id string) zap.Field {
-	if len(id) > maxLoggedKey {
-		id = id[:maxLoggedKey] + "…"
-	}
-	return zap.String("key", id)
+	return zap.String("key", clipForLog(id))
 }
 
 // dropConnectionHeaders deletes the headers that h's Connection header

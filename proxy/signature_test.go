@@ -7,10 +7,12 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/memstore"
 	"github.com/dedupgw/dedupgw/providers"
 )
 
@@ -164,5 +166,34 @@ func TestConnectionNamedHeadersAreNotTrusted(t *testing.T) {
 	}
 	if got := up.request(up.count() - 1).Header.Get("Idempotency-Key"); got != "" {
 		t.Errorf("upstream Idempotency-Key: got %q, want none", got)
+	}
+}
+
+// TestLongRequestIDIsClippedInLogs: the delivery ID header comes from the
+// sender, before any signature check, so it is bounded in log lines like a
+// key.
+func TestLongRequestIDIsClippedInLogs(t *testing.T) {
+	up := newUpstream(t, nil)
+	gh := Route{
+		Name:     "github",
+		Path:     "/webhooks/github",
+		Upstream: up.URL,
+		Provider: providers.Config{Provider: providers.GitHub, Secrets: []string{"gh-secret"}},
+	}
+	store := memstore.New(memstore.Options{SweepInterval: -1})
+	t.Cleanup(func() { _ = store.Close() })
+	_, srv, logs := observedGateway(t, store, gh)
+	long := strings.Repeat("d", 60000)
+	if resp := post(t, srv, "/webhooks/github", `{}`, "X-GitHub-Delivery: "+long, githubSigned("wrong", `{}`)); resp.Status != http.StatusUnauthorized {
+		t.Fatalf("got %d, want 401", resp.Status)
+	}
+	entries := logs.FilterFieldKey("request_id").All()
+	if len(entries) == 0 {
+		t.Fatal("got no log line with request_id, want the rejection logged")
+	}
+	for _, e := range entries {
+		if got := len(e.ContextMap()["request_id"].(string)); got > maxLoggedKey+len("…") {
+			t.Errorf("%q: got a request_id of %d bytes, want at most %d", e.Message, got, maxLoggedKey+len("…"))
+		}
 	}
 }
