@@ -324,7 +324,8 @@ func (p *pipeliner) send(batch []*op) {
 			o.cmd = o.script.EvalSha(ctx, pipe, o.key[:], o.args...)
 		}
 	}
-	_, _ = pipe.Exec(ctx) // every command carries its own error
+	_, err := pipe.Exec(ctx)
+	stampPipelineErr(live, err)
 
 	var again []*op
 	for _, o := range live {
@@ -337,11 +338,32 @@ func (p *pipeliner) send(batch []*op) {
 		for _, o := range again {
 			o.cmd = o.script.Eval(ctx, pipe, o.key[:], o.args...)
 		}
-		_, _ = pipe.Exec(ctx)
+		_, err = pipe.Exec(ctx)
+		stampPipelineErr(again, err)
 	}
 	signalled = true
 	for _, o := range live {
 		o.done <- struct{}{}
+	}
+}
+
+// stampPipelineErr makes err, the error Exec returned for ops' pipeline,
+// the reply of every op that has none. Exec's error is normally the first
+// command's own, and then every command carries one. But when the connection
+// could not be set up with a Redis error (WRONGPASS or NOAUTH from AUTH, a
+// failed HELLO), go-redis takes it for a per-command reply and stamps it on
+// no command: they would read as empty replies ("unexpected type=<nil>").
+func stampPipelineErr(ops []*op, err error) {
+	if err == nil {
+		return
+	}
+	for _, o := range ops {
+		switch {
+		case o.script != nil && o.cmd.Err() == nil && o.cmd.Val() == nil:
+			o.cmd.SetErr(err)
+		case o.script == nil && o.str.Err() == nil && o.str.Val() == "":
+			o.str.SetErr(err)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -205,10 +206,21 @@ func TestACLUser(t *testing.T) {
 			if err := s.Ping(ctx); (err != nil) != tt.wantErr {
 				t.Fatalf("Ping: got %v, want error %v", err, tt.wantErr)
 			}
+			k := dedup.Key{Namespace: "acl", ID: "evt_" + strconv.Itoa(i)}
 			if tt.wantErr {
+				// Every operation names the cause, not a decoding error of a
+				// reply that never came (go-redis leaves a pipeline's
+				// commands without an error when the connection's AUTH fails).
+				_, claimErr := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+				_, getErr := s.Get(ctx, k)
+				commitErr := s.Commit(ctx, k, "token", dedup.CommitOptions{Window: time.Minute, Status: 200})
+				for op, err := range map[string]error{"Claim": claimErr, "Get": getErr, "Commit": commitErr} {
+					if err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+						t.Errorf("%s: got %v, want the WRONGPASS error", op, err)
+					}
+				}
 				return
 			}
-			k := dedup.Key{Namespace: "acl", ID: "evt_" + strconv.Itoa(i)}
 			claimCommit(t, s, k)
 			wantDuplicate(t, s, k)
 			if _, err := s.Get(ctx, k); err != nil {
