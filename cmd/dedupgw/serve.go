@@ -135,6 +135,15 @@ func (s *server) run(sigs <-chan os.Signal) error {
 			s.log.Error("closing the store", zap.Error(err))
 		}
 	}()
+	// An unreachable store is no reason not to start: Redis may come up
+	// later, and meanwhile each delivery meets its route's on_store_error
+	// policy. But say so now, not at the first delivery or readiness probe.
+	pingCtx, cancel := context.WithTimeout(context.Background(), startupPingTimeout)
+	if err := store.Ping(pingCtx); err != nil {
+		s.log.Warn("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers",
+			zap.String("backend", f.Store.Backend), zap.Error(err))
+	}
+	cancel()
 
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(
@@ -392,6 +401,9 @@ func (s *server) reload() {
 	s.file = f
 	s.log.Info("config reloaded", zap.String("config", s.path), zap.Int("routes", len(f.Routes)))
 }
+
+// startupPingTimeout bounds the store check at start-up.
+const startupPingTimeout = 3 * time.Second
 
 // goRedisLogger installs go-redis's process-wide logger once.
 var goRedisLogger sync.Once

@@ -211,6 +211,37 @@ routes:
 	}
 }
 
+// TestUnreachableStoreIsReportedAtStartUp: the gateway starts without its
+// Redis (it fails open or closed per route meanwhile), but says so at once.
+func TestUnreachableStoreIsReportedAtStartUp(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	closed := httptest.NewServer(http.NotFoundHandler())
+	addr := closed.Listener.Addr().String()
+	closed.Close() // nothing listens there now
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	writeFileAtomic(t, cfg, fmt.Sprintf(`listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+store:
+  backend: redis
+  redis:
+    addrs: [%q]
+routes:
+  - name: orders
+    path: /hooks/orders
+    upstream: http://127.0.0.1:1
+    keys: ["header:Idempotency-Key"]
+`, addr))
+	p := startInProcess(t, cfg)
+	warn := p.logs.FilterMessage("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers").All()
+	if len(warn) != 1 || !strings.Contains(fmt.Sprint(warn[0].ContextMap()["error"]), "connection refused") {
+		t.Errorf("got start-up warnings %v, want one naming the connection error", warn)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
 func TestServeListenFailure(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	busy := httptest.NewServer(http.NotFoundHandler())
