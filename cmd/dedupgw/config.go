@@ -45,6 +45,21 @@ type File struct {
 	// references named but the environment did not set, so Validate can say
 	// why a value is empty.
 	unset map[string][]string
+	// fromEnv maps a key path a DEDUPGW_* variable set to that variable, so
+	// a problem with its value names where the value came from.
+	fromEnv map[string]string
+}
+
+// fromEnvNote appends, to every problem of ps whose key (or a list item of
+// it) a DEDUPGW_* variable set, the variable's name: in Kubernetes the value
+// is in a Secret or the pod spec, not in the file the key points to.
+func (f *File) fromEnvNote(ps Problems) {
+	for i, p := range ps {
+		key, _, _ := strings.Cut(p.Key, "[")
+		if name, ok := f.fromEnv[key]; ok {
+			ps[i].Msg += " (set by " + name + ")"
+		}
+	}
 }
 
 // Admin configures the admin listener (/healthz, /readyz, /metrics, /v1/keys).
@@ -315,7 +330,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	}
 	raw := v.AllSettings()
 
-	f := &File{unset: map[string][]string{}}
+	f := &File{unset: map[string][]string{}, fromEnv: map[string]string{}}
 	var ps Problems
 	// viper matches keys case-insensitively: two spellings of one key in a
 	// mapping would silently merge, one value winning. Name them instead.
@@ -336,6 +351,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 			val = splitList(s)
 		}
 		setPath(raw, o.path, val)
+		f.fromEnv[strings.Join(o.path, ".")] = o.env
 	}
 
 	decode(raw, reflect.ValueOf(f).Elem(), "", &ps)
@@ -346,6 +362,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 			ps[i].Msg += fmt.Sprintf(" (environment variable %s is not set)", strings.Join(vars, ", "))
 		}
 	}
+	f.fromEnvNote(ps)
 	f.applyDefaults()
 	return f, ps.errOrNil()
 }
@@ -365,7 +382,7 @@ func (f *File) applyDefaults() {
 	set(&f.Store.Backend, defaultBackend)
 	set(&f.Store.Bolt.Path, defaultBoltPath)
 	set(&f.Store.Redis.KeyPrefix, defaultKeyPrefix)
-	if len(f.Store.Redis.Addrs) == 0 {
+	if f.Store.Redis.Addrs == nil { // absent; an explicit empty list is an error
 		f.Store.Redis.Addrs = []string{defaultRedisAddr}
 	}
 }

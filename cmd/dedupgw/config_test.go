@@ -475,7 +475,13 @@ func TestProblems(t *testing.T) {
 		{"list where scalar", "listen: [a]\n" + minimal, nil, []string{"listen: want a string, got a list"}},
 		{"scalar where map", "store: redis\n" + minimal, nil, []string{`store: want a mapping of keys, got "redis"`}},
 		{"unknown backend", "store:\n  backend: mongo\n" + minimal, nil, []string{`store.backend: unknown backend "mongo" (want bolt, redis or memory)`}},
-		{"bad env override", minimal, map[string]string{"DEDUPGW_STORE_REDIS_DB": "x"}, []string{`store.redis.db: invalid integer "x"`}},
+		{"bad env override", minimal, map[string]string{"DEDUPGW_STORE_REDIS_DB": "x"}, []string{`store.redis.db: invalid integer "x" (set by DEDUPGW_STORE_REDIS_DB)`}},
+		{"bad env value found by validation", minimal, map[string]string{"DEDUPGW_DEFAULTS_WINDOW": "-1h", "DEDUPGW_STORE_BACKEND": "redis", "DEDUPGW_STORE_REDIS_ADDRS": " "}, []string{
+			"store.redis.addrs: at least one address is required (set by DEDUPGW_STORE_REDIS_ADDRS)",
+			"defaults.window: must be greater than 0, got -1h0m0s (set by DEDUPGW_DEFAULTS_WINDOW)",
+		}},
+		{"redis addrs empty list", "store:\n  backend: redis\n  redis:\n    addrs: []\n" + minimal, nil, []string{"store.redis.addrs: at least one address is required"}},
+		{"redis addrs empty variable", "store:\n  backend: redis\n  redis:\n    addrs: \"${REDIS_ADDRS}\"\n" + minimal, nil, []string{"store.redis.addrs: at least one address is required (environment variable REDIS_ADDRS is not set)"}},
 		{"redis bad addr", "store:\n  backend: redis\n  redis:\n    addrs: [nohost]\n" + minimal, nil, []string{`store.redis.addrs[0]: invalid address "nohost" (want host:port, e.g. "127.0.0.1:9090")`}},
 		{"redis negative", "store:\n  backend: redis\n  redis:\n    db: -1\n    pool_size: -2\n    dial_timeout: -1s\n    read_timeout: -1s\n" + minimal, nil, []string{
 			"store.redis.db: must not be negative, got -1",

@@ -67,6 +67,7 @@ func (f *File) Validate() error {
 			}
 		}
 	}
+	f.fromEnvNote(ps)
 	return ps.errOrNil()
 }
 
@@ -119,7 +120,7 @@ func (f *File) checkStore(ps *Problems) {
 	case "memory":
 	case "redis":
 		if len(s.Redis.Addrs) == 0 {
-			ps.add("store.redis.addrs", "at least one address is required")
+			ps.add("store.redis.addrs", "%s", strings.Replace(f.empty("store.redis.addrs"), "must not be empty", "at least one address is required", 1))
 		}
 		for i, a := range s.Redis.Addrs {
 			f.checkAddr(ps, fmt.Sprintf("store.redis.addrs[%d]", i), a)
