@@ -157,6 +157,18 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if r.URL.Query().Get("force") != "true" {
+		// Forgetting a key whose delivery is being forwarded right now
+		// would let the next copy through beside it: refuse, unless forced.
+		rec, err := a.store.Get(r.Context(), key)
+		if err == nil && rec.State == dedup.StateProcessing {
+			if now := a.g.now(); now.Before(rec.LeaseUntil) {
+				writeProblem(w, probInFlight.with(rt.Name, "a delivery of this key is being forwarded now; forgetting it would let a copy through beside it. Retry once it finished, or add ?force=true"),
+					retryAfterSeconds(now, rec.LeaseUntil, rt.Lease))
+				return
+			}
+		}
+	}
 	existed, err := a.store.Forget(r.Context(), key)
 	switch {
 	case err != nil:

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dedupgw/dedupgw/dedup"
 )
@@ -169,6 +170,23 @@ func TestAdminKeysAPI(t *testing.T) {
 		}
 		if got := a.up().count(); got != before+1 {
 			t.Errorf("after forget: got %d upstream requests, want %d", got, before+1)
+		}
+	})
+
+	t.Run("forget refuses a key in flight unless forced", func(t *testing.T) {
+		busy := dedup.Key{Namespace: "orders", ID: "evt_busy"}
+		if _, err := a.store.Claim(context.Background(), busy, dedup.ClaimOptions{Lease: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		got, hdr, body := a.call(http.MethodDelete, keyPath("evt_busy"), bearer)
+		if got != http.StatusConflict || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), "force=true") {
+			t.Errorf("DELETE in flight: got %d (Retry-After %q) %s, want 409 with Retry-After naming force=true", got, hdr.Get("Retry-After"), body)
+		}
+		if _, err := a.store.Get(context.Background(), busy); err != nil {
+			t.Errorf("after the refused DELETE: got %v, want the lease kept", err)
+		}
+		if got, _, body := a.call(http.MethodDelete, keyPath("evt_busy")+"?force=true", bearer); got != http.StatusNoContent {
+			t.Errorf("DELETE ?force=true: got %d %s, want 204", got, body)
 		}
 	})
 

@@ -658,6 +658,24 @@ func TestE2EKeysCLI(t *testing.T) {
 	}
 	wantAnswer(t, "delivery after forget", deliver(t, url, "evt/1", "{}"), 200, "forwarded")
 	wantHits(t, u, "evt/1", 2)
+
+	// A key whose delivery is in flight is forgotten only with --force.
+	release := make(chan struct{})
+	u.setHandler(func(w http.ResponseWriter, _ *http.Request, _ int) { <-release })
+	done := make(chan error, 1)
+	go func() { _, err := tryDeliver(url, "evt/busy", "{}"); done <- err }()
+	eventually(t, 10*time.Second, func() bool { return u.count("orders:evt/busy") == 1 }, func() string { return "the delivery at the upstream" })
+	code, _, stderr := runCLI(t, withToken, "keys", "forget", admin, "orders", "evt/busy")
+	if code != 1 || !strings.Contains(stderr, "in flight") || !strings.Contains(stderr, "--force") {
+		t.Errorf("forget in flight: got exit %d, stderr %q; want 1 saying in flight and --force", code, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, withToken, "keys", "forget", admin, "--force", "orders", "evt/busy"); code != 0 {
+		t.Errorf("forget --force: got exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Errorf("the held delivery: %v", err)
+	}
 }
 
 // metricValue returns the value of the sample line starting with series

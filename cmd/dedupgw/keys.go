@@ -21,7 +21,9 @@ const keysTimeout = 10 * time.Second
 
 const keysUsage = `Usage:
   dedupgw keys get [--admin URL] ROUTE KEY     print the key's record as JSON
-  dedupgw keys forget [--admin URL] ROUTE KEY  forget the key so its next delivery is forwarded
+  dedupgw keys forget [--admin URL] [--force] ROUTE KEY
+                                               forget the key so its next delivery is forwarded;
+                                               a key whose delivery is in flight needs --force
 
 The admin token is read from DEDUPGW_ADMIN_TOKEN. --admin defaults to
 DEDUPGW_ADMIN_URL, else ` + defaultAdminURL + `.
@@ -43,6 +45,10 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		def = v
 	}
 	admin := fs.String("admin", def, "admin API base URL")
+	var force *bool
+	if op == "forget" {
+		force = fs.Bool("force", false, "forget the key even while a delivery of it is in flight")
+	}
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
@@ -68,6 +74,9 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		method = http.MethodDelete
 	}
 	target := base.String() + "/v1/keys/" + url.PathEscape(route) + "/" + url.PathEscape(key)
+	if force != nil && *force {
+		target += "?force=true"
+	}
 	req, err := http.NewRequest(method, target, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "dedupgw keys: %v\n", err)
@@ -103,6 +112,8 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	case resp.StatusCode == http.StatusNotFound:
 		fmt.Fprintf(stderr, "dedupgw keys: %s/%s: not found (%s)\n", route, key, detail(body))
+	case resp.StatusCode == http.StatusConflict:
+		fmt.Fprintf(stderr, "dedupgw keys: %s/%s: in flight (%s)\n", route, key, strings.Replace(detail(body), "add ?force=true", "use --force", 1))
 	case resp.StatusCode == http.StatusUnauthorized:
 		fmt.Fprintf(stderr, "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n")
 	default:
