@@ -567,7 +567,7 @@ routes:
 		stderr     []string
 		stderrNone []string
 	}{
-		{"valid", []string{"validate", "--config", good}, 0, []string{"ok (store bolt; 1 routes: orders)"}, nil, nil},
+		{"valid", []string{"validate", "--config", good}, 0, []string{"ok (store bolt; 1 route: orders)"}, nil, nil},
 		{"invalid lists every problem", []string{"validate", "--config", bad}, 1, nil, []string{
 			"6 problems:",
 			"routes[0].windw: unknown key",

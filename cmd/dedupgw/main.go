@@ -192,7 +192,11 @@ func cmdValidate(args []string, stdout, stderr io.Writer) int {
 	for i, r := range f.Routes {
 		names[i] = r.Name
 	}
-	fmt.Fprintf(stdout, "%s: ok (store %s; %d routes: %s)\n", path, f.Store.Backend, len(f.Routes), strings.Join(names, ", "))
+	noun := "routes"
+	if len(f.Routes) == 1 {
+		noun = "route"
+	}
+	fmt.Fprintf(stdout, "%s: ok (store %s; %d %s: %s)\n", path, f.Store.Backend, len(f.Routes), noun, strings.Join(names, ", "))
 	return exitOK
 }
 
