@@ -32,7 +32,7 @@ var valueSets = []struct {
 		name: "standalone bolt", chart: "dedupgw", values: "standalone-bolt.yaml",
 		release: "hooks", namespace: "edge",
 		check: func(t *testing.T, r *rendered) {
-			wantKinds(t, r, map[string]int{"Deployment": 1, "Service": 1, "ConfigMap": 2, "PersistentVolumeClaim": 1, "PodDisruptionBudget": 1, "ServiceAccount": 1, "ServiceMonitor": 1})
+			wantKinds(t, r, map[string]int{"Deployment": 1, "Service": 1, "ConfigMap": 2, "Secret": 1, "PersistentVolumeClaim": 1, "PodDisruptionBudget": 1, "ServiceAccount": 1, "ServiceMonitor": 1})
 			d := r.Deployments["hooks-dedupgw"]
 			if d == nil {
 				t.Fatalf("no Deployment hooks-dedupgw; got %v", keys(r.Deployments))
@@ -53,6 +53,9 @@ var valueSets = []struct {
 			if got := ptrString(pvc.Spec.StorageClassName); got != "fast" {
 				t.Errorf("PVC storageClassName: got %q, want fast", got)
 			}
+			if got := pvc.Annotations["helm.sh/resource-policy"]; got != "keep" {
+				t.Errorf("PVC annotation helm.sh/resource-policy: got %q, want keep (helm uninstall must not delete the keys)", got)
+			}
 			vol := volume(d.Spec.Template.Spec, "dedupgw-data")
 			if vol == nil || vol.PersistentVolumeClaim == nil || vol.PersistentVolumeClaim.ClaimName != pvc.Name {
 				t.Errorf("data volume: got %+v, want the PVC %s", vol, pvc.Name)
@@ -61,10 +64,11 @@ var valueSets = []struct {
 			if cfg.Store.Backend != "bolt" {
 				t.Errorf("store.backend: got %q, want bolt", cfg.Store.Backend)
 			}
-			if !cfg.Admin.Insecure {
-				t.Errorf("admin.insecure: got false, want true (no token secret, admin port on the pod IP)")
+			if cfg.Admin.Insecure {
+				t.Errorf("admin.insecure: got true, want it absent (the chart generates a token)")
 			}
 			c := container(t, d.Spec.Template.Spec, "dedupgw")
+			checkGeneratedToken(t, r, c, "hooks-dedupgw-admin")
 			if got := envFromSecrets(c); !slices.Equal(got, []string{"webhook-secrets"}) {
 				t.Errorf("envFrom secrets: got %v, want [webhook-secrets]", got)
 			}
@@ -163,6 +167,7 @@ var valueSets = []struct {
 				t.Fatalf("containers: got %d, want the app and the sidecar", got)
 			}
 			app := container(t, ps, "shop")
+			checkShutdownOrder(t, r, d, app, 35, 50)
 			appPort := containerPort(app, "http")
 			if appPort == nil || appPort.ContainerPort != 3001 {
 				t.Fatalf("app port: got %+v, want http 3001 (the app keeps its own port)", appPort)
@@ -241,8 +246,27 @@ func TestRenderFailures(t *testing.T) {
 			[]string{"upstream"}},
 		{"no routes", []string{"--set", "routes=null"},
 			[]string{"routes is empty"}},
-		{"admin not insecure and no token", []string{"--set", "admin.insecure=false"},
-			[]string{"admin.insecure=false needs a token", "admin.tokenSecret.name"}},
+		{"misspelt key under defaults", []string{"--set", "defaults.windw=1h"},
+			[]string{"/defaults", "additional properties 'windw' not allowed"}},
+		{"misspelt key under a route", []string{"--set", "routes[0].name=a", "--set", "routes[0].path=/a",
+			"--set", "routes[0].upstream=http://a:3000", "--set", "routes[0].upstram_timeout=60s"},
+			[]string{"/routes/0", "additional properties 'upstram_timeout' not allowed"}},
+		{"misspelt key under a route's signature", []string{"--set", "routes[0].name=a", "--set", "routes[0].path=/a",
+			"--set", "routes[0].upstream=http://a:3000", "--set", "routes[0].signature.algo=sha1"},
+			[]string{"/routes/0/signature", "additional properties 'algo' not allowed"}},
+		{"misspelt key under server", []string{"--set", "server.idle=1m"},
+			[]string{"/server", "additional properties 'idle' not allowed"}},
+		{"misspelt key under store.redis", []string{"--set", "store.redis.pasword=x"},
+			[]string{"/store/redis", "additional properties 'pasword' not allowed"}},
+		{"duration as a number", []string{"--set", "defaults.upstream_timeout=30"},
+			[]string{"/defaults/upstream_timeout", "want string"}},
+		{"duration without a unit", []string{"--set-string", "defaults.window=24"},
+			[]string{"/defaults/window", "does not match pattern"}},
+		{"list as a string", []string{"--set", "routes[0].name=a", "--set", "routes[0].path=/a",
+			"--set", "routes[0].upstream=http://a:3000", "--set", "routes[0].keys=body"},
+			[]string{"/routes/0/keys", "want array"}},
+		{"unknown policy value", []string{"--set", "defaults.on_store_error=ignore"},
+			[]string{"/defaults/on_store_error", "forward", "reject"}},
 		{"redis without addresses", []string{"--set", "store.backend=redis", "--set", "store.redis.addrs=null"},
 			[]string{"store.backend=redis needs store.redis.addrs"}},
 	}
@@ -375,8 +399,6 @@ func TestRenderedConfigValidates(t *testing.T) {
 				for _, e := range c.Env {
 					v := e.Value
 					switch {
-					case e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil:
-						v = "268435456" // what the kubelet puts there: bytes
 					case e.ValueFrom != nil:
 						v = "from-a-secret"
 					}
@@ -410,11 +432,11 @@ func checkGatewayPods(t *testing.T, r *rendered) {
 			httpName, adminName = "dedupgw-http", "dedupgw-admin"
 		}
 
-		// The Go runtime's soft memory limit follows the container's.
+		// The Go runtime's soft memory limit: 90 % of the container's.
 		if lim, ok := c.Resources.Limits[corev1.ResourceMemory]; ok && !lim.IsZero() {
-			e := env(c, "GOMEMLIMIT")
-			if e == nil || e.ValueFrom == nil || e.ValueFrom.ResourceFieldRef == nil || e.ValueFrom.ResourceFieldRef.Resource != "limits.memory" {
-				t.Errorf("%s: GOMEMLIMIT: got %+v, want resourceFieldRef limits.memory (limits.memory is %s)", d.Name, e, lim.String())
+			want := strconv.FormatInt(lim.Value()*9/10, 10)
+			if e := env(c, "GOMEMLIMIT"); e == nil || e.Value != want {
+				t.Errorf("%s: GOMEMLIMIT: got %+v, want value %s (90 %% of limits.memory %s)", d.Name, e, want, lim.String())
 			}
 		}
 
@@ -551,6 +573,13 @@ func checkGatewayPods(t *testing.T, r *rendered) {
 			}
 		}
 
+		// The kubelet must not kill the gateway mid-drain: the drain lasts up
+		// to the longest upstream_timeout + 5 s.
+		drain := drainSeconds(t, cfg)
+		if g := ps.TerminationGracePeriodSeconds; g == nil || *g < drain+5 {
+			t.Errorf("%s: terminationGracePeriodSeconds: got %v, want at least %d (drain %d s + 5)", d.Name, ptrInt64(g), drain+5, drain)
+		}
+
 		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
 			t.Errorf("%s: resource requests: got %v, want cpu and memory", d.Name, c.Resources.Requests)
 		}
@@ -681,6 +710,13 @@ func selects(selector, labels map[string]string) bool {
 }
 
 func ptrTrue(b *bool) bool { return b != nil && *b }
+
+func ptrInt64(n *int64) any {
+	if n == nil {
+		return nil
+	}
+	return *n
+}
 
 func ptrString(s *string) string {
 	if s == nil {

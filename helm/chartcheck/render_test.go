@@ -304,9 +304,13 @@ type gatewayConfig struct {
 		Bolt    map[string]any `json:"bolt"`
 		Redis   map[string]any `json:"redis"`
 	} `json:"store"`
+	Defaults struct {
+		UpstreamTimeout string `json:"upstream_timeout"`
+	} `json:"defaults"`
 	Routes []struct {
-		Name     string `json:"name"`
-		Upstream string `json:"upstream"`
+		Name            string `json:"name"`
+		Upstream        string `json:"upstream"`
+		UpstreamTimeout string `json:"upstream_timeout"`
 	} `json:"routes"`
 }
 

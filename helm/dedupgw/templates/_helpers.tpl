@@ -101,19 +101,172 @@ It renders nothing when the values are consistent.
 {{- if not .Values.routes }}
 {{- fail "routes is empty: the gateway needs at least one route" }}
 {{- end }}
-{{- if and (not .Values.admin.insecure) (not .Values.admin.tokenSecret.name) }}
-{{- $hasToken := false }}
-{{- range .Values.env }}{{ if eq .name "DEDUPGW_ADMIN_TOKEN" }}{{ $hasToken = true }}{{ end }}{{ end }}
-{{- if and (not $hasToken) (not .Values.existingSecret) (not .Values.envFrom) }}
-{{- fail "admin.insecure=false needs a token: set admin.tokenSecret.name (or DEDUPGW_ADMIN_TOKEN through existingSecret/env), because the probes reach the admin port on the pod IP" }}
+{{- /* Secrets go to the environment (existingSecret) and config.yaml names
+them as ${VAR}: a literal here would sit in clear in the ConfigMap. The
+error never repeats the value. */}}
+{{- $ref := "^(\\$\\{[A-Za-z_][A-Za-z0-9_]*\\})+$" }}
+{{- $pw := .Values.store.redis.password | default "" | toString }}
+{{- if and (eq $backend "redis") $pw (not (regexMatch $ref $pw)) }}
+{{- fail "store.redis.password holds a literal password, which would be written in clear to the ConfigMap. Put the password in the Secret named by existingSecret (e.g. as REDIS_PASSWORD) and set store.redis.password: \"${REDIS_PASSWORD}\"" }}
+{{- end }}
+{{- range $i, $r := .Values.routes }}
+{{- range $j, $s := get $r "secrets" | default list }}
+{{- if and $s (not (regexMatch $ref (toString $s))) }}
+{{- fail (printf "routes[%d].secrets[%d] (route %q) holds a literal secret, which would be written in clear to the ConfigMap. Put it in the Secret named by existingSecret (e.g. as WEBHOOK_SECRET) and write \"${WEBHOOK_SECRET}\" in secrets" $i $j (toString (get $r "name"))) }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- $_ := include "dedupgw.terminationGracePeriodSeconds" . }}
+{{- end }}
+
+{{/*
+dedupgw.adminToken says where the admin API token comes from:
+  existing   admin.tokenSecret.name, a Secret you manage;
+  env        DEDUPGW_ADMIN_TOKEN set in env;
+  insecure   none: admin.insecure is true (config.yaml says insecure: true);
+  generated  a random token the chart keeps in its own Secret
+             (dedupgw.adminTokenSecretName), the default.
+*/}}
+{{- define "dedupgw.adminToken" -}}
+{{- $inEnv := false }}
+{{- range .Values.env }}{{ if eq .name "DEDUPGW_ADMIN_TOKEN" }}{{ $inEnv = true }}{{ end }}{{ end }}
+{{- if .Values.admin.tokenSecret.name }}existing
+{{- else if $inEnv }}env
+{{- else if .Values.admin.insecure }}insecure
+{{- else }}generated
+{{- end }}
+{{- end }}
+
+{{/* dedupgw.adminTokenSecretName names the Secret the container reads DEDUPGW_ADMIN_TOKEN from: admin.tokenSecret.name, or the chart's own "<config map name>-admin". */}}
+{{- define "dedupgw.adminTokenSecretName" -}}
+{{- .Values.admin.tokenSecret.name | default (printf "%s-admin" (include "dedupgw.configMapName" .)) }}
+{{- end }}
+
+{{/* dedupgw.adminTokenSecretKey is the key of the token in that Secret. */}}
+{{- define "dedupgw.adminTokenSecretKey" -}}
+{{- if .Values.admin.tokenSecret.name }}{{ .Values.admin.tokenSecret.key | default "admin-token" }}{{ else }}admin-token{{ end }}
+{{- end }}
+
+{{/*
+dedupgw.durationSeconds reads a Go duration ("30s", "2m", "1m30s", "1h",
+"1.5s", "250ms") and renders its length in whole seconds, rounded up. It takes
+(dict "value" "30s" "key" "defaults.upstream_timeout" "lenient" false) and, on
+anything else (a ${VAR} reference, a bare number), renders "unknown" when
+lenient and otherwise fails the render naming the key.
+*/}}
+{{- define "dedupgw.durationSeconds" -}}
+{{- $v := toString .value | trim }}
+{{- $num := "([0-9]+(\\.[0-9]*)?|\\.[0-9]+)" }}
+{{- $units := "(h|ms|m|s|us|µs|ns)" }}
+{{- if eq $v "0" }}0
+{{- else if not (regexMatch (printf "^(%s%s)+$" $num $units) $v) }}
+{{- if .lenient }}unknown{{ else }}
+{{- fail (printf "%s: cannot read %q as a duration, and the chart derives terminationGracePeriodSeconds from the longest upstream_timeout. Write a Go duration such as \"30s\", \"2m\" or \"1m30s\", or set terminationGracePeriodSeconds yourself" .key $v) }}
+{{- end }}
+{{- else }}
+{{- $mul := dict "h" 3600.0 "m" 60.0 "s" 1.0 }}
+{{- $div := dict "ms" 1000.0 "us" 1000000.0 "µs" 1000000.0 "ns" 1000000000.0 }}
+{{- $total := 0.0 }}
+{{- range regexFindAll (printf "%s%s" $num $units) $v -1 }}
+{{- $n := regexFind "^[0-9.]+" . }}
+{{- $u := trimPrefix $n . }}
+{{- if hasKey $mul $u }}
+{{- $total = addf $total (mulf (float64 $n) (get $mul $u)) }}
+{{- else }}
+{{- $total = addf $total (divf (float64 $n) (get $div $u)) }}
+{{- end }}
+{{- end }}
+{{- printf "%.0f" (ceil $total) }}
+{{- end }}
+{{- end }}
+
+{{/*
+dedupgw.drainSeconds is how long the gateway may drain after SIGTERM: the
+longest upstream_timeout (defaults.upstream_timeout, 30s when unset, and every
+route's own) plus 5 s, as the gateway computes it. When
+terminationGracePeriodSeconds is set, an upstream_timeout the chart cannot
+read makes it "unknown" instead of failing the render.
+*/}}
+{{- define "dedupgw.drainSeconds" -}}
+{{- $lenient := not (kindIs "invalid" .Values.terminationGracePeriodSeconds) }}
+{{- $all := list }}
+{{- with get (.Values.defaults | default dict) "upstream_timeout" }}
+{{- $all = append $all (include "dedupgw.durationSeconds" (dict "value" . "key" "defaults.upstream_timeout" "lenient" $lenient)) }}
+{{- else }}
+{{- $all = append $all "30" }}
+{{- end }}
+{{- range $i, $r := .Values.routes }}
+{{- with get $r "upstream_timeout" }}
+{{- $all = append $all (include "dedupgw.durationSeconds" (dict "value" . "key" (printf "routes[%d].upstream_timeout" $i) "lenient" $lenient)) }}
+{{- end }}
+{{- end }}
+{{- if has "unknown" $all }}unknown
+{{- else }}
+{{- $longest := 0 }}
+{{- range $all }}{{ $longest = max $longest (int .) }}{{ end }}
+{{- add $longest 5 }}
+{{- end }}
+{{- end }}
+
+{{/*
+dedupgw.sidecar.preStopSleepSeconds is how long your app container should
+sleep in a preStop hook so the gateway beside it can drain first: the drain
+(dedupgw.drainSeconds). It fails the render when an upstream_timeout cannot be
+read.
+*/}}
+{{- define "dedupgw.sidecar.preStopSleepSeconds" -}}
+{{- $drain := include "dedupgw.drainSeconds" . }}
+{{- if eq $drain "unknown" }}
+{{- fail "dedupgw.sidecar.preStopSleepSeconds: an upstream_timeout is not a Go duration the chart can read (e.g. a ${VAR}); write it as \"30s\", \"2m\"..." }}
+{{- end }}
+{{- $drain }}
+{{- end }}
+
+{{/*
+dedupgw.terminationGracePeriodSeconds is the pod's grace period: the drain
+(dedupgw.drainSeconds) plus 10 s to answer, release and close, unless
+terminationGracePeriodSeconds is set; a value set shorter than the drain plus
+5 s fails the render.
+*/}}
+{{- define "dedupgw.terminationGracePeriodSeconds" -}}
+{{- $drainStr := include "dedupgw.drainSeconds" . }}
+{{- $drain := int $drainStr }}
+{{- $set := .Values.terminationGracePeriodSeconds }}
+{{- if kindIs "invalid" $set }}
+{{- add $drain 10 }}
+{{- else if and (ne $drainStr "unknown") (lt (int $set) (add $drain 5)) }}
+{{- fail (printf "terminationGracePeriodSeconds=%d is too short: on SIGTERM the gateway drains for up to %d s (the longest upstream_timeout + 5 s), so the kubelet would kill it mid-drain. Set it to at least %d, or leave it empty (null) to have the chart derive it (%d)" (int $set) $drain (add $drain 5) (add $drain 10)) }}
+{{- else }}
+{{- int $set }}
+{{- end }}
+{{- end }}
+
+{{/*
+dedupgw.goMemLimit is GOMEMLIMIT in bytes: 90 % of resources.limits.memory,
+leaving the rest for memory the Go runtime does not manage or count. It reads
+a plain number of bytes or a number with a suffix Ki, Mi, Gi, Ti, Pi, Ei, k,
+M, G, T, P or E (the forms Kubernetes documents) and fails the render on any
+other quantity form.
+*/}}
+{{- define "dedupgw.goMemLimit" -}}
+{{- $lim := . }}
+{{- $s := "" }}
+{{- if kindIs "string" $lim }}{{ $s = trim $lim }}{{ else }}{{ $s = printf "%.0f" (float64 $lim) }}{{ end }}
+{{- $m := regexFindAll "^([0-9]+(\\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$" $s 1 }}
+{{- if not $m }}
+{{- fail (printf "resources.limits.memory %q: the chart sets GOMEMLIMIT to 90%% of it and reads only bytes or a number with a suffix Ki, Mi, Gi, Ti, k, M, G or T (e.g. 256Mi). Write it so, or set GOMEMLIMIT in env, or goMemLimit: false" $s) }}
+{{- end }}
+{{- $n := regexFind "^[0-9.]+" $s }}
+{{- $u := trimPrefix $n $s }}
+{{- $mult := dict "" 1.0 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 }}
+{{- $bytes := ceil (mulf (float64 $n) (get $mult $u)) }}
+{{- printf "%.0f" (floor (divf (mulf $bytes 9.0) 10.0)) }}
 {{- end }}
 
 {{/* dedupgw.config is the gateway's config.yaml, rendered from values. */}}
 {{- define "dedupgw.config" -}}
 {{- $admin := dict "listen" (printf ":%d" (int .Values.ports.admin)) }}
-{{- if and .Values.admin.insecure (not .Values.admin.tokenSecret.name) }}
+{{- if eq (include "dedupgw.adminToken" .) "insecure" }}
 {{- $_ := set $admin "insecure" true }}
 {{- end }}
 {{- $store := dict "backend" .Values.store.backend }}
@@ -169,22 +322,24 @@ containers. Standalone and sidecar use the same container.
       protocol: TCP
   {{- $memLimit := and .Values.goMemLimit (dig "limits" "memory" "" (.Values.resources | default dict)) }}
   {{- range .Values.env }}{{ if eq .name "GOMEMLIMIT" }}{{ $memLimit = false }}{{ end }}{{ end }}
-  {{- if or .Values.admin.tokenSecret.name .Values.env $memLimit }}
+  {{- $token := has (include "dedupgw.adminToken" .) (list "existing" "generated") }}
+  {{- if or $token .Values.env $memLimit }}
   env:
-    {{- if .Values.admin.tokenSecret.name }}
+    {{- if $token }}
+    # /v1/keys needs "Authorization: Bearer <token>"; /healthz, /readyz and
+    # /metrics stay open for the kubelet and Prometheus.
     - name: DEDUPGW_ADMIN_TOKEN
       valueFrom:
         secretKeyRef:
-          name: {{ .Values.admin.tokenSecret.name }}
-          key: {{ .Values.admin.tokenSecret.key }}
+          name: {{ include "dedupgw.adminTokenSecretName" . }}
+          key: {{ include "dedupgw.adminTokenSecretKey" . }}
     {{- end }}
     {{- if $memLimit }}
-    # The Go runtime's soft memory limit: the container's, so the garbage
-    # collector works harder before the kernel's OOM killer would.
+    # The Go runtime's soft memory limit: 90 % of limits.memory ({{ $memLimit }}),
+    # so the garbage collector works harder before the kernel's OOM killer
+    # would, with room for memory the runtime does not count.
     - name: GOMEMLIMIT
-      valueFrom:
-        resourceFieldRef:
-          resource: limits.memory
+      value: {{ include "dedupgw.goMemLimit" $memLimit | quote }}
     {{- end }}
     {{- with .Values.env }}
     {{- toYaml . | nindent 4 }}

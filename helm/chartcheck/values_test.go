@@ -1,0 +1,421 @@
+package chartcheck
+
+import (
+	"encoding/base64"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// drainSeconds is how long the gateway drains on SIGTERM for this config:
+// the longest upstream_timeout (defaults, 30s when unset, and every route's
+// own) plus 5 s, in whole seconds rounded up, read with time.ParseDuration
+// as the gateway reads it.
+func drainSeconds(t *testing.T, cfg gatewayConfig) int64 {
+	t.Helper()
+	longest := 30 * time.Second
+	parse := func(key, s string) {
+		if s == "" {
+			return
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("config %s: %v", key, err)
+		}
+		longest = max(longest, d)
+	}
+	if cfg.Defaults.UpstreamTimeout != "" {
+		longest = 0
+		parse("defaults.upstream_timeout", cfg.Defaults.UpstreamTimeout)
+	}
+	for _, r := range cfg.Routes {
+		parse("routes "+r.Name+" upstream_timeout", r.UpstreamTimeout)
+	}
+	return int64((longest+time.Second-1)/time.Second) + 5
+}
+
+// checkGeneratedToken checks that the gateway container reads
+// DEDUPGW_ADMIN_TOKEN from the chart's own Secret, which holds a token.
+func checkGeneratedToken(t *testing.T, r *rendered, c *corev1.Container, secret string) {
+	t.Helper()
+	tok := env(c, "DEDUPGW_ADMIN_TOKEN")
+	if tok == nil || tok.ValueFrom == nil || tok.ValueFrom.SecretKeyRef == nil ||
+		tok.ValueFrom.SecretKeyRef.Name != secret || tok.ValueFrom.SecretKeyRef.Key != "admin-token" {
+		t.Fatalf("DEDUPGW_ADMIN_TOKEN: got %+v, want secretKeyRef %s/admin-token", tok, secret)
+	}
+	s := r.Secrets[secret]
+	if s == nil {
+		t.Fatalf("no Secret %s; got %v", secret, keys(r.Secrets))
+	}
+	// The strict decode has already base64-decoded data.
+	if got := len(s.Data["admin-token"]); got < 32 {
+		t.Errorf("Secret %s admin-token: got %d bytes, want a random token of at least 32", secret, got)
+	}
+}
+
+// checkShutdownOrder checks that the app beside the sidecar sleeps in preStop
+// for the gateway's whole drain, and that the grace period covers the sleep
+// and the app's own stop.
+func checkShutdownOrder(t *testing.T, r *rendered, d *appsv1.Deployment, app *corev1.Container, wantSleep, wantGrace int64) {
+	t.Helper()
+	ps := d.Spec.Template.Spec
+	cfg, _ := configOf(t, r.ConfigMaps[volume(ps, "dedupgw-config").ConfigMap.Name])
+	if drain := drainSeconds(t, cfg); wantSleep < drain {
+		t.Fatalf("test table: want sleep %d is shorter than the drain %d", wantSleep, drain)
+	}
+	var sleep int64 = -1
+	if app.Lifecycle != nil && app.Lifecycle.PreStop != nil && app.Lifecycle.PreStop.Sleep != nil {
+		sleep = app.Lifecycle.PreStop.Sleep.Seconds
+	}
+	if sleep != wantSleep {
+		t.Errorf("app %s preStop sleep: got %d, want %d (the gateway's drain: longest upstream_timeout + 5 s)", app.Name, sleep, wantSleep)
+	}
+	if g := ptrInt64(ps.TerminationGracePeriodSeconds); g != wantGrace {
+		t.Errorf("terminationGracePeriodSeconds: got %v, want %d (preStop sleep + app.stopSeconds)", g, wantGrace)
+	}
+}
+
+// TestTerminationGracePeriod checks that the grace period follows the longest
+// upstream_timeout (defaults and routes) unless set, and that a set one
+// shorter than the drain needs fails the render.
+func TestTerminationGracePeriod(t *testing.T) {
+	route := func(timeout string) []string {
+		return []string{"--set", "routes[0].name=a", "--set", "routes[0].path=/a", "--set", "routes[0].upstream=http://a:3000",
+			"--set", "routes[0].keys={body}", "--set-string", "routes[0].upstream_timeout=" + timeout,
+			"--set", "routes[1].name=b", "--set", "routes[1].path=/b", "--set", "routes[1].upstream=http://a:3000",
+			"--set", "routes[1].keys={body}"}
+	}
+	tests := []struct {
+		name string
+		args []string
+		want int64
+	}{
+		{"defaults unset: 30s", nil, 45},
+		{"defaults 60s", []string{"--set-string", "defaults.upstream_timeout=60s"}, 75},
+		{"defaults 100s", []string{"--set-string", "defaults.upstream_timeout=100s"}, 115},
+		{"defaults 2m", []string{"--set-string", "defaults.upstream_timeout=2m"}, 135},
+		{"defaults 1m30s", []string{"--set-string", "defaults.upstream_timeout=1m30s"}, 105},
+		{"defaults 1h", []string{"--set-string", "defaults.upstream_timeout=1h"}, 3615},
+		{"defaults 1.5s rounds up", []string{"--set-string", "defaults.upstream_timeout=1.5s"}, 17},
+		{"defaults 2500ms rounds up", []string{"--set-string", "defaults.upstream_timeout=2500ms"}, 18},
+		{"defaults 10s below the built-in 30s", []string{"--set-string", "defaults.upstream_timeout=10s"}, 25},
+		{"route 2m over unset defaults", route("2m"), 135},
+		{"route 10s under unset defaults", route("10s"), 45},
+		{"route 90s over defaults 60s", append(route("90s"), "--set-string", "defaults.upstream_timeout=60s", "--set-string", "defaults.lease=2m"), 105},
+		{"explicit and long enough", []string{"--set-string", "defaults.upstream_timeout=2m", "--set", "terminationGracePeriodSeconds=130"}, 130},
+		{"explicit with a ${VAR} timeout", []string{"--set-string", "defaults.upstream_timeout=${UPSTREAM_TIMEOUT}", "--set", "terminationGracePeriodSeconds=300"}, 300},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", tt.args...))
+			d := r.Deployments["a-dedupgw"]
+			if d == nil {
+				t.Fatalf("no Deployment a-dedupgw; got %v", keys(r.Deployments))
+			}
+			if got := ptrInt64(d.Spec.Template.Spec.TerminationGracePeriodSeconds); got != tt.want {
+				t.Errorf("terminationGracePeriodSeconds: got %v, want %d", got, tt.want)
+			}
+		})
+	}
+
+	failures := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"explicit shorter than the drain", []string{"--set-string", "defaults.upstream_timeout=2m", "--set", "terminationGracePeriodSeconds=60"},
+			[]string{"terminationGracePeriodSeconds=60 is too short", "up to 125 s", "at least 130"}},
+		{"explicit shorter than a route's drain", append(route("100s"), "--set", "terminationGracePeriodSeconds=45"),
+			[]string{"terminationGracePeriodSeconds=45 is too short", "at least 110"}},
+		{"unreadable timeout, derived", []string{"--set-string", "defaults.upstream_timeout=${UPSTREAM_TIMEOUT}"},
+			[]string{"defaults.upstream_timeout", `cannot read "${UPSTREAM_TIMEOUT}" as a duration`, "set terminationGracePeriodSeconds"}},
+		{"negative route timeout, derived", route("-5s"),
+			[]string{"routes[0].upstream_timeout", `cannot read "-5s"`}},
+	}
+	for _, tt := range failures {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"template", "x", filepath.Join(charts, "dedupgw")}, tt.args...)
+			out, err := helm(args...)
+			if err == nil {
+				t.Fatalf("render succeeded, want an error containing %q; output:\n%s", tt.want, out)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error: got %q, want it to contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestSidecarShutdownOrder checks that the example's app outlives the
+// gateway's drain also when a route's upstream_timeout is raised.
+func TestSidecarShutdownOrder(t *testing.T) {
+	tests := []struct {
+		name      string
+		args      []string
+		wantSleep int64
+		wantGrace int64
+	}{
+		{"example values", nil, 35, 50},
+		{"defaults 2m", []string{"--set-string", "dedupgw.defaults.upstream_timeout=2m", "--set-string", "dedupgw.defaults.lease=3m"}, 125, 140},
+		{"slow app stop", []string{"--set", "app.stopSeconds=40"}, 35, 75},
+		{"app stops at once: the gateway's own minimum", []string{"--set", "app.stopSeconds=0"}, 35, 45},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := decodeStrict(t, render(t, "examples/sidecar-app", "shop", "shop", tt.args...))
+			d := r.Deployments["shop-shop"]
+			if d == nil {
+				t.Fatalf("no Deployment shop-shop; got %v", keys(r.Deployments))
+			}
+			checkGatewayPods(t, r)
+			checkShutdownOrder(t, r, d, container(t, d.Spec.Template.Spec, "shop"), tt.wantSleep, tt.wantGrace)
+		})
+	}
+}
+
+// TestAdminToken checks where the admin API token comes from: by default a
+// Secret the chart generates, so /v1/keys is never open to the cluster unless
+// admin.insecure=true says so.
+func TestAdminToken(t *testing.T) {
+	tests := []struct {
+		name         string
+		args         []string
+		wantSecret   string // the Secret DEDUPGW_ADMIN_TOKEN comes from; "" none
+		wantKey      string
+		wantRendered bool // the chart renders that Secret
+		wantInsecure bool
+	}{
+		{"default", nil, "a-dedupgw-admin", "admin-token", true, false},
+		{"default with existingSecret", []string{"--set", "existingSecret=hooks"}, "a-dedupgw-admin", "admin-token", true, false},
+		{"tokenSecret", []string{"--set", "admin.tokenSecret.name=mine", "--set", "admin.tokenSecret.key=tok"}, "mine", "tok", false, false},
+		{"tokenSecret wins over insecure", []string{"--set", "admin.tokenSecret.name=mine", "--set", "admin.insecure=true"}, "mine", "admin-token", false, false},
+		{"insecure", []string{"--set", "admin.insecure=true"}, "", "", false, true},
+		{"token in env", []string{"--set", "env[0].name=DEDUPGW_ADMIN_TOKEN", "--set", "env[0].valueFrom.secretKeyRef.name=vault",
+			"--set", "env[0].valueFrom.secretKeyRef.key=t"}, "vault", "t", false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", tt.args...))
+			checkGatewayPods(t, r)
+			d := r.Deployments["a-dedupgw"]
+			cfg, raw := configOf(t, r.ConfigMaps["a-dedupgw"])
+			if cfg.Admin.Insecure != tt.wantInsecure {
+				t.Errorf("config admin.insecure: got %v, want %v\n%s", cfg.Admin.Insecure, tt.wantInsecure, raw)
+			}
+			c := container(t, d.Spec.Template.Spec, "dedupgw")
+			n := 0
+			for _, e := range c.Env {
+				if e.Name == "DEDUPGW_ADMIN_TOKEN" {
+					n++
+				}
+			}
+			if tt.wantSecret == "" {
+				if n != 0 {
+					t.Errorf("DEDUPGW_ADMIN_TOKEN: got %d entries, want none", n)
+				}
+			} else {
+				tok := env(c, "DEDUPGW_ADMIN_TOKEN")
+				if n != 1 || tok.ValueFrom == nil || tok.ValueFrom.SecretKeyRef == nil ||
+					tok.ValueFrom.SecretKeyRef.Name != tt.wantSecret || tok.ValueFrom.SecretKeyRef.Key != tt.wantKey {
+					t.Errorf("DEDUPGW_ADMIN_TOKEN: got %d entries, first %+v, want one secretKeyRef %s/%s", n, tok, tt.wantSecret, tt.wantKey)
+				}
+			}
+			if tt.wantRendered {
+				checkGeneratedToken(t, r, c, tt.wantSecret)
+			} else if len(r.Secrets) != 0 {
+				t.Errorf("Secrets: got %v, want none", keys(r.Secrets))
+			}
+		})
+	}
+
+	// The token is random, not a constant shipped with the chart.
+	a := decodeStrict(t, render(t, "dedupgw", "a", "ns")).Secrets["a-dedupgw-admin"]
+	b := decodeStrict(t, render(t, "dedupgw", "a", "ns")).Secrets["a-dedupgw-admin"]
+	if a == nil || b == nil || string(a.Data["admin-token"]) == string(b.Data["admin-token"]) {
+		t.Errorf("generated tokens of two renders: got the same (or none), want two random ones")
+	}
+	// The sidecar mode renders the Secret too: the app's chart has no other.
+	r := decodeStrict(t, render(t, "examples/sidecar-app", "shop", "shop",
+		"--set", "dedupgw.admin.tokenSecret.name=", "--set", "dedupgw.admin.insecure=false"))
+	d := r.Deployments["shop-shop"]
+	checkGatewayPods(t, r)
+	checkGeneratedToken(t, r, container(t, d.Spec.Template.Spec, "dedupgw"), "shop-dedupgw-sidecar-admin")
+	if got := base64.StdEncoding.EncodeToString(r.Secrets["shop-dedupgw-sidecar-admin"].Data["admin-token"]); got == "" {
+		t.Errorf("sidecar token: got empty, want a token")
+	}
+}
+
+// TestGoMemLimit checks GOMEMLIMIT is 90 % of limits.memory for the forms
+// the chart reads, and that another form fails the render by name.
+func TestGoMemLimit(t *testing.T) {
+	tests := []struct {
+		limit string
+		want  string
+	}{
+		{"256Mi", "241591910"},
+		{"1Gi", "966367641"},
+		{"1.5Gi", "1449551462"},
+		{"100Ki", "92160"},
+		{"500M", "450000000"},
+		{"2G", "1800000000"},
+		{"128k", "115200"},
+		{"268435456", "241591910"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.limit, func(t *testing.T) {
+			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", "--set-string", "resources.limits.memory="+tt.limit))
+			checkGatewayPods(t, r) // also compares with resource.Quantity's reading
+			c := container(t, r.Deployments["a-dedupgw"].Spec.Template.Spec, "dedupgw")
+			if e := env(c, "GOMEMLIMIT"); e == nil || e.Value != tt.want {
+				t.Errorf("GOMEMLIMIT for limits.memory %s: got %+v, want %s", tt.limit, e, tt.want)
+			}
+		})
+	}
+	t.Run("number in a values file", func(t *testing.T) {
+		values := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(values, []byte("resources:\n  limits:\n    memory: 268435456\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c := container(t, decodeStrict(t, render(t, "dedupgw", "a", "ns", "-f", values)).Deployments["a-dedupgw"].Spec.Template.Spec, "dedupgw")
+		if e := env(c, "GOMEMLIMIT"); e == nil || e.Value != "241591910" {
+			t.Errorf("GOMEMLIMIT for limits.memory 268435456: got %+v, want 241591910", e)
+		}
+	})
+	for _, tt := range []struct {
+		name string
+		args []string
+		want bool
+	}{
+		{"goMemLimit off", []string{"--set", "goMemLimit=false"}, false},
+		{"set in env", []string{"--set", "env[0].name=GOMEMLIMIT", "--set", "env[0].value=100MiB"}, true},
+		{"no limit", []string{"--set", "resources.limits=null"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := container(t, decodeStrict(t, render(t, "dedupgw", "a", "ns", tt.args...)).Deployments["a-dedupgw"].Spec.Template.Spec, "dedupgw")
+			n := 0
+			for _, e := range c.Env {
+				if e.Name == "GOMEMLIMIT" {
+					n++
+					if e.Value == "" || e.ValueFrom != nil {
+						t.Errorf("GOMEMLIMIT: got %+v, want a value", e)
+					}
+				}
+			}
+			if want := map[bool]int{false: 0, true: 1}[tt.want]; n != want {
+				t.Errorf("GOMEMLIMIT entries: got %d, want %d", n, want)
+			}
+		})
+	}
+	for _, limit := range []string{"1e9", "512m", "1Gb"} {
+		t.Run("unreadable "+limit, func(t *testing.T) {
+			_, err := helm("template", "x", filepath.Join(charts, "dedupgw"), "--set-string", "resources.limits.memory="+limit)
+			if err == nil {
+				t.Fatalf("render succeeded, want an error naming resources.limits.memory")
+			}
+			for _, w := range []string{"resources.limits.memory " + strconv.Quote(limit), "GOMEMLIMIT", "goMemLimit: false"} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error: got %q, want it to contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestPVCResourcePolicy checks that the bolt PVC survives `helm uninstall`
+// by default, and that the policy can be switched off.
+func TestPVCResourcePolicy(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want map[string]string
+	}{
+		{"default", nil, map[string]string{"helm.sh/resource-policy": "keep"}},
+		{"off", []string{"--set", "persistence.resourcePolicy="}, nil},
+		{"with other annotations", []string{"--set", "persistence.annotations.backup=daily"},
+			map[string]string{"helm.sh/resource-policy": "keep", "backup": "daily"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", tt.args...))
+			pvc := r.PVCs["a-dedupgw-data"]
+			if pvc == nil {
+				t.Fatalf("no PVC a-dedupgw-data; got %v", keys(r.PVCs))
+			}
+			if len(pvc.Annotations) != len(tt.want) {
+				t.Errorf("PVC annotations: got %v, want %v", pvc.Annotations, tt.want)
+			}
+			for k, v := range tt.want {
+				if got := pvc.Annotations[k]; got != v {
+					t.Errorf("PVC annotation %s: got %q, want %q", k, got, v)
+				}
+			}
+		})
+	}
+	if _, err := helm("template", "x", filepath.Join(charts, "dedupgw"), "--set", "persistence.resourcePolicy=delete"); err == nil ||
+		!strings.Contains(err.Error(), "/persistence/resourcePolicy") {
+		t.Errorf("resourcePolicy=delete: got error %v, want the schema to refuse it", err)
+	}
+}
+
+// TestLiteralSecretsRefused checks that a literal password or route secret
+// fails the render (it would be stored in clear in the ConfigMap) without
+// repeating the secret, while ${VAR} references render.
+func TestLiteralSecretsRefused(t *testing.T) {
+	const literal = "hunter2-s3cret"
+	stripe := []string{"--set", "routes[0].name=stripe", "--set", "routes[0].path=/stripe",
+		"--set", "routes[0].upstream=http://shop:3000", "--set", "routes[0].provider=stripe"}
+	redis := []string{"--set", "store.backend=redis"}
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr []string // nil: renders
+	}{
+		{"redis password literal", slices.Concat(redis, []string{"--set-string", "store.redis.password=" + literal}),
+			[]string{"store.redis.password", "existingSecret", "${REDIS_PASSWORD}"}},
+		{"redis password reference", slices.Concat(redis, []string{"--set-string", "store.redis.password=${REDIS_PASSWORD}"}), nil},
+		{"redis password empty", redis, nil},
+		{"bolt: the password is not rendered", []string{"--set-string", "store.redis.password=" + literal}, nil},
+		{"route secret literal", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=${NEW},routes[0].secrets[1]=" + literal}),
+			[]string{"routes[0].secrets[1]", `route "stripe"`, "existingSecret", "${WEBHOOK_SECRET}"}},
+		{"route secret with a literal part", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=whsec_${PART}"}),
+			[]string{"routes[0].secrets[0]", "existingSecret"}},
+		{"route secret references", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=${NEW},routes[0].secrets[1]=${OLD}"}), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"template", "x", filepath.Join(charts, "dedupgw")}, tt.args...)
+			out, err := helm(args...)
+			if tt.wantErr == nil {
+				if err != nil {
+					t.Fatalf("render: got %v, want success", err)
+				}
+				if strings.Contains(string(out), literal) {
+					t.Errorf("render holds the literal secret:\n%s", out)
+				}
+				decodeStrict(t, out)
+				return
+			}
+			if err == nil {
+				t.Fatalf("render succeeded, want an error containing %q", tt.wantErr)
+			}
+			for _, w := range tt.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error: got %q, want it to contain %q", err, w)
+				}
+			}
+			// helm's error starts with the command line, which holds it.
+			if msg := strings.Replace(err.Error(), strings.Join(args, " "), "", 1); strings.Contains(msg, literal) {
+				t.Errorf("error message repeats the literal secret: %q", msg)
+			}
+		})
+	}
+}
