@@ -526,12 +526,18 @@ func checkGatewayPods(t *testing.T, r *rendered) {
 			}
 		}
 
-		// Probes: liveness /healthz and readiness /readyz on the admin port.
+		// Probes: liveness /healthz on the admin port; readiness /readyz
+		// (the store) standalone, /healthz beside an app (the sidecar's
+		// readiness is the pod's), as the readiness value defaults.
+		ready := "/readyz"
+		if len(ps.Containers) > 1 {
+			ready = "/healthz"
+		}
 		for _, p := range []struct {
 			kind  string
 			probe *corev1.Probe
 			path  string
-		}{{"liveness", c.LivenessProbe, "/healthz"}, {"readiness", c.ReadinessProbe, "/readyz"}} {
+		}{{"liveness", c.LivenessProbe, "/healthz"}, {"readiness", c.ReadinessProbe, ready}} {
 			if p.probe == nil || p.probe.HTTPGet == nil {
 				t.Errorf("%s: %s probe: got %+v, want an httpGet", d.Name, p.kind, p.probe)
 				continue

@@ -419,3 +419,34 @@ func TestLiteralSecretsRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestReadinessPath checks the readiness value: the store's reachability
+// (/readyz) or the process's (/healthz).
+func TestReadinessPath(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"standalone default", nil, "/readyz"},
+		{"standalone process", []string{"--set", "readiness=process"}, "/healthz"},
+		{"standalone store", []string{"--set", "readiness=store"}, "/readyz"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", tt.args...))
+			d := r.Deployments["a-dedupgw"]
+			if d == nil {
+				t.Fatalf("no Deployment a-dedupgw; got %v", keys(r.Deployments))
+			}
+			c := container(t, d.Spec.Template.Spec, "dedupgw")
+			if got := c.ReadinessProbe.HTTPGet.Path; got != tt.want {
+				t.Errorf("readiness path: got %s, want %s", got, tt.want)
+			}
+		})
+	}
+	if _, err := helm("template", "x", filepath.Join(charts, "dedupgw"), "--set", "readiness=always"); err == nil ||
+		!strings.Contains(err.Error(), "/readiness") {
+		t.Errorf("readiness=always: got error %v, want the schema to refuse it", err)
+	}
+}

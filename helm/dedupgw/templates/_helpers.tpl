@@ -263,6 +263,18 @@ other quantity form.
 {{- printf "%.0f" (floor (divf (mulf $bytes 9.0) 10.0)) }}
 {{- end }}
 
+{{/*
+dedupgw.readinessPath is the readiness probe's path: /readyz ("the store is
+reachable") or /healthz ("the process serves"), per the readiness value; ""
+picks /readyz standalone and /healthz in sidecar mode, where the gateway's
+readiness is the whole pod's and a store outage would take the app's own
+traffic out of its Services.
+*/}}
+{{- define "dedupgw.readinessPath" -}}
+{{- $r := .Values.readiness | default (ternary "process" "store" (eq .Values.mode "sidecar")) }}
+{{- if eq $r "store" }}/readyz{{ else }}/healthz{{ end }}
+{{- end }}
+
 {{/* dedupgw.config is the gateway's config.yaml, rendered from values. */}}
 {{- define "dedupgw.config" -}}
 {{- $admin := dict "listen" (printf ":%d" (int .Values.ports.admin)) }}
@@ -362,7 +374,7 @@ containers. Standalone and sidecar use the same container.
     {{- toYaml .Values.livenessProbe | nindent 4 }}
   readinessProbe:
     httpGet:
-      path: /readyz
+      path: {{ include "dedupgw.readinessPath" . }}
       port: {{ include "dedupgw.portName.admin" . }}
     {{- toYaml .Values.readinessProbe | nindent 4 }}
   {{- with .Values.resources }}
