@@ -82,10 +82,16 @@ type delivery struct {
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !canonicalPath(r.URL) {
 		closeIfUnread(w, r)
-		writeProblem(w, probBadPath.with("", `the path has a "." or ".." segment, an empty segment, a backslash or an encoded slash; post to the path the route is configured with`), 0)
+		writeProblem(w, probBadPath.with("", `the path has a "." or ".." segment, an empty segment, a backslash, a control character or an encoded slash, "?" or "#"; post to the path the route is configured with`), 0)
 		return
 	}
-	rt := g.routes.Load().match(r.URL.Path)
+	table := g.routes.Load()
+	rt := table.match(r.URL.Path)
+	if table.ambiguous(r.URL.Path, rt) {
+		closeIfUnread(w, r)
+		writeProblem(w, probBadPath.with("", "the path matches another route once case, a trailing slash, ;parameters or an extension are ignored, as many applications route; post to the path the route is configured with"), 0)
+		return
+	}
 	if rt == nil {
 		closeIfUnread(w, r)
 		writeProblem(w, probNoRoute.with("", "no route is configured for this path"), 0)

@@ -56,6 +56,16 @@ type routeTable struct {
 	exact    map[string]*route
 	prefixes []*route // longest prefix first
 	byName   map[string]*route
+	// looseExact and loosePrefixes are exact and prefixes keyed by their
+	// loosePath forms: how a lenient upstream routes (see ambiguous).
+	looseExact    map[string]*route
+	loosePrefixes []loosePrefix // longest first
+}
+
+// loosePrefix is a prefix route's prefix in its loosePath form.
+type loosePrefix struct {
+	prefix string // "/hooks/" for "/Hooks/*"
+	rt     *route
 }
 
 // match returns the route for path: an exact route first, then the longest
@@ -73,18 +83,73 @@ func (t *routeTable) match(path string) *route {
 	return nil
 }
 
+// ambiguous reports whether path, which matched rt, would match another
+// route (or rt none) once read as lenient upstreams read paths: ignoring
+// case, a trailing slash, ";parameters" and the last segment's extension
+// (Express, Spring, Tomcat, Rails and ASP.NET each do some of this). A
+// signed exact route /hooks/stripe beside an unsigned prefix route /hooks/*
+// would otherwise let /hooks/Stripe/ through unsigned to the app's Stripe
+// handler. A path that matches no route is never ambiguous: nothing is
+// forwarded.
+func (t *routeTable) ambiguous(path string, rt *route) bool {
+	if rt == nil {
+		return false
+	}
+	n := loosePath(path)
+	if lr, ok := t.looseExact[n]; ok {
+		return lr != rt
+	}
+	for _, lp := range t.loosePrefixes {
+		if strings.HasPrefix(n, lp.prefix) || n == strings.TrimSuffix(lp.prefix, "/") {
+			return lp.rt != rt
+		}
+	}
+	return true
+}
+
+// loosePath returns p in lower case, without ";parameters" in its segments,
+// a trailing "/" or the last segment's ".extension". It allocates only when
+// p changes.
+func loosePath(p string) string {
+	if strings.IndexByte(p, ';') >= 0 {
+		var b strings.Builder
+		for i, seg := range strings.Split(p, "/") {
+			if i > 0 {
+				b.WriteByte('/')
+			}
+			seg, _, _ = strings.Cut(seg, ";")
+			b.WriteString(seg)
+		}
+		p = b.String()
+	}
+	if len(p) > 1 && p[len(p)-1] == '/' {
+		p = p[:len(p)-1]
+	}
+	last := p[strings.LastIndexByte(p, '/')+1:]
+	if dot := strings.LastIndexByte(last, '.'); dot > 0 {
+		p = p[:len(p)-len(last)+dot]
+	}
+	return strings.ToLower(p)
+}
+
 // canonicalPath reports whether u's path is one every upstream reads as the
 // gateway routes it: absolute, with no "." or ".." segment (also not as
 // "..;x", which Tomcat reads as ".."), no empty segment but a trailing one
-// ("//" is merged by nginx), no backslash, and no percent-encoded "/" or "\".
+// ("//" is merged by nginx), no backslash, no control character, "#" or "?"
+// (each possible only percent-encoded), and no percent-encoded "/" or "\".
 // Anything else could match an unsigned prefix route here and be normalised
 // by the upstream into a signed route's path, skipping its signature check.
 // Webhook providers post to the path they were configured with, which is
 // canonical, so the gateway refuses the rest.
 func canonicalPath(u *url.URL) bool {
 	p := u.Path
-	if p == "" || p[0] != '/' || strings.IndexByte(p, '\\') >= 0 {
+	if p == "" || p[0] != '/' || strings.ContainsAny(p, "\\#?") {
 		return false
+	}
+	for i := 0; i < len(p); i++ {
+		if p[i] < 0x20 || p[i] == 0x7f { // %00, %09, ... decoded
+			return false
+		}
 	}
 	for rest := p[1:]; ; {
 		seg, after, more := strings.Cut(rest, "/")
@@ -149,14 +214,29 @@ func buildRoutes(cfg Config, newProvider newProviderFunc, now func() time.Time) 
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
+	t.looseExact = make(map[string]*route)
+	loose := make(map[string]*route) // every loose form, exact and prefix, to find collisions
 	for _, rt := range t.all {
+		var form string
 		if rt.prefix == "" {
 			t.exact[rt.Path] = rt
+			form = loosePath(rt.Path)
+			t.looseExact[form] = rt
 		} else {
 			t.prefixes = append(t.prefixes, rt)
+			form = strings.ToLower(rt.prefix)
+			t.loosePrefixes = append(t.loosePrefixes, loosePrefix{prefix: form, rt: rt})
 		}
+		if other, dup := loose[form]; dup {
+			errs = append(errs, fmt.Errorf("routes[%d].path: %q and routes[%d].path %q are one path to an upstream that ignores case, a trailing slash, ;parameters or an extension", rt.index, rt.Path, other.index, other.Path))
+		}
+		loose[form] = rt
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	slices.SortStableFunc(t.prefixes, func(a, b *route) int { return len(b.prefix) - len(a.prefix) })
+	slices.SortStableFunc(t.loosePrefixes, func(a, b loosePrefix) int { return len(b.prefix) - len(a.prefix) })
 	return t, nil
 }
 

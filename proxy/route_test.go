@@ -19,6 +19,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		want   []string // every substring must appear in the error
 	}{
 		{"no routes", func() []Route { return nil }, []string{"routes: at least one route is required"}},
+		{"paths one to a lenient upstream", func() []Route {
+			r := good()
+			r.Name, r.Path = "upper", "/Hooks/Orders/"
+			return []Route{good(), r}
+		}, []string{`routes[1].path: "/Hooks/Orders/" and routes[0].path "/hooks/orders" are one path to an upstream that ignores case`}},
 		{"lease not longer than upstream timeout", func() []Route {
 			r := good()
 			r.Name = "stripe"
@@ -176,6 +181,10 @@ func TestCanonicalPath(t *testing.T) {
 		{"/webhooks%2fstripe", false},
 		{"/a%5cb", false},
 		{"*", false},
+		{"/hooks/stripe%00", false},
+		{"/hooks/stripe%09", false},
+		{"/hooks/stripe%23x", false},
+		{"/hooks/stripe%3Fx=1", false},
 	}
 	for _, tt := range tests {
 		u, err := url.ParseRequestURI(tt.uri)
@@ -219,5 +228,58 @@ func TestDotSegmentsCannotReachASignedRoute(t *testing.T) {
 	// The canonical path still works.
 	if resp := h.send("/api/payments/charge", `{}`, "Idempotency-Key: ok-1"); resp.Status != http.StatusOK {
 		t.Errorf("/api/payments/charge: got %d %s, want 200", resp.Status, resp.Body)
+	}
+}
+
+func TestLoosePath(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"/", "/"},
+		{"/hooks/stripe", "/hooks/stripe"},
+		{"/Hooks/STRIPE/", "/hooks/stripe"},
+		{"/hooks/stripe.json", "/hooks/stripe"},
+		{"/hooks;v=1/stripe;jsessionid=1", "/hooks/stripe"},
+		{"/hooks/.well-known", "/hooks/.well-known"},
+		{"/v1.2/stripe", "/v1.2/stripe"},
+	}
+	for _, tt := range tests {
+		if got := loosePath(tt.in); got != tt.want {
+			t.Errorf("loosePath(%q): got %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+// TestLenientPathsCannotReachASignedRoute: upstreams that ignore case, a
+// trailing slash, ;parameters or an extension (Express, Spring, Tomcat,
+// Rails) would route these to their Stripe handler, while the gateway's
+// exact match sends them to the unsigned prefix route.
+func TestLenientPathsCannotReachASignedRoute(t *testing.T) {
+	up := newUpstream(t, nil)
+	open := genericRoute("open", "/hooks/*", up.URL)
+	stripe := genericRoute("stripe", "/hooks/stripe", up.URL)
+	stripe.Provider = providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}}
+	h := newHarness(t, Config{Routes: []Route{open, stripe}}, harnessOpts{})
+
+	for _, path := range []string{"/hooks/stripe/", "/hooks/Stripe", "/hooks/STRIPE/", "/hooks/stripe;jsessionid=1", "/hooks/stripe.json"} {
+		resp := h.send(path, `{"id":"evt_forged"}`, "Idempotency-Key: k-"+path)
+		if resp.Status != http.StatusBadRequest || !strings.Contains(string(resp.Body), "invalid-path") {
+			t.Errorf("%s: got %d %s, want 400 invalid-path", path, resp.Status, resp.Body)
+		}
+	}
+	// A path no route matches is answered 404 whatever a lenient reading
+	// would match: nothing is forwarded.
+	if resp := h.send("/HOOKS/STRIPE", `{}`); resp.Status != http.StatusNotFound {
+		t.Errorf("/HOOKS/STRIPE: got %d, want 404", resp.Status)
+	}
+	if n := up.count(); n != 0 {
+		t.Errorf("got %d requests at the upstream, want 0", n)
+	}
+	// The prefix route still takes its own paths, in any form.
+	for _, path := range []string{"/hooks/orders", "/hooks/Orders/", "/hooks/orders.json"} {
+		if resp := h.send(path, `{}`, "Idempotency-Key: ok-"+path); resp.Status != http.StatusOK {
+			t.Errorf("%s: got %d %s, want 200", path, resp.Status, resp.Body)
+		}
+	}
+	if resp := h.send("/hooks/stripe", `{"id":"evt_1"}`, stripeHeader(`{"id":"evt_1"}`, time.Now())); resp.Status != http.StatusOK {
+		t.Errorf("the signed delivery: got %d %s, want 200", resp.Status, resp.Body)
 	}
 }
