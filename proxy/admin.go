@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
@@ -77,7 +78,25 @@ func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 	}
 	mux.Handle("GET /v1/keys/{route}/{key...}", a.auth(http.HandlerFunc(a.getKey)))
 	mux.Handle("DELETE /v1/keys/{route}/{key...}", a.auth(http.HandlerFunc(a.forgetKey)))
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// ServeMux redirects a path with "//", "." or ".." to its cleaned
+		// form, method kept: DELETE /v1/keys/r/x//y would forget x/y.
+		if p := r.URL.EscapedPath(); strings.HasPrefix(p, "/v1/") && !cleanURLPath(p) {
+			writeProblem(w, probBadPath.with("", `the path has an empty, "." or ".." segment; percent-encode a key's "/" as %2F (and a key "." or ".." as %2E)`), 0)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// cleanURLPath reports whether p is its own path.Clean form, a trailing
+// slash aside: what ServeMux serves without redirecting.
+func cleanURLPath(p string) bool {
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c == p
 }
 
 type admin struct {

@@ -190,6 +190,33 @@ func TestAdminKeysAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("a raw path is never cleaned into another key", func(t *testing.T) {
+		ctx := context.Background()
+		for _, id := range []string{"x/y", "x//y"} {
+			c, err := a.store.Claim(ctx, dedup.Key{Namespace: "orders", ID: id}, dedup.ClaimOptions{Lease: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.store.Commit(ctx, dedup.Key{Namespace: "orders", ID: id}, c.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range []string{"/v1/keys/orders/x//y", "/v1/keys/orders/a/../x/y", "/v1/keys/orders/./x/y"} {
+			if got, _, body := a.call(http.MethodDelete, p, bearer); got != http.StatusBadRequest {
+				t.Errorf("DELETE %s: got %d %s, want 400 (ServeMux would redirect it to another key)", p, got, body)
+			}
+		}
+		if _, err := a.store.Get(ctx, dedup.Key{Namespace: "orders", ID: "x/y"}); err != nil {
+			t.Errorf("x/y after the refused DELETEs: got %v, want it kept", err)
+		}
+		if got, _, body := a.call(http.MethodDelete, keyPath("x//y"), bearer); got != http.StatusNoContent {
+			t.Errorf("DELETE %s: got %d %s, want 204", keyPath("x//y"), got, body)
+		}
+		if got, _, _ := a.call(http.MethodGet, "/v1/keys/orders/x/y", bearer); got != http.StatusOK {
+			t.Errorf("GET x/y: got %d, want 200 (a key with one slash may be sent raw)", got)
+		}
+	})
+
 	t.Run("store down", func(t *testing.T) {
 		a.fs.down.Store(true)
 		defer a.fs.down.Store(false)

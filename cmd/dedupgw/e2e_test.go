@@ -619,6 +619,7 @@ func TestE2EKeysCLI(t *testing.T) {
 	g := startGateway(t, gwConfig(t, t.TempDir(), u.URL, "", ""), "DEDUPGW_ADMIN_TOKEN="+token)
 	url := g.url("/hooks/orders")
 	wantAnswer(t, "first delivery", deliver(t, url, "evt/1", "{}"), 200, "forwarded")
+	wantAnswer(t, "key ..", deliver(t, url, "..", "{}"), 200, "forwarded")
 
 	admin := "--admin=" + g.adminURL("")
 	withToken := []string{"DEDUPGW_ADMIN_TOKEN=" + token}
@@ -642,6 +643,7 @@ func TestE2EKeysCLI(t *testing.T) {
 		{"forget", withToken, []string{"keys", "forget", admin, "orders", "evt/1"}, 0, "forgot orders/evt/1", ""},
 		{"get after forget", withToken, []string{"keys", "get", admin, "orders", "evt/1"}, 1, "", "not found"},
 		{"forget again", withToken, []string{"keys", "forget", admin, "orders", "evt/1"}, 1, "", "not found"},
+		{"get a key that is a dot segment", withToken, []string{"keys", "get", admin, "orders", ".."}, 0, `"key": ".."`, ""},
 		{"unreachable admin", withToken, []string{"keys", "get", "--admin=http://127.0.0.1:1", "orders", "evt/1"}, 1, "", "connection refused"},
 	}
 	for _, s := range steps {

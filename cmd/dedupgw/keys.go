@@ -73,7 +73,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	if op == "forget" {
 		method = http.MethodDelete
 	}
-	target := base.String() + "/v1/keys/" + url.PathEscape(route) + "/" + url.PathEscape(key)
+	target := base.String() + "/v1/keys/" + pathSegment(route) + "/" + pathSegment(key)
 	if force != nil && *force {
 		target += "?force=true"
 	}
@@ -120,6 +120,15 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dedupgw keys: %s %s: %s (%s)\n", method, target, resp.Status, detail(body))
 	}
 	return exitFail
+}
+
+// pathSegment escapes s as one URL path segment: "/" included, and "." and
+// "..", which would otherwise be dot segments the admin API refuses.
+func pathSegment(s string) string {
+	if s == "." || s == ".." {
+		return strings.Repeat("%2E", len(s))
+	}
+	return url.PathEscape(s)
 }
 
 // detail returns the detail (else title) of a problem+json body, or the body.
