@@ -20,9 +20,11 @@ const hashedMark = '#'
 //	prefix + namespace + ":" + id
 //
 // The ID is kept as it is when it is 1 to 200 bytes of printable ASCII other
-// than space (0x21-0x7E) and does not start with '#'; otherwise it is stored as
-// "#" + the hex SHA-256 of the ID. The namespace follows the same rule and
-// must also not contain ':' to be kept. So an operator can type every literal
+// than space (0x21-0x7E), without '{' and not starting with '#'; otherwise it
+// is stored as "#" + the hex SHA-256 of the ID. The namespace follows the same
+// rule and must also not contain ':' to be kept. A '{' would let a sender
+// choose a Cluster hash tag ("{z}evt_1") and pile every key it makes onto
+// one slot, one shard. So an operator can type every literal
 // key (redis-cli GET dedupgw:stripe:evt_1), and the mapping is one to one: the
 // first ':' after the prefix always ends the namespace.
 func redisKey(prefix string, k dedup.Key) string {
@@ -53,7 +55,7 @@ func isLiteral(s string, namespace bool) bool {
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if c < 0x21 || c > 0x7e || (namespace && c == ':') {
+		if c < 0x21 || c > 0x7e || c == '{' || (namespace && c == ':') {
 			return false
 		}
 	}

@@ -31,7 +31,9 @@ func TestRedisKey(t *testing.T) {
 		{"leading mark hashed", dedup.Key{Namespace: "n", ID: "#abc"}, "p:n:" + hash("#abc")},
 		{"colon in namespace hashed", dedup.Key{Namespace: "a:b", ID: "c"}, "p:" + hash("a:b") + ":c"},
 		{"empty namespace hashed", dedup.Key{Namespace: "", ID: "c"}, "p:" + hash("") + ":c"},
-		{"printable punctuation kept", dedup.Key{Namespace: "n", ID: `!"{}~`}, `p:n:!"{}~`},
+		{"printable punctuation kept", dedup.Key{Namespace: "n", ID: `!"}~`}, `p:n:!"}~`},
+		{"Cluster hash tag hashed", dedup.Key{Namespace: "n", ID: "{z}evt_1"}, "p:n:" + hash("{z}evt_1")},
+		{"brace in namespace hashed", dedup.Key{Namespace: "{n}", ID: "c"}, "p:" + hash("{n}") + ":c"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
