@@ -93,7 +93,16 @@ type Gateway struct {
 	closeMu  sync.Once
 	// reading are the bodies being read, which Close cuts short.
 	reading bodyReads
+	// waiting counts deliveries held by on_in_flight: wait; maxWaiting
+	// bounds them (each holds its body), the rest get 409 at once.
+	waiting    atomic.Int64
+	maxWaiting int64
 }
+
+// defaultMaxWaiting bounds the deliveries held by on_in_flight: wait across
+// all routes: with the default 1 MiB max_body_bytes, at most 128 MiB of
+// bodies. Providers send a few copies of an event at once, not hundreds.
+const defaultMaxWaiting = 128
 
 // New validates cfg, fills defaults, builds each route's provider and reverse
 // proxy, and returns a Gateway serving cfg's routes with store. Every problem
@@ -112,6 +121,7 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 		bodyTimeout:  opts.BodyTimeout,
 		newProvider:  providers.New,
 		buffers:      &bufferPool{},
+		maxWaiting:   defaultMaxWaiting,
 	}
 	if g.log == nil {
 		g.log = zap.NewNop()

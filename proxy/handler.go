@@ -221,7 +221,8 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 	case dedup.Conflict:
 		g.rejectFingerprint(w, d)
 	case dedup.InFlight:
-		if d.rt.OnInFlight == Wait {
+		if d.rt.OnInFlight == Wait && g.holdWaiter() {
+			defer g.waiting.Add(-1)
 			g.wait(w, r, d, body, bodySHA, res.Record)
 			return
 		}
@@ -258,6 +259,17 @@ func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (de
 		d.leaseEnd = sent.Add(remaining)
 	}
 	return res, nil
+}
+
+// holdWaiter counts one more delivery held by on_in_flight: wait and reports
+// true, or false (answer it as on_in_flight: reject) when maxWaiting are held
+// already. The caller releases a true with g.waiting.Add(-1).
+func (g *Gateway) holdWaiter() bool {
+	if g.waiting.Add(1) <= g.maxWaiting {
+		return true
+	}
+	g.waiting.Add(-1)
+	return false
 }
 
 // wait holds a duplicate of an in-flight delivery (on_in_flight: wait) by

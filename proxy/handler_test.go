@@ -737,6 +737,46 @@ func TestCloseWakesWaiters(t *testing.T) {
 	}
 }
 
+// TestWaitersAreBounded: beyond maxWaiting held deliveries (each holds its
+// body), on_in_flight: wait answers 409 at once, as reject does.
+func TestWaitersAreBounded(t *testing.T) {
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		if n == 0 {
+			arrived <- struct{}{}
+			<-release
+		}
+	})
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.OnInFlight = Wait
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	h.gw.maxWaiting = 2
+	answers := make(chan response, 3)
+	send := func() {
+		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+		answers <- resp
+	}
+	go send()
+	<-arrived
+	go send()
+	go send()
+	waitFor(t, "two waiters", func() bool { return h.gw.waiting.Load() == 2 })
+	if got := h.send("/hooks/orders", `{"id":"evt_1"}`); got.Status != http.StatusConflict || got.Header.Get(HeaderDedupStatus) != "in-flight" {
+		t.Errorf("third copy: got %d %q, want 409 in-flight at once", got.Status, got.Header.Get(HeaderDedupStatus))
+	}
+	close(release)
+	statuses := map[string]int{}
+	for range 3 {
+		statuses[(<-answers).Header.Get(HeaderDedupStatus)]++
+	}
+	if statuses["forwarded"] != 1 || statuses["duplicate"] != 2 {
+		t.Errorf("the first and its two waiters: got %v, want 1 forwarded and 2 duplicate", statuses)
+	}
+	if n := h.gw.waiting.Load(); n != 0 {
+		t.Errorf("waiting after all answered: got %d, want 0", n)
+	}
+}
+
 // TestNamespacesIsolateRoutes: the same key on two routes is two events
 // unless the routes share a namespace.
 func TestNamespacesIsolateRoutes(t *testing.T) {
