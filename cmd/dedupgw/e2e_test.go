@@ -538,6 +538,8 @@ func runCLI(t *testing.T, env []string, args ...string) (code int, stdout, stder
 func TestE2EValidateAndVersion(t *testing.T) {
 	dir := t.TempDir()
 	good := gwConfig(t, dir, "http://127.0.0.1:3000", "", "")
+	replay := gwConfig(t, t.TempDir(), "http://127.0.0.1:3000", "", "    duplicate_response: replay\n")
+	scoped := gwConfig(t, t.TempDir(), "http://127.0.0.1:3000", "", "    duplicate_response: replay\n    client_identity: Authorization\n")
 	bad := filepath.Join(dir, "bad.yaml")
 	if err := os.WriteFile(bad, []byte(`
 listen: "127.0.0.1:0"
@@ -567,7 +569,10 @@ routes:
 		stderr     []string
 		stderrNone []string
 	}{
-		{"valid", []string{"validate", "--config", good}, 0, []string{"ok (store bolt; 1 route: orders)"}, nil, nil},
+		{"valid", []string{"validate", "--config", good}, 0, []string{"ok (store bolt; 1 route: orders)"}, nil, []string{"warning"}},
+		{"replay shared across clients", []string{"validate", "--config", replay}, 0, []string{"ok"},
+			[]string{`warning: routes[0].client_identity: route "orders" replays stored answers without client_identity`}, nil},
+		{"replay scoped per client", []string{"validate", "--config", scoped}, 0, []string{"ok"}, nil, []string{"warning"}},
 		{"invalid lists every problem", []string{"validate", "--config", bad}, 1, nil, []string{
 			"6 problems:",
 			"routes[0].windw: unknown key",

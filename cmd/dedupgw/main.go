@@ -188,6 +188,9 @@ func cmdValidate(args []string, stdout, stderr io.Writer) int {
 	for _, name := range UnknownEnv(os.Environ()) {
 		fmt.Fprintf(stderr, "dedupgw validate: warning: %s overrides no configuration key and is ignored (misspelt?)\n", name)
 	}
+	for _, w := range f.Warnings() {
+		fmt.Fprintf(stderr, "dedupgw validate: warning: %s\n", w)
+	}
 	names := make([]string, len(f.Routes))
 	for i, r := range f.Routes {
 		names[i] = r.Name

@@ -68,6 +68,9 @@ func cmdServe(args []string, stderr io.Writer) int {
 	for _, name := range UnknownEnv(os.Environ()) {
 		log.Warn("environment variable overrides no configuration key; ignored (misspelt?)", zap.String("variable", name))
 	}
+	for _, w := range f.Warnings() {
+		log.Warn("configuration likely wrong", zap.String("key", w.Key), zap.String("problem", w.Msg))
+	}
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)

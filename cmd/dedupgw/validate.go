@@ -326,6 +326,27 @@ func (f *File) empty(key string) string {
 	return "must not be empty"
 }
 
+// Warnings returns what is valid in f but likely a mistake, each naming its
+// key: validate prints them and serve logs them at start-up.
+//
+// An unsigned generic route that replays stored answers without
+// client_identity replays the answer one client got to any client that
+// sends the same key (the IETF idempotency draft scopes keys per client).
+func (f *File) Warnings() []Problem {
+	var ws []Problem
+	for i, r := range f.Routes {
+		p := f.effective(i)
+		generic := r.Provider == "" || r.Provider == providers.Generic
+		if generic && len(r.Secrets) == 0 && r.ClientIdentity == "" && p.DuplicateResponse != nil && *p.DuplicateResponse == proxy.Replay {
+			ws = append(ws, Problem{
+				Key: fmt.Sprintf("routes[%d].client_identity", i),
+				Msg: fmt.Sprintf("route %q replays stored answers without client_identity: any client that sends another's key gets the answer stored for it; set client_identity (e.g. Authorization)", r.Name),
+			})
+		}
+	}
+	return ws
+}
+
 // unguarded reports whether a would serve the keys API, forget included, on
 // a non-loopback address without a token and without admin.insecure.
 func (a Admin) unguarded() bool {
