@@ -95,10 +95,12 @@ func (t *routeTable) ambiguous(path string, rt *route) bool {
 	if rt == nil {
 		return false
 	}
-	n := loosePath(path)
-	if lr, ok := t.looseExact[n]; ok {
+	if lr, ok := t.looseExact[loosePath(path)]; ok {
 		return lr != rt
 	}
+	// Prefixes are compared without dropping an extension: "/v1.2" is the
+	// prefix route "/v1.2/*" itself.
+	n := loosePrefixPath(path)
 	for _, lp := range t.loosePrefixes {
 		if strings.HasPrefix(n, lp.prefix) || n == strings.TrimSuffix(lp.prefix, "/") {
 			return lp.rt != rt
@@ -111,6 +113,16 @@ func (t *routeTable) ambiguous(path string, rt *route) bool {
 // a trailing "/" or the last segment's ".extension". It allocates only when
 // p changes.
 func loosePath(p string) string {
+	p = loosePrefixPath(p)
+	last := p[strings.LastIndexByte(p, '/')+1:]
+	if dot := strings.LastIndexByte(last, '.'); dot > 0 {
+		p = p[:len(p)-len(last)+dot]
+	}
+	return p
+}
+
+// loosePrefixPath is loosePath keeping the extension.
+func loosePrefixPath(p string) string {
 	if strings.IndexByte(p, ';') >= 0 {
 		var b strings.Builder
 		for i, seg := range strings.Split(p, "/") {
@@ -124,10 +136,6 @@ func loosePath(p string) string {
 	}
 	if len(p) > 1 && p[len(p)-1] == '/' {
 		p = p[:len(p)-1]
-	}
-	last := p[strings.LastIndexByte(p, '/')+1:]
-	if dot := strings.LastIndexByte(last, '.'); dot > 0 {
-		p = p[:len(p)-len(last)+dot]
 	}
 	return strings.ToLower(p)
 }

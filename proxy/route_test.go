@@ -283,3 +283,21 @@ func TestLenientPathsCannotReachASignedRoute(t *testing.T) {
 		t.Errorf("the signed delivery: got %d %s, want 200", resp.Status, resp.Body)
 	}
 }
+
+// TestLenientCheckKeepsOrdinaryPaths: paths a route is configured with, in
+// any case or with dots, and a prefix route's own root, are not refused.
+func TestLenientCheckKeepsOrdinaryPaths(t *testing.T) {
+	up := newUpstream(t, nil)
+	routes := []Route{
+		genericRoute("versioned", "/v1.2/*", up.URL),
+		genericRoute("upper", "/Hooks/Orders", up.URL),
+		genericRoute("file", "/hooks/event.json", up.URL),
+		genericRoute("all", "/*", up.URL),
+	}
+	h := newHarness(t, Config{Routes: routes}, harnessOpts{})
+	for _, path := range []string{"/v1.2", "/v1.2/", "/v1.2/x", "/Hooks/Orders", "/hooks/event.json", "/", "/anything/Else.json/"} {
+		if resp := h.send(path, `{}`, "Idempotency-Key: k-"+path); resp.Status != http.StatusOK {
+			t.Errorf("%s: got %d %s, want 200", path, resp.Status, resp.Body)
+		}
+	}
+}
