@@ -80,8 +80,9 @@ func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 	mux.Handle("DELETE /v1/keys/{route}/{key...}", a.auth(http.HandlerFunc(a.forgetKey)))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// ServeMux redirects a path with "//", "." or ".." to its cleaned
-		// form, method kept: DELETE /v1/keys/r/x//y would forget x/y.
-		if p := r.URL.EscapedPath(); strings.HasPrefix(p, "/v1/") && !cleanURLPath(p) {
+		// form, method kept: DELETE /v1/keys/r/x//y (or //v1/keys/r/x//y)
+		// would forget x/y. Nothing on the admin listener is redirected.
+		if p := r.URL.EscapedPath(); !cleanURLPath(p) {
 			writeProblem(w, probBadPath.with("", `the path has an empty, "." or ".." segment; percent-encode a key's "/" as %2F (and a key "." or ".." as %2E)`), 0)
 			return
 		}

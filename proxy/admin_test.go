@@ -201,7 +201,7 @@ func TestAdminKeysAPI(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for _, p := range []string{"/v1/keys/orders/x//y", "/v1/keys/orders/a/../x/y", "/v1/keys/orders/./x/y"} {
+		for _, p := range []string{"/v1/keys/orders/x//y", "/v1/keys/orders/a/../x/y", "/v1/keys/orders/./x/y", "//v1/keys/orders/x//y", "/v2/../v1/keys/orders/x/y"} {
 			if got, _, body := a.call(http.MethodDelete, p, bearer); got != http.StatusBadRequest {
 				t.Errorf("DELETE %s: got %d %s, want 400 (ServeMux would redirect it to another key)", p, got, body)
 			}

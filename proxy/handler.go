@@ -222,8 +222,7 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 		g.rejectFingerprint(w, d)
 	case dedup.InFlight:
 		if d.rt.OnInFlight == Wait && g.holdWaiter() {
-			defer g.waiting.Add(-1)
-			g.wait(w, r, d, body, bodySHA, res.Record)
+			g.wait(w, r, d, body, bodySHA, res.Record) // releases the slot
 			return
 		}
 		g.inFlight(w, d, res.Record)
@@ -277,7 +276,18 @@ func (g *Gateway) holdWaiter() bool {
 // first attempt's success answers this one as a duplicate, its failure lets
 // this one claim the key and be forwarded, and a lease's worth of waiting (or
 // Close, or the sender hanging up) ends in 409.
+//
+// The caller holds a waiting slot (holdWaiter); wait gives it back when it
+// answers, or before this copy is forwarded after all.
 func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, bodySHA string, rec dedup.Record) {
+	held := true
+	release := func() {
+		if held {
+			held = false
+			g.waiting.Add(-1)
+		}
+	}
+	defer release()
 	deadline := g.now().Add(d.rt.Lease)
 	if !rec.LeaseUntil.IsZero() && rec.LeaseUntil.Before(deadline) {
 		deadline = rec.LeaseUntil
@@ -315,6 +325,7 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 				break
 			}
 			if res.Outcome != dedup.InFlight {
+				release() // no longer held: forwarded or answered now
 				g.decide(w, r, d, body, bodySHA, res)
 				return
 			}

@@ -777,6 +777,44 @@ func TestWaitersAreBounded(t *testing.T) {
 	}
 }
 
+// TestForwardedWaiterFreesItsSlot: a held copy that claims the key after the
+// first attempt failed is forwarded, and stops counting against maxWaiting
+// while the upstream works on it.
+func TestForwardedWaiterFreesItsSlot(t *testing.T) {
+	arrived := make(chan int, 2)
+	release := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		arrived <- n
+		<-release[n]
+		if n == 0 {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.OnInFlight = Wait
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	answers := make(chan response, 2)
+	send := func() {
+		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+		answers <- resp
+	}
+	go send()
+	<-arrived
+	go send()
+	waitFor(t, "the copy to be held", func() bool { return h.gw.waiting.Load() == 1 })
+	close(release[0]) // the first attempt fails: the held copy claims the key
+	if n := <-arrived; n != 1 {
+		t.Fatalf("got upstream request %d, want the held copy (1)", n)
+	}
+	if got := h.gw.waiting.Load(); got != 0 {
+		t.Errorf("waiting while the former waiter is forwarded: got %d, want 0", got)
+	}
+	close(release[1])
+	for range 2 {
+		<-answers
+	}
+}
+
 // TestNamespacesIsolateRoutes: the same key on two routes is two events
 // unless the routes share a namespace.
 func TestNamespacesIsolateRoutes(t *testing.T) {

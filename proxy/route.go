@@ -95,6 +95,11 @@ func (t *routeTable) ambiguous(path string, rt *route) bool {
 	if rt == nil {
 		return false
 	}
+	if t.exact[path] == rt {
+		// The route's own path: its lenient form is the route's too
+		// (colliding forms are a configuration error).
+		return false
+	}
 	if lr, ok := t.looseExact[loosePath(path)]; ok {
 		return lr != rt
 	}
@@ -232,8 +237,11 @@ func buildRoutes(cfg Config, newProvider newProviderFunc, now func() time.Time) 
 			t.looseExact[form] = rt
 		} else {
 			t.prefixes = append(t.prefixes, rt)
-			form = strings.ToLower(rt.prefix)
-			t.loosePrefixes = append(t.loosePrefixes, loosePrefix{prefix: form, rt: rt})
+			t.loosePrefixes = append(t.loosePrefixes, loosePrefix{prefix: strings.ToLower(rt.prefix), rt: rt})
+			// Its own key space: an exact route may sit at a prefix's root
+			// ("/" beside "/*", "/hooks" beside "/hooks/*"); the exact one
+			// wins both readings.
+			form = strings.ToLower(rt.prefix) + "*"
 		}
 		if other, dup := loose[form]; dup {
 			errs = append(errs, fmt.Errorf("routes[%d].path: %q and routes[%d].path %q are one path to an upstream that ignores case, a trailing slash, ;parameters or an extension", rt.index, rt.Path, other.index, other.Path))

@@ -348,20 +348,26 @@ func (p *pipeliner) send(batch []*op) {
 }
 
 // stampPipelineErr makes err, the error Exec returned for ops' pipeline,
-// the reply of every op that has none. Exec's error is normally the first
-// command's own, and then every command carries one. But when the connection
-// could not be set up with a Redis error (WRONGPASS or NOAUTH from AUTH, a
-// failed HELLO), go-redis takes it for a per-command reply and stamps it on
-// no command: they would read as empty replies ("unexpected type=<nil>").
+// every op's reply when none of them got one. Exec's error is normally the
+// first command's own reply (redis.Nil from SET NX GET, say), and then the
+// others carry theirs. But when the connection could not be set up with a
+// Redis error (WRONGPASS or NOAUTH from AUTH, a failed HELLO), go-redis takes
+// it for a per-command reply and stamps it on no command: they would read as
+// empty replies ("unexpected type=<nil>").
 func stampPipelineErr(ops []*op, err error) {
 	if err == nil {
 		return
 	}
 	for _, o := range ops {
-		switch {
-		case o.script != nil && o.cmd.Err() == nil && o.cmd.Val() == nil:
+		if o.script != nil && (o.cmd.Err() != nil || o.cmd.Val() != nil) ||
+			o.script == nil && (o.str.Err() != nil || o.str.Val() != "") {
+			return // replies came back: each op carries its own
+		}
+	}
+	for _, o := range ops {
+		if o.script != nil {
 			o.cmd.SetErr(err)
-		case o.script == nil && o.str.Err() == nil && o.str.Val() == "":
+		} else {
 			o.str.SetErr(err)
 		}
 	}

@@ -449,3 +449,49 @@ func TestPipelineCloseWakesWaitingWorker(t *testing.T) {
 	close(h.gates["d2"]) // slot 2 frees with nothing queued
 	await(t, "close to return", closed)
 }
+
+// TestStampPipelineErr: Exec's error becomes every reply only when no
+// command got one (a failed AUTH); a per-command reply such as redis.Nil
+// from SET NX GET never overwrites another command's real reply.
+func TestStampPipelineErr(t *testing.T) {
+	ctx := context.Background()
+	errAuth := errors.New("WRONGPASS invalid username-password pair")
+	plain := func(val string, err error) *op {
+		o := &op{str: redis.NewStringCmd(ctx, "get", "k")}
+		o.str.SetVal(val)
+		o.str.SetErr(err)
+		return o
+	}
+	script := func(val any) *op {
+		o := &op{script: redis.NewScript("return 1"), cmd: redis.NewCmd(ctx, "evalsha")}
+		o.cmd.SetVal(val)
+		return o
+	}
+	tests := []struct {
+		name     string
+		ops      []*op
+		execErr  error
+		wantErrs []error
+	}{
+		{"no replies at all: stamped", []*op{plain("", nil), script(nil)}, errAuth, []error{errAuth, errAuth}},
+		{"redis.Nil beside an empty reply", []*op{plain("", redis.Nil), plain("", nil)}, redis.Nil, []error{redis.Nil, nil}},
+		{"a value beside an unanswered op", []*op{script(int64(1)), plain("", nil)}, errAuth, []error{nil, nil}},
+		{"no error", []*op{plain("", nil)}, nil, []error{nil}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stampPipelineErr(tt.ops, tt.execErr)
+			for i, o := range tt.ops {
+				var got error
+				if o.script != nil {
+					got = o.cmd.Err()
+				} else {
+					got = o.str.Err()
+				}
+				if !errors.Is(got, tt.wantErrs[i]) || (got == nil) != (tt.wantErrs[i] == nil) {
+					t.Errorf("op %d: got error %v, want %v", i, got, tt.wantErrs[i])
+				}
+			}
+		})
+	}
+}

@@ -254,7 +254,7 @@ other quantity form.
 {{- if kindIs "string" $lim }}{{ $s = trim $lim }}{{ else }}{{ $s = printf "%.0f" (float64 $lim) }}{{ end }}
 {{- $m := regexFindAll "^([0-9]+(\\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$" $s 1 }}
 {{- if not $m }}
-{{- fail (printf "resources.limits.memory %q: the chart sets GOMEMLIMIT to 90%% of it and reads only bytes or a number with a suffix Ki, Mi, Gi, Ti, k, M, G or T (e.g. 256Mi). Write it so, or set GOMEMLIMIT in env, or goMemLimit: false" $s) }}
+{{- fail (printf "resources.limits.memory %q: the chart sets GOMEMLIMIT to 90%% of it and reads only bytes or a number with a suffix Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P or E (e.g. 256Mi). Write it so, or set GOMEMLIMIT in env, or goMemLimit: false" $s) }}
 {{- end }}
 {{- $n := regexFind "^[0-9.]+" $s }}
 {{- $u := trimPrefix $n $s }}
