@@ -148,15 +148,17 @@ func loosePrefixPath(p string) string {
 // canonicalPath reports whether u's path is one every upstream reads as the
 // gateway routes it: absolute, with no "." or ".." segment (also not as
 // "..;x", which Tomcat reads as ".."), no empty segment but a trailing one
-// ("//" is merged by nginx), no backslash, no control character, "#" or "?"
-// (each possible only percent-encoded), and no percent-encoded "/" or "\".
+// ("//" is merged by nginx), no backslash, no control character, "#", "?"
+// or "%" (each possible only percent-encoded; a decoded "%" is a double
+// encoding such as %252e, which an upstream decoding twice reads as "."),
+// and no percent-encoded "/" or "\".
 // Anything else could match an unsigned prefix route here and be normalised
 // by the upstream into a signed route's path, skipping its signature check.
 // Webhook providers post to the path they were configured with, which is
 // canonical, so the gateway refuses the rest.
 func canonicalPath(u *url.URL) bool {
 	p := u.Path
-	if p == "" || p[0] != '/' || strings.ContainsAny(p, "\\#?") {
+	if p == "" || p[0] != '/' || strings.ContainsAny(p, "\\#?%") {
 		return false
 	}
 	for i := 0; i < len(p); i++ {

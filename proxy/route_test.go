@@ -185,6 +185,8 @@ func TestCanonicalPath(t *testing.T) {
 		{"/hooks/stripe%09", false},
 		{"/hooks/stripe%23x", false},
 		{"/hooks/stripe%3Fx=1", false},
+		{"/hooks/%252e%252e/hooks/stripe", false},
+		{"/hooks/100%25", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.uri, func(t *testing.T) {
