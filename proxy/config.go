@@ -40,6 +40,10 @@ type Route struct {
 
 	// Window is how long a processed key is remembered. Zero means 24h.
 	Window time.Duration
+	// FailedRetention is how long a failed key's record (its receipt, and on
+	// fingerprinting routes its binding to the first payload) is kept; the
+	// key is claimable throughout. Zero means Window.
+	FailedRetention time.Duration
 	// Lease is how long an in-flight claim holds its key. Zero means 60s.
 	// It must be longer than UpstreamTimeout.
 	Lease time.Duration

@@ -407,7 +407,7 @@ func (g *Gateway) release(parent context.Context, d *delivery, reason string, st
 	ctx := newOpContext(d.detach(parent), now, g.storeTimeout)
 	defer ctx.stop()
 	g.warnLateFinish(d, "release", wall)
-	err := g.store.Release(ctx, d.key, d.token, dedup.ReleaseOptions{Retain: d.rt.Window, Status: status, Error: text})
+	err := g.store.Release(ctx, d.key, d.token, dedup.ReleaseOptions{Retain: d.rt.FailedRetention, Status: status, Error: text})
 	switch {
 	case err == nil:
 	case errors.Is(err, dedup.ErrNotOwner):

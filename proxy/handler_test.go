@@ -815,6 +815,34 @@ func TestForwardedWaiterFreesItsSlot(t *testing.T) {
 	}
 }
 
+// TestFailedRetention: a failed key's record is kept for failed_retention,
+// a processed one for the window.
+func TestFailedRetention(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		if r.Header.Get("Idempotency-Key") == "bad" {
+			w.WriteHeader(http.StatusUnauthorized)
+		}
+	})
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.Window, r.FailedRetention = 24*time.Hour, time.Hour
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	h.send("/hooks/orders", `{}`, "Idempotency-Key: bad")
+	h.send("/hooks/orders", `{}`, "Idempotency-Key: good")
+	for _, tt := range []struct {
+		key   string
+		state dedup.State
+		keep  time.Duration
+	}{{"bad", dedup.StateFailed, time.Hour}, {"good", dedup.StateProcessed, 24 * time.Hour}} {
+		rec, err := h.record("orders", tt.key)
+		if err != nil || rec.State != tt.state {
+			t.Fatalf("%s: got %+v, %v; want %s", tt.key, rec, err, tt.state)
+		}
+		if got := rec.ExpiresAt.Sub(rec.CompletedAt); got != tt.keep {
+			t.Errorf("%s: got kept for %v, want %v", tt.key, got, tt.keep)
+		}
+	}
+}
+
 // TestNamespacesIsolateRoutes: the same key on two routes is two events
 // unless the routes share a namespace.
 func TestNamespacesIsolateRoutes(t *testing.T) {

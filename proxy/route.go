@@ -335,6 +335,12 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 			*d.v = d.def
 		}
 	}
+	switch {
+	case r.FailedRetention < 0:
+		bad("failed_retention", "(%s) must not be negative", r.FailedRetention)
+	case r.FailedRetention == 0:
+		rt.FailedRetention = rt.Window
+	}
 	if rt.Lease > 0 && rt.UpstreamTimeout > 0 && rt.Lease <= rt.UpstreamTimeout {
 		errs = append(errs, fmt.Errorf("%s: lease (%s) must be longer than upstream_timeout (%s)",
 			routeLabel(i, r.Name), rt.Lease, rt.UpstreamTimeout))

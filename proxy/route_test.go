@@ -110,6 +110,7 @@ func TestRouteDefaultsAndMatching(t *testing.T) {
 		got, want any
 	}{
 		{"window", rt.Window, 24 * time.Hour},
+		{"failed_retention", rt.FailedRetention, 24 * time.Hour}, // the window
 		{"lease", rt.Lease, 60 * time.Second},
 		{"upstream_timeout", rt.UpstreamTimeout, 30 * time.Second},
 		{"max_body_bytes", rt.MaxBodyBytes, int64(1 << 20)},

@@ -149,6 +149,9 @@ type Redis struct {
 type Policy struct {
 	// Window is how long a processed key is remembered (default 24h).
 	Window *time.Duration `config:"window"`
+	// FailedRetention is how long a failed key's record is kept (default:
+	// the window).
+	FailedRetention *time.Duration `config:"failed_retention"`
 	// Lease is how long an in-flight claim holds its key (default 60s); it
 	// must be longer than UpstreamTimeout.
 	Lease *time.Duration `config:"lease"`
@@ -249,6 +252,14 @@ func builtinPolicy() Policy {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// failedRetention is p's failed_retention, zero (the window) when unset.
+func failedRetention(p Policy) time.Duration {
+	if p.FailedRetention == nil {
+		return 0
+	}
+	return *p.FailedRetention
+}
 
 // over returns p with every field that o sets taken from o.
 func (p Policy) over(o Policy) Policy {
@@ -417,6 +428,7 @@ func (f *File) GatewayConfig() proxy.Config {
 			Namespace:             ns,
 			Methods:               slices.Clone(methods),
 			Window:                *p.Window,
+			FailedRetention:       failedRetention(p),
 			Lease:                 *p.Lease,
 			UpstreamTimeout:       *p.UpstreamTimeout,
 			MaxBodyBytes:          *p.MaxBodyBytes,

@@ -112,6 +112,7 @@ func TestGatewayConfigInheritance(t *testing.T) {
 	text := `
 defaults:
   window: 1h
+  failed_retention: 30m
   lease: 2m
   upstream_timeout: 90s
   max_body_bytes: 2048
@@ -134,6 +135,7 @@ routes:
     namespace: shared
     methods: [POST, PUT]
     window: 5m
+    failed_retention: 1m
     lease: 10s
     upstream_timeout: 5s
     max_body_bytes: 10
@@ -161,6 +163,7 @@ routes:
 		got, want any
 	}{
 		{"a.Window", a.Window, time.Hour},
+		{"a.FailedRetention", a.FailedRetention, 30 * time.Minute},
 		{"a.Lease", a.Lease, 2 * time.Minute},
 		{"a.UpstreamTimeout", a.UpstreamTimeout, 90 * time.Second},
 		{"a.MaxBodyBytes", a.MaxBodyBytes, int64(2048)},
@@ -176,6 +179,7 @@ routes:
 		{"b.Namespace", b.Namespace, "shared"},
 		{"b.Methods", b.Methods, []string{"POST", "PUT"}},
 		{"b.Window", b.Window, 5 * time.Minute},
+		{"b.FailedRetention", b.FailedRetention, time.Minute},
 		{"b.Lease", b.Lease, 10 * time.Second},
 		{"b.UpstreamTimeout", b.UpstreamTimeout, 5 * time.Second},
 		{"b.MaxBodyBytes", b.MaxBodyBytes, int64(10)},
@@ -496,6 +500,7 @@ func TestProblems(t *testing.T) {
 			"routes[0].lease: -1s must be longer than upstream_timeout 30s",
 		}},
 		{"max body zero", route("    max_body_bytes: 0\n"), nil, []string{"routes[0].max_body_bytes: must be greater than 0, got 0"}},
+		{"failed retention zero", "defaults:\n  failed_retention: 0s\n" + minimal, nil, []string{"defaults.failed_retention: must be greater than 0, got 0s"}},
 		{"max replay negative", "defaults:\n  max_replay_bytes: -1\n" + minimal, nil, []string{"defaults.max_replay_bytes: must not be negative, got -1"}},
 		{"lease not above timeout (defaults)", "defaults:\n  lease: 30s\n" + minimal, nil, []string{"defaults.lease: 30s must be longer than upstream_timeout 30s"}},
 		{"lease not above timeout (route)", route("    upstream_timeout: 2m\n"), nil, []string{"routes[0].lease: 1m0s must be longer than upstream_timeout 2m0s"}},

@@ -151,6 +151,7 @@ func checkPolicy(ps *Problems, prefix string, p Policy) {
 		}
 	}
 	positive("window", p.Window)
+	positive("failed_retention", p.FailedRetention)
 	positive("lease", p.Lease)
 	positive("upstream_timeout", p.UpstreamTimeout)
 	if p.MaxBodyBytes != nil && *p.MaxBodyBytes <= 0 {
