@@ -50,8 +50,9 @@ type Fault struct {
 // Cause explains a duplicate the upstream processed.
 type Cause string
 
-// Causes of forwarded duplicates. Only CauseCrash and CauseStoreDown are
-// documented limits (DESIGN.md "Honest limits").
+// Causes of forwarded duplicates. CauseCrash, CauseStoreDown and
+// CauseTimeoutCut are documented limits (DESIGN.md and README "Honest
+// limits").
 const (
 	// CauseCrash: the replica that forwarded an earlier copy was killed
 	// between the upstream's 2xx and its commit, so the key stayed
@@ -66,6 +67,13 @@ const (
 	// lease − upstream_timeout), so another copy could claim the key. The
 	// gateway detects it, but DESIGN.md does not list it as a limit.
 	CauseLeaseOverrun Cause = "lease-overrun"
+	// CauseTimeoutCut: the earlier processing happened while the gateway
+	// was cutting that copy's forward at its deadline (upstream_timeout, or
+	// the lease bound after a slow claim): the copy was answered 504 and
+	// its key released although the application had processed it, so a
+	// retry was forwarded again. A documented limit (README "Honest
+	// limits": a timed-out forward may still have been processed).
+	CauseTimeoutCut Cause = "timeout-cut"
 	// CauseUnexplained: none of the above. Every one is a bug.
 	CauseUnexplained Cause = "unexplained"
 )
@@ -265,12 +273,18 @@ func Analyze(r *Report, a Analysis) {
 	// gateway commits before it answers, so from then on the key is
 	// processed in the store, and no crash can explain a re-processing.
 	acked := map[string]time.Time{}
+	// cut lists each event's attempts the gateway answered 504 after
+	// forwarding them: forwards cut at their deadline.
+	cut := map[string][]Attempt{}
 	for _, ev := range a.Events {
 		r.Deliveries += len(ev.Attempts)
 		r.Retries += ev.Retries
 		r.DuplicatesSent += ev.Copies - 1
 		for _, at := range ev.Attempts {
 			r.Statuses[at.Answer.Status]++
+			if at.Answer.Status == 504 && at.Answer.DedupStatus == "forwarded" {
+				cut[ev.ID] = append(cut[ev.ID], at)
+			}
 			if at.Answer.Status != 0 {
 				lat = append(lat, at.Latency)
 			}
@@ -329,6 +343,16 @@ func Analyze(r *Report, a Analysis) {
 			if d.Cause == CauseUnexplained && overrun[id] {
 				d.Cause = CauseLeaseOverrun
 				d.Note = "the gateway logged a lease that ended before the commit; " + d.Note
+			}
+			if d.Cause == CauseUnexplained {
+				for _, at := range cut[id] {
+					if !d.First.At.Before(at.At) && !d.First.At.After(at.At.Add(at.Latency)) {
+						d.Cause = CauseTimeoutCut
+						d.Note = fmt.Sprintf("the copy sent at %s was processed at %s and answered 504 after %s (its forward cut at its deadline); ",
+							clock(at.At), clock(d.First.At), at.Latency.Round(time.Millisecond)) + d.Note
+						break
+					}
+				}
 			}
 			r.Duplicates = append(r.Duplicates, d)
 		}
@@ -497,7 +521,7 @@ func WriteTable(w io.Writer, reports ...*Report) error {
 	row("retries", func(r *Report) string { return itoa(r.Retries) })
 	row("duplicates sent", func(r *Report) string { return itoa(r.DuplicatesSent) })
 	row("duplicates forwarded", func(r *Report) string { return itoa(len(r.Duplicates)) })
-	for _, c := range []Cause{CauseCrash, CauseStoreDown, CauseLeaseOverrun, CauseUnexplained} {
+	for _, c := range []Cause{CauseCrash, CauseStoreDown, CauseTimeoutCut, CauseLeaseOverrun, CauseUnexplained} {
 		row("  · "+string(c), func(r *Report) string { return itoa(r.ByCause()[c]) })
 	}
 	row("events lost", func(r *Report) string { return itoa(len(r.Lost)) })

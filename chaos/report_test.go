@@ -121,6 +121,19 @@ func TestAnalyzeExplainsDuplicates(t *testing.T) {
 			want:      CauseLeaseOverrun,
 		},
 		{
+			name:      "the earlier copy was processed while its forward was cut (504)",
+			processed: []Processing{{At: at(900 * ms), Via: "a"}, {At: at(1500 * ms), Via: "a"}},
+			faults:    []Fault{{Kind: FaultRedisSlow, Start: at(0), End: at(4 * time.Second)}},
+			attempts:  []Attempt{{At: at(0), Latency: 950 * ms, Answer: Answer{Status: 504, DedupStatus: "forwarded"}}},
+			want:      CauseTimeoutCut,
+		},
+		{
+			name:      "a 504 that ended before the processing explains nothing",
+			processed: []Processing{{At: at(900 * ms), Via: "a"}, {At: at(1500 * ms), Via: "a"}},
+			attempts:  []Attempt{{At: at(0), Latency: 800 * ms, Answer: Answer{Status: 504, DedupStatus: "forwarded"}}},
+			want:      CauseUnexplained,
+		},
+		{
 			name:      "during a redis outage but the gateway never said so",
 			processed: []Processing{{At: at(0), Via: "a"}, {At: at(1500 * ms), Via: "a"}},
 			faults:    []Fault{{Kind: FaultRedisStop, Start: at(time.Second), End: at(2 * time.Second)}},
