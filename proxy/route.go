@@ -114,6 +114,18 @@ func (t *routeTable) ambiguous(path string, rt *route) bool {
 	return true
 }
 
+// LenientPath returns the form of a route's configured path (exact, or a
+// "/prefix/*") that two routes must not share: the path as upstreams that
+// ignore case, a trailing slash, ";parameters" or an extension read it. New
+// refuses routes whose forms collide; a config validator can call it to
+// report that with its other problems.
+func LenientPath(routePath string) string {
+	if prefix, ok := strings.CutSuffix(routePath, "*"); ok && strings.HasSuffix(prefix, "/") {
+		return strings.ToLower(prefix) + "*"
+	}
+	return loosePath(routePath)
+}
+
 // loosePath returns p in lower case, without ";parameters" in its segments,
 // a trailing "/" or the last segment's ".extension". It allocates only when
 // p changes.
@@ -232,18 +244,15 @@ func buildRoutes(cfg Config, newProvider newProviderFunc, now func() time.Time) 
 	t.looseExact = make(map[string]*route)
 	loose := make(map[string]*route) // every loose form, exact and prefix, to find collisions
 	for _, rt := range t.all {
-		var form string
+		// A prefix's form has its own key space: an exact route may sit at
+		// a prefix's root ("/" beside "/*"); the exact one wins both readings.
+		form := LenientPath(rt.Path)
 		if rt.prefix == "" {
 			t.exact[rt.Path] = rt
-			form = loosePath(rt.Path)
 			t.looseExact[form] = rt
 		} else {
 			t.prefixes = append(t.prefixes, rt)
 			t.loosePrefixes = append(t.loosePrefixes, loosePrefix{prefix: strings.ToLower(rt.prefix), rt: rt})
-			// Its own key space: an exact route may sit at a prefix's root
-			// ("/" beside "/*", "/hooks" beside "/hooks/*"); the exact one
-			// wins both readings.
-			form = strings.ToLower(rt.prefix) + "*"
 		}
 		if other, dup := loose[form]; dup {
 			errs = append(errs, fmt.Errorf("routes[%d].path: %q and routes[%d].path %q are one path to an upstream that ignores case, a trailing slash, ;parameters or an extension", rt.index, rt.Path, other.index, other.Path))

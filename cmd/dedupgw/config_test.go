@@ -462,6 +462,20 @@ func TestProblems(t *testing.T) {
 		want []string
 	}{
 		{"unknown top-level key", "lisen: x\n" + minimal, nil, []string{`lisen: unknown key (did you mean "listen"?)`}},
+		{"unsigned timestamp header, beside another problem", "log:\n  level: loud\n" + route(`    signature:
+      timestamp_header: X-Ts
+`), nil, []string{
+			`log.level: invalid value "loud" (want debug, info, warn or error)`,
+			"routes[0].signature.timestamp_header: X-Ts is not signed: put {timestamp} (or {header:X-Ts}) in signature.template",
+		}},
+		{"paths one to a lenient upstream, beside another problem", "log:\n  level: loud\n" + minimal + `  - name: b
+    path: /Hooks/Orders/
+    upstream: http://x
+    keys: [body]
+`, nil, []string{
+			`log.level: invalid value "loud" (want debug, info, warn or error)`,
+			`routes[1].path: "/Hooks/Orders/" and routes[0].path "/hooks/orders" are one path to an upstream that ignores case, a trailing slash, ;parameters or an extension`,
+		}},
 		{"unknown nested key", "store:\n  redis:\n    adrs: [x]\n" + minimal, nil, []string{`store.redis.adrs: unknown key (did you mean "addrs"?)`}},
 		{"unknown route key", minimal + `  - name: b
     path: /b

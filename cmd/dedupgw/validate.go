@@ -53,10 +53,16 @@ func (f *File) Validate() error {
 			}
 		}
 		if r.Path != "" {
-			if j, dup := paths[r.Path]; dup {
+			// Paths that differ only in what lenient upstreams ignore (case,
+			// a trailing slash, ;params, an extension) collide too.
+			form := proxy.LenientPath(r.Path)
+			switch j, dup := paths[form]; {
+			case dup && f.Routes[j].Path == r.Path:
 				ps.add(key+".path", "duplicate path %q (also routes[%d])", r.Path, j)
-			} else {
-				paths[r.Path] = i
+			case dup:
+				ps.add(key+".path", "%q and routes[%d].path %q are one path to an upstream that ignores case, a trailing slash, ;parameters or an extension", r.Path, j, f.Routes[j].Path)
+			default:
+				paths[form] = i
 			}
 		}
 		checkPolicy(&ps, key, r.Policy)
@@ -230,6 +236,7 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		}
 	}
 	if r.Signature != (Signature{}) {
+		before := len(*ps)
 		if provider != providers.Generic {
 			ps.add(key+".signature", "only provider generic takes a signature block; %s has its own scheme", provider)
 		}
@@ -243,6 +250,14 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		}
 		if strings.Contains(r.Signature.Template, "{timestamp}") && r.Signature.TimestampHeader == "" {
 			ps.add(key+".signature.template", "uses {timestamp} but signature.timestamp_header is not set")
+		}
+		if n := len(*ps); n == before {
+			// What only the providers package knows (an unsigned
+			// timestamp_header, a bad template), in this same list.
+			if err := providers.GenericSignature(r.Signature).Validate(); err != nil {
+				field, msg, _ := strings.Cut(err.Error(), ": ")
+				ps.add(key+"."+field, "%s", msg)
+			}
 		}
 	}
 	for i, e := range r.FingerprintExclude {
