@@ -223,7 +223,7 @@ func (r *results) writeGoals(w io.Writer) {
 	if len(lines) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "Issue 7 goals:")
+	fmt.Fprintln(w, "Goals (same run, against the baseline):")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, strings.Join(lines, "\n"))
 }

@@ -48,7 +48,7 @@ func TestRunEndToEnd(t *testing.T) {
 			t.Errorf("got row %q, want a row %s… containing %q; output:\n%s", line, tt.row, tt.want, out)
 		}
 	}
-	if !strings.Contains(out, "Issue 7 goals:") {
+	if !strings.Contains(out, "Goals (same run, against the baseline):") {
 		t.Errorf("got no goals section, want one:\n%s", out)
 	}
 }

@@ -4,7 +4,7 @@
 //	dedupgw validate --config FILE           check a configuration, listing every problem
 //	dedupgw version                          print the version
 //	dedupgw keys get [--admin URL] ROUTE KEY     show a key's record (admin API)
-//	dedupgw keys forget [--admin URL] ROUTE KEY  forget a key so its replay is forwarded
+//	dedupgw keys forget [--admin URL] [--force] ROUTE KEY  forget a key so its replay is forwarded
 //
 // serve reloads the configuration on SIGHUP and drains in-flight deliveries on
 // SIGTERM or SIGINT. The keys commands read the admin token from
@@ -35,10 +35,11 @@ Usage:
   dedupgw validate --config FILE           check a configuration; exit 1 listing every problem
   dedupgw version                          print the version
   dedupgw keys get [--admin URL] ROUTE KEY     print a key's record as JSON
-  dedupgw keys forget [--admin URL] ROUTE KEY  forget a key so its next delivery is forwarded
+  dedupgw keys forget [--admin URL] [--force] ROUTE KEY
+                                           forget a key so its next delivery is forwarded
 
 Environment:
-  ${VAR} in config values is expanded; DEDUPGW_* variables override scalar keys
+  ${VAR} in config values is expanded; DEDUPGW_* variables override keys outside routes
   (DEDUPGW_STORE_BACKEND, DEDUPGW_STORE_REDIS_ADDRS=a:6379,b:6379, ...).
   The keys commands send DEDUPGW_ADMIN_TOKEN as the bearer token.
 `
