@@ -251,7 +251,7 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		if strings.Contains(r.Signature.Template, "{timestamp}") && r.Signature.TimestampHeader == "" {
 			ps.add(key+".signature.template", "uses {timestamp} but signature.timestamp_header is not set")
 		}
-		if n := len(*ps); n == before {
+		if len(*ps) == before {
 			// What only the providers package knows (an unsigned
 			// timestamp_header, a bad template), in this same list.
 			if err := providers.GenericSignature(r.Signature).Validate(); err != nil {
