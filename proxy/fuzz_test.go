@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path"
 	"strings"
 	"sync/atomic"
@@ -59,6 +60,7 @@ func FuzzHandler(f *testing.F) {
 		{"PATCH", "//", "", ``},
 		{"POST", "/hooks/Stripe/", "", `{"id":"evt_1"}`},
 		{"POST", "/hooks/orders/../stripe", "", `{"id":"evt_1"}`},
+		{"POST", "/hooks/x/%252e%252e/stripe", "", `{"id":"evt_1"}`},
 		{"POST", "/hooks/stripe;a=b.json", "", `{"id":"evt_1"}`},
 		{"POST", "/prefix/x;jsessionid=1.json", "", `{}`},
 	}
@@ -139,10 +141,15 @@ func FuzzHandler(f *testing.F) {
 	})
 }
 
-// lenientlyStripe reports whether an upstream that cleans dot segments and
-// ignores case, ;params, a trailing slash and an extension would read p as
-// /hooks/stripe.
+// lenientlyStripe reports whether an upstream that decodes up to three more
+// times, cleans dot segments and ignores case, ;params, a trailing slash and
+// an extension would read p as /hooks/stripe.
 func lenientlyStripe(p string) bool {
+	for range 3 {
+		if u, err := url.PathUnescape(p); err == nil {
+			p = u
+		}
+	}
 	p = strings.ReplaceAll(p, "\\", "/")
 	segs := strings.Split(p, "/")
 	for i, seg := range segs {

@@ -82,7 +82,7 @@ type delivery struct {
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !canonicalPath(r.URL) {
 		closeIfUnread(w, r)
-		writeProblem(w, probBadPath.with("", `the path has a "." or ".." segment, an empty segment, a backslash, a control character or an encoded slash, "?", "#" or "%"; post to the path the route is configured with`), 0)
+		writeProblem(w, probBadPath.with("", `the path has a "." or ".." segment, an empty segment, a backslash, a control character, an encoded slash, "?" or "#", or a double encoding; post to the path the route is configured with`), 0)
 		return
 	}
 	table := g.routes.Load()

@@ -114,6 +114,11 @@ func (t *routeTable) ambiguous(path string, rt *route) bool {
 	return true
 }
 
+// isHex reports whether c is a hexadecimal digit.
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
 // LenientPath returns the form of a route's configured path (exact, or a
 // "/prefix/*") that two routes must not share: the path as upstreams that
 // ignore case, a trailing slash, ";parameters" or an extension read it. New
@@ -160,22 +165,26 @@ func loosePrefixPath(p string) string {
 // canonicalPath reports whether u's path is one every upstream reads as the
 // gateway routes it: absolute, with no "." or ".." segment (also not as
 // "..;x", which Tomcat reads as ".."), no empty segment but a trailing one
-// ("//" is merged by nginx), no backslash, no control character, "#", "?"
-// or "%" (each possible only percent-encoded; a decoded "%" is a double
-// encoding such as %252e, which an upstream decoding twice reads as "."),
-// and no percent-encoded "/" or "\".
+// ("//" is merged by nginx), no backslash, no control character, "#" or "?"
+// (each possible only percent-encoded), no escape left after decoding (a
+// double encoding such as %252e, which an upstream decoding twice reads as
+// "."; a lone "%", as in 50%25-off, is fine), and no percent-encoded "/" or
+// "\".
 // Anything else could match an unsigned prefix route here and be normalised
 // by the upstream into a signed route's path, skipping its signature check.
 // Webhook providers post to the path they were configured with, which is
 // canonical, so the gateway refuses the rest.
 func canonicalPath(u *url.URL) bool {
 	p := u.Path
-	if p == "" || p[0] != '/' || strings.ContainsAny(p, "\\#?%") {
+	if p == "" || p[0] != '/' || strings.ContainsAny(p, "\\#?") {
 		return false
 	}
 	for i := 0; i < len(p); i++ {
 		if p[i] < 0x20 || p[i] == 0x7f { // %00, %09, ... decoded
 			return false
+		}
+		if p[i] == '%' && i+2 < len(p) && isHex(p[i+1]) && isHex(p[i+2]) {
+			return false // still an escape once decoded: a double encoding
 		}
 	}
 	for rest := p[1:]; ; {

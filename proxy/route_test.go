@@ -187,7 +187,11 @@ func TestCanonicalPath(t *testing.T) {
 		{"/hooks/stripe%23x", false},
 		{"/hooks/stripe%3Fx=1", false},
 		{"/hooks/%252e%252e/hooks/stripe", false},
-		{"/hooks/100%25", false},
+		{"/api/files/user%2540example.com", false}, // %40 once decoded: a double encoding
+		{"/hooks/100%25", true},
+		{"/api/files/50%25-off.txt", true},
+		{"/api/files/report%20Q1.pdf", true},
+		{"/api/files/caf%C3%A9", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.uri, func(t *testing.T) {
