@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"slices"
 	"sort"
@@ -346,7 +347,7 @@ func Analyze(r *Report, a Analysis) {
 			}
 			if d.Cause == CauseUnexplained {
 				for _, at := range cut[id] {
-					if !d.First.At.Before(at.At) && !d.First.At.After(at.At.Add(at.Latency)) {
+					if cutExplains(at, d.First, d.This) {
 						d.Cause = CauseTimeoutCut
 						d.Note = fmt.Sprintf("the copy sent at %s was processed at %s and answered 504 after %s (its forward cut at its deadline); ",
 							clock(at.At), clock(d.First.At), at.Latency.Round(time.Millisecond)) + d.Note
@@ -358,6 +359,23 @@ func Analyze(r *Report, a Analysis) {
 		}
 	}
 }
+
+// cutExplains reports whether at, an attempt answered 504 after its forward
+// was cut, explains processing this after first: first happened during at
+// through the replica at went to, and this came once at's key was released
+// (the release precedes the 504, so a little before the answer arrived).
+func cutExplains(at Attempt, first, this Processing) bool {
+	end := at.At.Add(at.Latency)
+	if first.At.Before(at.At) || first.At.After(end) || this.At.Before(end.Add(-cutReleaseSlack)) {
+		return false
+	}
+	u, err := url.Parse(at.Answer.Target)
+	return err == nil && (first.Via == "" || u.Host == first.Via)
+}
+
+// cutReleaseSlack is how long before a cut copy's 504 reached its sender
+// another copy may already have claimed the released key.
+const cutReleaseSlack = 20 * time.Millisecond
 
 // storeTrouble reports whether a log line says the store failed for its key:
 // a store_error outcome, or a warning or error about the store, a commit, a

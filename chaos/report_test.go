@@ -124,8 +124,20 @@ func TestAnalyzeExplainsDuplicates(t *testing.T) {
 			name:      "the earlier copy was processed while its forward was cut (504)",
 			processed: []Processing{{At: at(900 * ms), Via: "a"}, {At: at(1500 * ms), Via: "a"}},
 			faults:    []Fault{{Kind: FaultRedisSlow, Start: at(0), End: at(4 * time.Second)}},
-			attempts:  []Attempt{{At: at(0), Latency: 950 * ms, Answer: Answer{Status: 504, DedupStatus: "forwarded"}}},
+			attempts:  []Attempt{{At: at(0), Latency: 950 * ms, Answer: Answer{Status: 504, DedupStatus: "forwarded", Target: "http://a"}}},
 			want:      CauseTimeoutCut,
+		},
+		{
+			name:      "both processings inside the cut attempt: two forwards at once",
+			processed: []Processing{{At: at(900 * ms), Via: "a"}, {At: at(920 * ms), Via: "b"}},
+			attempts:  []Attempt{{At: at(0), Latency: 950 * ms, Answer: Answer{Status: 504, DedupStatus: "forwarded", Target: "http://a"}}},
+			want:      CauseUnexplained,
+		},
+		{
+			name:      "the earlier processing came through another replica than the cut copy",
+			processed: []Processing{{At: at(900 * ms), Via: "b"}, {At: at(1500 * ms), Via: "a"}},
+			attempts:  []Attempt{{At: at(0), Latency: 950 * ms, Answer: Answer{Status: 504, DedupStatus: "forwarded", Target: "http://a"}}},
+			want:      CauseUnexplained,
 		},
 		{
 			name:      "a 504 that ended before the processing explains nothing",
