@@ -540,6 +540,7 @@ func TestE2EValidateAndVersion(t *testing.T) {
 	good := gwConfig(t, dir, "http://127.0.0.1:3000", "", "")
 	replay := gwConfig(t, t.TempDir(), "http://127.0.0.1:3000", "", "    duplicate_response: replay\n")
 	scoped := gwConfig(t, t.TempDir(), "http://127.0.0.1:3000", "", "    duplicate_response: replay\n    client_identity: Authorization\n")
+	longFailed := gwConfig(t, t.TempDir(), "http://127.0.0.1:3000", "", "    failed_retention: 48h\n")
 	bad := filepath.Join(dir, "bad.yaml")
 	if err := os.WriteFile(bad, []byte(`
 listen: "127.0.0.1:0"
@@ -573,6 +574,8 @@ routes:
 		{"replay shared across clients", []string{"validate", "--config", replay}, 0, []string{"ok"},
 			[]string{`warning: routes[0].client_identity: route "orders" replays stored answers without client_identity`}, nil},
 		{"replay scoped per client", []string{"validate", "--config", scoped}, 0, []string{"ok"}, nil, []string{"warning"}},
+		{"failed kept longer than processed", []string{"validate", "--config", longFailed}, 0, []string{"ok"},
+			[]string{`warning: routes[0].failed_retention: route "orders" keeps failed keys (48h0m0s) longer than processed ones (window 24h0m0s)`}, nil},
 		{"invalid lists every problem", []string{"validate", "--config", bad}, 1, nil, []string{
 			"6 problems:",
 			"routes[0].windw: unknown key",

@@ -345,6 +345,9 @@ func (f *File) empty(key string) string {
 // Warnings returns what is valid in f but likely a mistake, each naming its
 // key: validate prints them and serve logs them at start-up.
 //
+// A failed_retention longer than the window keeps receipts of failures
+// longer than those of successes.
+//
 // An unsigned generic route that replays stored answers without
 // client_identity replays the answer one client got to any client that
 // sends the same key (the IETF idempotency draft scopes keys per client).
@@ -352,6 +355,12 @@ func (f *File) Warnings() []Problem {
 	var ws []Problem
 	for i, r := range f.Routes {
 		p := f.effective(i)
+		if p.FailedRetention != nil && *p.FailedRetention > *p.Window {
+			ws = append(ws, Problem{
+				Key: fmt.Sprintf("routes[%d].failed_retention", i),
+				Msg: fmt.Sprintf("route %q keeps failed keys (%v) longer than processed ones (window %v)", r.Name, *p.FailedRetention, *p.Window),
+			})
+		}
 		generic := r.Provider == "" || r.Provider == providers.Generic
 		if generic && len(r.Secrets) == 0 && r.ClientIdentity == "" && p.DuplicateResponse != nil && *p.DuplicateResponse == proxy.Replay {
 			ws = append(ws, Problem{
