@@ -263,6 +263,9 @@ func Open(path string, opts Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	// Every time the store records has the same millisecond precision in
+	// UTC as on disk and on Redis (see dedup.Clock.Millis).
+	s.now = s.now.Millis
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
@@ -457,7 +460,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	}
 	defer s.leave()
 	rk := recordKey(key)
-	now := s.now.Millis()
+	now := s.now()
 
 	// Fast path: a processed key inside its window is a duplicate whatever the
 	// in-memory state (a lease only exists while the disk shows no live
@@ -562,7 +565,7 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	if err != nil {
 		return err
 	}
-	now := s.now.Millis()
+	now := s.now()
 	rec := dedup.Record{
 		State:       dedup.StateProcessed,
 		FirstSeen:   l.firstSeen,
@@ -595,7 +598,7 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	}
 	var val []byte // nil: delete
 	if opts.Retain > 0 {
-		now := s.now.Millis()
+		now := s.now()
 		val = encodeRecord(nil, &dedup.Record{
 			State:       dedup.StateFailed,
 			FirstSeen:   l.firstSeen,
@@ -640,7 +643,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	}
 	defer s.leave()
 	rk := recordKey(key)
-	now := s.now.Millis()
+	now := s.now()
 	s.mu.Lock()
 	l := s.leases[string(rk)]
 	var rec dedup.Record
@@ -690,7 +693,7 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 	// between. Forget is an admin operation; claims wait one fsync, or at
 	// most forgetWriteTimeout while the journal waits for checkpoints.
 	defer s.mu.Unlock()
-	now := s.now.Millis()
+	now := s.now()
 	existed := false
 	l := s.leases[string(rk)]
 	if l != nil {

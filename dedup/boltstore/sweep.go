@@ -50,7 +50,7 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 }
 
 func (s *Store) sweep(ctx context.Context) (int, error) {
-	now := s.now.Millis()
+	now := s.now()
 	s.mu.Lock()
 	for k, l := range s.leases {
 		if l.finishing == nil && now.After(l.until.Add(dedup.LeaseGrace)) {

@@ -51,6 +51,9 @@ func New(opts Options) *Store {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	// Every time the store records has the same millisecond precision in
+	// UTC as on disk and on Redis (see dedup.Clock.Millis).
+	s.now = s.now.Millis
 	interval := opts.SweepInterval
 	if interval == 0 {
 		interval = DefaultSweepInterval
@@ -81,7 +84,7 @@ func (s *Store) sweepLoop(interval time.Duration) {
 // once their lease ran out more than dedup.LeaseGrace ago) and returns how
 // many it deleted.
 func (s *Store) Sweep() int {
-	now := s.now.Millis()
+	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
@@ -125,7 +128,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		return dedup.ClaimResult{}, err
 	}
 	defer s.mu.Unlock()
-	now := s.now.Millis()
+	now := s.now()
 	r := s.records[key]
 	if r != nil && r.State != dedup.StateProcessing && now.After(r.ExpiresAt) {
 		r = nil // window or retention over: the key is absent
@@ -180,7 +183,7 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	if err != nil {
 		return err
 	}
-	now := s.now.Millis()
+	now := s.now()
 	r.State = dedup.StateProcessed
 	r.CompletedAt = now
 	r.LeaseUntil = time.Time{}
@@ -206,7 +209,7 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 		delete(s.records, key)
 		return nil
 	}
-	now := s.now.Millis()
+	now := s.now()
 	r.State = dedup.StateFailed
 	r.CompletedAt = now
 	r.LeaseUntil = time.Time{}
@@ -225,7 +228,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	}
 	defer s.mu.Unlock()
 	r := s.records[key]
-	if r == nil || s.now.Millis().After(r.ExpiresAt) {
+	if r == nil || s.now().After(r.ExpiresAt) {
 		return dedup.Record{}, dedup.ErrNotFound
 	}
 	return export(r), nil
@@ -242,7 +245,7 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 		return false, nil
 	}
 	delete(s.records, key)
-	return !s.now.Millis().After(r.ExpiresAt), nil
+	return !s.now().After(r.ExpiresAt), nil
 }
 
 // Ping implements dedup.Store: nil unless ctx is done or the store closed.
