@@ -125,8 +125,9 @@ func FuzzHandler(f *testing.F) {
 			t.Fatalf("got status %d, want a documented one (body %s)", rec.Code, rec.Body)
 		}
 		table := gw.routes.Load()
-		canonical := canonicalPath(req.URL) && !table.ambiguous(req.URL.Path, table.match(req.URL.Path))
-		matched := canonical && table.match(req.URL.Path) != nil
+		rt, ambiguous := table.lookup(req.URL.Path)
+		canonical := canonicalPath(req.URL) && !ambiguous
+		matched := canonical && rt != nil
 		ds := rec.Header().Values(HeaderDedupStatus)
 		switch {
 		case !canonical && (rec.Code != http.StatusBadRequest || len(ds) != 0):

@@ -85,9 +85,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, probBadPath.with("", `the path has a "." or ".." segment, an empty segment, a backslash, a control character, an encoded slash, "?" or "#", or a double encoding; post to the path the route is configured with`), 0)
 		return
 	}
-	table := g.routes.Load()
-	rt := table.match(r.URL.Path)
-	if table.ambiguous(r.URL.Path, rt) {
+	rt, ambiguous := g.routes.Load().lookup(r.URL.Path)
+	if ambiguous {
 		closeIfUnread(w, r)
 		writeProblem(w, probBadPath.with("", "the path matches another route once case, a trailing slash, ;parameters or an extension are ignored, as many applications route; post to the path the route is configured with"), 0)
 		return

@@ -72,46 +72,50 @@ type loosePrefix struct {
 // matching prefix route, or nil. A prefix route "/hooks/*" matches "/hooks"
 // and every path below "/hooks/".
 func (t *routeTable) match(path string) *route {
-	if rt, ok := t.exact[path]; ok {
-		return rt
-	}
-	for _, rt := range t.prefixes {
-		if strings.HasPrefix(path, rt.prefix) || path == strings.TrimSuffix(rt.prefix, "/") {
-			return rt
-		}
-	}
-	return nil
+	rt, _ := t.lookup(path)
+	return rt
 }
 
-// ambiguous reports whether path, which matched rt, would match another
-// route (or rt none) once read as lenient upstreams read paths: ignoring
-// case, a trailing slash, ";parameters" and the last segment's extension
-// (Express, Spring, Tomcat, Rails and ASP.NET each do some of this). A
-// signed exact route /hooks/stripe beside an unsigned prefix route /hooks/*
-// would otherwise let /hooks/Stripe/ through unsigned to the app's Stripe
-// handler. A path that matches no route is never ambiguous: nothing is
-// forwarded.
-func (t *routeTable) ambiguous(path string, rt *route) bool {
-	if rt == nil {
-		return false
+// lookup returns match's route for path and whether path is ambiguous: it
+// would match another route (or rt none) once read as lenient upstreams read
+// paths, ignoring case, a trailing slash, ";parameters" and the last
+// segment's extension (Express, Spring, Tomcat, Rails and ASP.NET each do
+// some of this). A signed exact route /hooks/stripe beside an unsigned prefix
+// route /hooks/* would otherwise let /hooks/Stripe/ through unsigned to the
+// app's Stripe handler. A path that matches no route, or an exact route's own
+// path (colliding lenient forms are a configuration error), is never
+// ambiguous.
+func (t *routeTable) lookup(path string) (rt *route, ambiguous bool) {
+	if rt, ok := t.exact[path]; ok {
+		return rt, false
 	}
-	if t.exact[path] == rt {
-		// The route's own path: its lenient form is the route's too
-		// (colliding forms are a configuration error).
-		return false
+	for _, p := range t.prefixes {
+		if underPrefix(path, p.prefix) {
+			rt = p
+			break
+		}
+	}
+	if rt == nil {
+		return nil, false
 	}
 	if lr, ok := t.looseExact[loosePath(path)]; ok {
-		return lr != rt
+		return rt, lr != rt
 	}
 	// Prefixes are compared without dropping an extension: "/v1.2" is the
 	// prefix route "/v1.2/*" itself.
 	n := loosePrefixPath(path)
 	for _, lp := range t.loosePrefixes {
-		if strings.HasPrefix(n, lp.prefix) || n == strings.TrimSuffix(lp.prefix, "/") {
-			return lp.rt != rt
+		if underPrefix(n, lp.prefix) {
+			return rt, lp.rt != rt
 		}
 	}
-	return true
+	return rt, true
+}
+
+// underPrefix reports whether a prefix route with prefix ("/hooks/" for
+// "/hooks/*") takes path: "/hooks" itself and every path below "/hooks/".
+func underPrefix(path, prefix string) bool {
+	return strings.HasPrefix(path, prefix) || path == strings.TrimSuffix(prefix, "/")
 }
 
 // isHex reports whether c is a hexadecimal digit.
