@@ -57,7 +57,7 @@ type routeTable struct {
 	prefixes []*route // longest prefix first
 	byName   map[string]*route
 	// looseExact and loosePrefixes are exact and prefixes keyed by their
-	// loosePath forms: how a lenient upstream routes (see ambiguous).
+	// loosePath forms: how a lenient upstream routes (see lookup).
 	looseExact    map[string]*route
 	loosePrefixes []loosePrefix // longest first
 }
