@@ -369,9 +369,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	// A value that does not decode (a duration, a number) because a ${VAR}
 	// in it was unset is explained by naming the variable.
 	for i, p := range ps {
-		if vars := f.unset[p.Key]; len(vars) > 0 {
-			ps[i].Msg += fmt.Sprintf(" (environment variable %s is not set)", strings.Join(vars, ", "))
-		}
+		ps[i].Msg += f.unsetNote(p.Key)
 	}
 	f.fromEnvNote(ps)
 	f.applyDefaults()

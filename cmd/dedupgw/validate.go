@@ -126,7 +126,7 @@ func (f *File) checkStore(ps *Problems) {
 	case "memory":
 	case "redis":
 		if len(s.Redis.Addrs) == 0 {
-			ps.add("store.redis.addrs", "%s", strings.Replace(f.empty("store.redis.addrs"), "must not be empty", "at least one address is required", 1))
+			ps.add("store.redis.addrs", "at least one address is required%s", f.unsetNote("store.redis.addrs"))
 		}
 		for i, a := range s.Redis.Addrs {
 			f.checkAddr(ps, fmt.Sprintf("store.redis.addrs[%d]", i), a)
@@ -336,10 +336,17 @@ func orList(s []string) string {
 // empty explains an empty required value, naming the unset environment
 // variables it was expanded from, if any.
 func (f *File) empty(key string) string {
+	return "must not be empty" + f.unsetNote(key)
+}
+
+// unsetNote returns " (environment variable X is not set)" when key's value
+// named ${X} references the environment did not set, else "": why the value
+// is empty or does not decode.
+func (f *File) unsetNote(key string) string {
 	if vars := f.unset[key]; len(vars) > 0 {
-		return fmt.Sprintf("must not be empty (environment variable %s is not set)", strings.Join(vars, ", "))
+		return fmt.Sprintf(" (environment variable %s is not set)", strings.Join(vars, ", "))
 	}
-	return "must not be empty"
+	return ""
 }
 
 // Warnings returns what is valid in f but likely a mistake, each naming its
