@@ -84,16 +84,13 @@ func (p *inProcess) get(url string) int {
 	return resp.StatusCode
 }
 
-func TestServeLifecycleInProcess(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-	}))
-	defer up.Close()
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "config.yaml")
-	text := fmt.Sprintf(`listen: 127.0.0.1:0
+// tokenConfig writes dir/config.yaml: loopback listeners, admin token
+// "one", bolt in dir/x.db, one route "orders" to upstreamURL. It returns the
+// path and the text.
+func tokenConfig(t *testing.T, dir, upstreamURL string) (path, text string) {
+	t.Helper()
+	path = filepath.Join(dir, "config.yaml")
+	text = fmt.Sprintf(`listen: 127.0.0.1:0
 admin:
   listen: 127.0.0.1:0
   token: one
@@ -105,8 +102,20 @@ routes:
     path: /hooks/orders
     upstream: %q
     keys: ["header:Idempotency-Key"]
-`, filepath.Join(dir, "x.db"), up.URL)
-	writeFileAtomic(t, cfg, text)
+`, filepath.Join(dir, "x.db"), upstreamURL)
+	writeFileAtomic(t, path, text)
+	return path, text
+}
+
+func TestServeLifecycleInProcess(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	defer up.Close()
+	dir := t.TempDir()
+	cfg, text := tokenConfig(t, dir, up.URL)
 
 	p := startInProcess(t, cfg)
 	if got := p.get("http://" + p.admin + "/healthz"); got != 200 {
@@ -168,22 +177,7 @@ routes:
 // the non-loopback listener still running.
 func TestReloadKeepsAdminGuarded(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "config.yaml")
-	text := fmt.Sprintf(`listen: 127.0.0.1:0
-admin:
-  listen: 127.0.0.1:0
-  token: one
-store:
-  bolt:
-    path: %q
-routes:
-  - name: orders
-    path: /hooks/orders
-    upstream: http://127.0.0.1:1
-    keys: ["header:Idempotency-Key"]
-`, filepath.Join(dir, "x.db"))
-	writeFileAtomic(t, cfg, text)
+	cfg, text := tokenConfig(t, t.TempDir(), "http://127.0.0.1:1")
 	p := startInProcess(t, cfg)
 	// Tests bind only to loopback: pretend the process was started on a
 	// public admin address. The SIGHUP below orders this write before the
