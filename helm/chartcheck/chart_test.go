@@ -272,16 +272,7 @@ func TestRenderFailures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			args := append([]string{"template", "x", filepath.Join(charts, "dedupgw")}, tt.args...)
-			out, err := helm(args...)
-			if err == nil {
-				t.Fatalf("render succeeded, want an error containing %q; output:\n%s", tt.want, out)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error: got %q, want it to contain %q", err, w)
-				}
-			}
+			renderFails(t, tt.args, tt.want...)
 		})
 	}
 }

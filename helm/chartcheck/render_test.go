@@ -352,6 +352,23 @@ func render(t *testing.T, chart, release, namespace string, args ...string) []by
 	return out
 }
 
+// renderFails renders the dedupgw chart (release "x") with args, fails t
+// unless helm refuses with an error holding every string of want, and
+// returns that error.
+func renderFails(t *testing.T, args []string, want ...string) error {
+	t.Helper()
+	out, err := helm(append([]string{"template", "x", filepath.Join(charts, "dedupgw")}, args...)...)
+	if err == nil {
+		t.Fatalf("render succeeded, want an error containing %q; output:\n%s", want, out)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error: got %q, want it to contain %q", err, w)
+		}
+	}
+	return err
+}
+
 // TestDecodeRejects shows that the strict decode is strict: each document
 // here is a small mistake a template could make.
 func TestDecodeRejects(t *testing.T) {
