@@ -206,23 +206,23 @@ func TestCanonicalPath(t *testing.T) {
 	}
 }
 
-// TestDotSegmentsCannotReachASignedRoute is config.example.yaml's shape: an
-// unsigned prefix route beside a signed exact route on the same upstream. A
-// path that matches the prefix route here but that the upstream (nginx,
-// Spring, ...) normalises to the signed route's path must not be forwarded.
-func TestDotSegmentsCannotReachASignedRoute(t *testing.T) {
+// signedBesideOpen serves an unsigned generic route on openPath (a prefix)
+// and a Stripe route on stripePath, signed with stripeSecret, both to one
+// upstream: config.example.yaml's shape.
+func signedBesideOpen(t *testing.T, openPath, stripePath string) (*harness, *upstream) {
+	t.Helper()
 	up := newUpstream(t, nil)
-	api := genericRoute("payments-api", "/api/payments/*", up.URL)
-	stripe := genericRoute("stripe", "/webhooks/stripe", up.URL)
+	open := genericRoute("open", openPath, up.URL)
+	stripe := genericRoute("stripe", stripePath, up.URL)
 	stripe.Provider = providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}}
-	h := newHarness(t, Config{Routes: []Route{api, stripe}}, harnessOpts{})
+	return newHarness(t, Config{Routes: []Route{open, stripe}}, harnessOpts{}), up
+}
 
-	for _, path := range []string{
-		"/api/payments/../../webhooks/stripe",
-		"/api/payments/%2e%2e/%2e%2e/webhooks/stripe",
-		"/api/payments/..;/..;/webhooks/stripe",
-		"/api/payments%2F..%2F..%2Fwebhooks/stripe",
-	} {
+// wantInvalidPath posts a forged event to each path and wants 400
+// invalid-path with no Dedup-Status (no route decided).
+func wantInvalidPath(t *testing.T, h *harness, paths ...string) {
+	t.Helper()
+	for _, path := range paths {
 		resp := h.send(path, `{"id":"evt_forged"}`, "Idempotency-Key: k-"+path)
 		if resp.Status != http.StatusBadRequest || !strings.Contains(string(resp.Body), "invalid-path") {
 			t.Errorf("%s: got %d %s, want 400 invalid-path", path, resp.Status, resp.Body)
@@ -231,6 +231,20 @@ func TestDotSegmentsCannotReachASignedRoute(t *testing.T) {
 			t.Errorf("%s: got Dedup-Status %q, want none (no route decided)", path, got)
 		}
 	}
+}
+
+// TestDotSegmentsCannotReachASignedRoute is config.example.yaml's shape: an
+// unsigned prefix route beside a signed exact route on the same upstream. A
+// path that matches the prefix route here but that the upstream (nginx,
+// Spring, ...) normalises to the signed route's path must not be forwarded.
+func TestDotSegmentsCannotReachASignedRoute(t *testing.T) {
+	h, up := signedBesideOpen(t, "/api/payments/*", "/webhooks/stripe")
+	wantInvalidPath(t, h,
+		"/api/payments/../../webhooks/stripe",
+		"/api/payments/%2e%2e/%2e%2e/webhooks/stripe",
+		"/api/payments/..;/..;/webhooks/stripe",
+		"/api/payments%2F..%2F..%2Fwebhooks/stripe",
+	)
 	if n := up.count(); n != 0 {
 		t.Errorf("got %d requests at the upstream, want 0", n)
 	}
@@ -264,18 +278,8 @@ func TestLoosePath(t *testing.T) {
 // Rails) would route these to their Stripe handler, while the gateway's
 // exact match sends them to the unsigned prefix route.
 func TestLenientPathsCannotReachASignedRoute(t *testing.T) {
-	up := newUpstream(t, nil)
-	open := genericRoute("open", "/hooks/*", up.URL)
-	stripe := genericRoute("stripe", "/hooks/stripe", up.URL)
-	stripe.Provider = providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}}
-	h := newHarness(t, Config{Routes: []Route{open, stripe}}, harnessOpts{})
-
-	for _, path := range []string{"/hooks/stripe/", "/hooks/Stripe", "/hooks/STRIPE/", "/hooks/stripe;jsessionid=1", "/hooks/stripe.json"} {
-		resp := h.send(path, `{"id":"evt_forged"}`, "Idempotency-Key: k-"+path)
-		if resp.Status != http.StatusBadRequest || !strings.Contains(string(resp.Body), "invalid-path") {
-			t.Errorf("%s: got %d %s, want 400 invalid-path", path, resp.Status, resp.Body)
-		}
-	}
+	h, up := signedBesideOpen(t, "/hooks/*", "/hooks/stripe")
+	wantInvalidPath(t, h, "/hooks/stripe/", "/hooks/Stripe", "/hooks/STRIPE/", "/hooks/stripe;jsessionid=1", "/hooks/stripe.json")
 	// A path no route matches is answered 404 whatever a lenient reading
 	// would match: nothing is forwarded.
 	if resp := h.send("/HOOKS/STRIPE", `{}`); resp.Status != http.StatusNotFound {

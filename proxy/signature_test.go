@@ -32,6 +32,17 @@ func githubSigned(secret, body string) string {
 	return "X-Hub-Signature-256: sha256=" + hex.EncodeToString(m.Sum(nil))
 }
 
+// githubRoute is a GitHub route on /webhooks/github to upstreamURL, its
+// signatures checked with the secret "gh-secret".
+func githubRoute(upstreamURL string) Route {
+	return Route{
+		Name:     "github",
+		Path:     "/webhooks/github",
+		Upstream: upstreamURL,
+		Provider: providers.Config{Provider: providers.GitHub, Secrets: []string{"gh-secret"}},
+	}
+}
+
 // TestSignedStripeDeliveries (issue 4): a forged delivery carrying a real
 // event ID is refused with 401 and records nothing, so it can neither reach
 // the application nor block the genuine delivery, which is forwarded once;
@@ -141,12 +152,7 @@ func TestGitHubBodyKey(t *testing.T) {
 // verify a signature or take a key from them either.
 func TestConnectionNamedHeadersAreNotTrusted(t *testing.T) {
 	up := newUpstream(t, nil)
-	gh := Route{
-		Name:     "github",
-		Path:     "/webhooks/github",
-		Upstream: up.URL,
-		Provider: providers.Config{Provider: providers.GitHub, Secrets: []string{"gh-secret"}},
-	}
+	gh := githubRoute(up.URL)
 	orders := genericRoute("orders", "/hooks/orders", up.URL)
 	h := newHarness(t, Config{Routes: []Route{gh, orders}}, harnessOpts{})
 	const body = `{"action":"opened"}`
@@ -174,12 +180,7 @@ func TestConnectionNamedHeadersAreNotTrusted(t *testing.T) {
 // key.
 func TestLongRequestIDIsClippedInLogs(t *testing.T) {
 	up := newUpstream(t, nil)
-	gh := Route{
-		Name:     "github",
-		Path:     "/webhooks/github",
-		Upstream: up.URL,
-		Provider: providers.Config{Provider: providers.GitHub, Secrets: []string{"gh-secret"}},
-	}
+	gh := githubRoute(up.URL)
 	store := memstore.New(memstore.Options{SweepInterval: -1})
 	t.Cleanup(func() { _ = store.Close() })
 	_, srv, logs := observedGateway(t, store, gh)
