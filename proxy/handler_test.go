@@ -712,19 +712,10 @@ func TestCloseWakesWaiters(t *testing.T) {
 		arrived <- struct{}{}
 		<-r.Context().Done()
 	})
-	r := genericRoute("orders", "/hooks/orders", up.URL)
-	r.OnInFlight = Wait
-	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
-	first, second := make(chan response, 1), make(chan response, 1)
-	go func() {
-		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
-		first <- resp
-	}()
+	h := waitHarness(t, up)
+	first := h.sendAsync("/hooks/orders", `{"id":"evt_1"}`)
 	<-arrived
-	go func() {
-		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
-		second <- resp
-	}()
+	second := h.sendAsync("/hooks/orders", `{"id":"evt_1"}`)
 	waitFor(t, "the waiter to poll", func() bool { return testutilCount(h, "get") > 0 })
 	if err := h.gw.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
@@ -747,27 +738,19 @@ func TestWaitersAreBounded(t *testing.T) {
 			<-release
 		}
 	})
-	r := genericRoute("orders", "/hooks/orders", up.URL)
-	r.OnInFlight = Wait
-	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	h := waitHarness(t, up)
 	h.gw.maxWaiting = 2
-	answers := make(chan response, 3)
-	send := func() {
-		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
-		answers <- resp
-	}
-	go send()
+	answers := []<-chan response{h.sendAsync("/hooks/orders", `{"id":"evt_1"}`)}
 	<-arrived
-	go send()
-	go send()
+	answers = append(answers, h.sendAsync("/hooks/orders", `{"id":"evt_1"}`), h.sendAsync("/hooks/orders", `{"id":"evt_1"}`))
 	waitFor(t, "two waiters", func() bool { return h.gw.waiting.Load() == 2 })
 	if got := h.send("/hooks/orders", `{"id":"evt_1"}`); got.Status != http.StatusConflict || got.Header.Get(HeaderDedupStatus) != "in-flight" {
 		t.Errorf("third copy: got %d %q, want 409 in-flight at once", got.Status, got.Header.Get(HeaderDedupStatus))
 	}
 	close(release)
 	statuses := map[string]int{}
-	for range 3 {
-		statuses[(<-answers).Header.Get(HeaderDedupStatus)]++
+	for _, a := range answers {
+		statuses[(<-a).Header.Get(HeaderDedupStatus)]++
 	}
 	if statuses["forwarded"] != 1 || statuses["duplicate"] != 2 {
 		t.Errorf("the first and its two waiters: got %v, want 1 forwarded and 2 duplicate", statuses)
@@ -790,17 +773,10 @@ func TestForwardedWaiterFreesItsSlot(t *testing.T) {
 			w.WriteHeader(http.StatusInternalServerError)
 		}
 	})
-	r := genericRoute("orders", "/hooks/orders", up.URL)
-	r.OnInFlight = Wait
-	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
-	answers := make(chan response, 2)
-	send := func() {
-		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
-		answers <- resp
-	}
-	go send()
+	h := waitHarness(t, up)
+	first := h.sendAsync("/hooks/orders", `{"id":"evt_1"}`)
 	<-arrived
-	go send()
+	held := h.sendAsync("/hooks/orders", `{"id":"evt_1"}`)
 	waitFor(t, "the copy to be held", func() bool { return h.gw.waiting.Load() == 1 })
 	close(release[0]) // the first attempt fails: the held copy claims the key
 	if n := <-arrived; n != 1 {
@@ -810,9 +786,8 @@ func TestForwardedWaiterFreesItsSlot(t *testing.T) {
 		t.Errorf("waiting while the former waiter is forwarded: got %d, want 0", got)
 	}
 	close(release[1])
-	for range 2 {
-		<-answers
-	}
+	<-first
+	<-held
 }
 
 // TestFailedRetention: a failed key's record is kept for failed_retention,

@@ -171,6 +171,26 @@ func (h *harness) do(ctx context.Context, method, path, body string, headers ...
 	return resp
 }
 
+// sendAsync posts body to path in the background; the answer (zero on a
+// transport error) arrives on the returned channel.
+func (h *harness) sendAsync(path, body string, headers ...string) <-chan response {
+	c := make(chan response, 1)
+	go func() {
+		resp, _ := h.try(context.Background(), http.MethodPost, path, body, headers...)
+		c <- resp
+	}()
+	return c
+}
+
+// waitHarness serves one generic route "orders" on /hooks/orders to up,
+// with on_in_flight: wait.
+func waitHarness(t *testing.T, up *upstream) *harness {
+	t.Helper()
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.OnInFlight = Wait
+	return newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+}
+
 // try is do without failing the test (for use off the test goroutine).
 func (h *harness) try(ctx context.Context, method, path, body string, headers ...string) (response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, h.srv.URL+path, strings.NewReader(body))
