@@ -50,14 +50,19 @@ func TestForgetIsNotResent(t *testing.T) {
 	if err := viaRelay.Ping(ctx).Err(); err != nil {
 		t.Fatalf("PING through the relay: %v", err)
 	}
-	var res dedup.ClaimResult
-	res, err = gw.Claim(ctx, k, lease)
-	if err != nil || res.Outcome != dedup.Claimed {
-		t.Fatalf("first delivery: got %v, %v, want claimed", res.Outcome, err)
+	// deliver claims and commits k on the other replica, as a forwarded
+	// delivery does.
+	deliver := func(what string) {
+		t.Helper()
+		res, err := gw.Claim(ctx, k, lease)
+		if err != nil || res.Outcome != dedup.Claimed {
+			t.Fatalf("%s: got %v, %v, want claimed", what, res.Outcome, err)
+		}
+		if err := gw.Commit(ctx, k, res.Token, commit); err != nil {
+			t.Fatalf("%s's commit: %v", what, err)
+		}
 	}
-	if err := gw.Commit(ctx, k, res.Token, commit); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
+	deliver("first delivery")
 
 	relay.SetDropReplies(true)
 	forgot := make(chan error, 1)
@@ -67,13 +72,7 @@ func TestForgetIsNotResent(t *testing.T) {
 		return err == nil && n == 0 && relay.DroppedReplies() > 0
 	})
 	// The operator's replay reaches the other replica and is processed.
-	res, err = gw.Claim(ctx, k, lease)
-	if err != nil || res.Outcome != dedup.Claimed {
-		t.Fatalf("replay: got %v, %v, want claimed", res.Outcome, err)
-	}
-	if err := gw.Commit(ctx, k, res.Token, commit); err != nil {
-		t.Fatalf("replay's commit: %v", err)
-	}
+	deliver("replay")
 	// Replies pass again, before the lost one times out: a resend (on a new
 	// connection) would run and be answered.
 	relay.SetDropReplies(false)
@@ -83,7 +82,7 @@ func TestForgetIsNotResent(t *testing.T) {
 		t.Errorf("Forget whose reply was lost: got %v, want a timeout error", err)
 	}
 
-	res, err = gw.Claim(ctx, k, lease)
+	res, err := gw.Claim(ctx, k, lease)
 	if err != nil || res.Outcome != dedup.Duplicate {
 		t.Errorf("a copy of the committed replay: got %v, %v, want duplicate (a resent forget deleted the commit)", res.Outcome, err)
 	}
