@@ -33,10 +33,7 @@ var valueSets = []struct {
 		release: "hooks", namespace: "edge",
 		check: func(t *testing.T, r *rendered) {
 			wantKinds(t, r, map[string]int{"Deployment": 1, "Service": 1, "ConfigMap": 2, "Secret": 1, "PersistentVolumeClaim": 1, "PodDisruptionBudget": 1, "ServiceAccount": 1, "ServiceMonitor": 1})
-			d := r.Deployments["hooks-dedupgw"]
-			if d == nil {
-				t.Fatalf("no Deployment hooks-dedupgw; got %v", keys(r.Deployments))
-			}
+			d := r.deployment(t, "hooks-dedupgw")
 			if got := *d.Spec.Replicas; got != 1 {
 				t.Errorf("replicas: got %d, want 1", got)
 			}
@@ -155,10 +152,7 @@ var valueSets = []struct {
 		release: "shop", namespace: "shop",
 		check: func(t *testing.T, r *rendered) {
 			wantKinds(t, r, map[string]int{"Deployment": 1, "Service": 1, "ConfigMap": 1})
-			d := r.Deployments["shop-shop"]
-			if d == nil {
-				t.Fatalf("no Deployment shop-shop; got %v", keys(r.Deployments))
-			}
+			d := r.deployment(t, "shop-shop")
 			if got := *d.Spec.Replicas; got != 3 {
 				t.Errorf("replicas: got %d, want 3 (redis: any count)", got)
 			}
@@ -626,6 +620,17 @@ func wantKinds(t *testing.T, r *rendered, want map[string]int) {
 			t.Errorf("unexpected %s objects: %d (all: %v)", k, got[k], got)
 		}
 	}
+}
+
+// deployment returns the rendered Deployment named name, failing t when
+// there is none.
+func (r *rendered) deployment(t *testing.T, name string) *appsv1.Deployment {
+	t.Helper()
+	d := r.Deployments[name]
+	if d == nil {
+		t.Fatalf("no Deployment %s; got %v", name, keys(r.Deployments))
+	}
+	return d
 }
 
 func container(t *testing.T, ps corev1.PodSpec, name string) *corev1.Container {

@@ -115,10 +115,7 @@ func TestTerminationGracePeriod(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", tt.args...))
-			d := r.Deployments["a-dedupgw"]
-			if d == nil {
-				t.Fatalf("no Deployment a-dedupgw; got %v", keys(r.Deployments))
-			}
+			d := r.deployment(t, "a-dedupgw")
 			if got := ptrInt64(d.Spec.Template.Spec.TerminationGracePeriodSeconds); got != tt.want {
 				t.Errorf("terminationGracePeriodSeconds: got %v, want %d", got, tt.want)
 			}
@@ -163,10 +160,7 @@ func TestSidecarShutdownOrder(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := decodeStrict(t, render(t, "examples/sidecar-app", "shop", "shop", tt.args...))
-			d := r.Deployments["shop-shop"]
-			if d == nil {
-				t.Fatalf("no Deployment shop-shop; got %v", keys(r.Deployments))
-			}
+			d := r.deployment(t, "shop-shop")
 			checkGatewayPods(t, r)
 			checkShutdownOrder(t, r, d, container(t, d.Spec.Template.Spec, "shop"), tt.wantSleep, tt.wantGrace)
 		})
@@ -409,10 +403,7 @@ func TestReadinessPath(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", tt.args...))
-			d := r.Deployments["a-dedupgw"]
-			if d == nil {
-				t.Fatalf("no Deployment a-dedupgw; got %v", keys(r.Deployments))
-			}
+			d := r.deployment(t, "a-dedupgw")
 			c := container(t, d.Spec.Template.Spec, "dedupgw")
 			if got := c.ReadinessProbe.HTTPGet.Path; got != tt.want {
 				t.Errorf("readiness path: got %s, want %s", got, tt.want)
