@@ -211,8 +211,9 @@ func (r *results) writeGoals(w io.Writer) {
 		}
 		if g.minRatio > 0 {
 			got := r.ratio(c)
-			lines = append(lines, fmt.Sprintf("- %s %s: %s baseline req/s, goal ≥ %.2f× — %s",
-				g.workload, labelOf(g.target), formatRatio(got), g.minRatio, verdict(got >= g.minRatio)))
+			lines = append(lines, fmt.Sprintf("- %s %s: %s baseline req/s, goal ≥ %.2f× — %s%s",
+				g.workload, labelOf(g.target), formatRatio(got), g.minRatio, verdict(got >= g.minRatio),
+				formatRoundRatios(roundRatios(c, b), g.minRatio)))
 		}
 		if g.maxP99Over > 0 {
 			got := c.lat.quantile(0.99) - b.lat.quantile(0.99)
@@ -226,6 +227,40 @@ func (r *results) writeGoals(w io.Writer) {
 	fmt.Fprintln(w, "Goals (same run, against the baseline):")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, strings.Join(lines, "\n"))
+}
+
+// roundRatios returns c's requests/s over b's round by round: each round
+// measures every target once, close together in time, so these pair off
+// machine drift that the ratio of the means averages over. Nil unless both
+// have the same number of rounds, at least two.
+func roundRatios(c, b *cell) []float64 {
+	if len(c.roundRPS) < 2 || len(c.roundRPS) != len(b.roundRPS) {
+		return nil
+	}
+	out := make([]float64, 0, len(c.roundRPS))
+	for i, v := range c.roundRPS {
+		if b.roundRPS[i] <= 0 {
+			return nil
+		}
+		out = append(out, v/b.roundRPS[i])
+	}
+	return out
+}
+
+// formatRoundRatios describes per-round ratios against a goal: their range
+// and in how many rounds the goal was met. Empty for no ratios.
+func formatRoundRatios(ratios []float64, goal float64) string {
+	if len(ratios) == 0 {
+		return ""
+	}
+	lo, hi, met := math.Inf(1), math.Inf(-1), 0
+	for _, x := range ratios {
+		lo, hi = min(lo, x), max(hi, x)
+		if x >= goal {
+			met++
+		}
+	}
+	return fmt.Sprintf(" (rounds %.2f–%.2f×, met in %d of %d)", lo, hi, met, len(ratios))
 }
 
 func verdict(ok bool) string {

@@ -29,6 +29,7 @@ func fixedResults() *results {
 	add(Unique, TargetBare, 8000, 8400, 8400, ms(30, 40, 120))
 	add(Unique, TargetBare, 10000, 10500, 10500, ms(30, 40, 120))
 	add(Unique, TargetBolt, 7000, 7350, 7350, ms(35, 45, 150))
+	add(Unique, TargetBolt, 9500, 9975, 9975, ms(35, 45, 150))
 	add(Duplicate, TargetBare, 9000, 9450, 9450, ms(30, 40, 100))
 	add(Duplicate, TargetBolt, 20000, 21001, 1, ms(10, 15, 40))
 	r.cell(Unique, TargetBare).addCPU(1800*time.Millisecond, 18900)
@@ -55,6 +56,25 @@ func TestWriteTableMatchesGolden(t *testing.T) {
 	}
 	if got := buf.String(); got != string(want) {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestRoundRatiosPairRounds(t *testing.T) {
+	cellOf := func(rps ...float64) *cell { return &cell{roundRPS: rps} }
+	tests := []struct {
+		name string
+		c, b *cell
+		want string
+	}{
+		{"paired", cellOf(7000, 9500), cellOf(8000, 10000), " (rounds 0.88–0.95×, met in 1 of 2)"},
+		{"one round", cellOf(7000), cellOf(8000), ""},
+		{"unequal rounds", cellOf(7000, 9500), cellOf(8000, 10000, 9000), ""},
+		{"idle baseline round", cellOf(7000, 9500), cellOf(8000, 0), ""},
+	}
+	for _, tt := range tests {
+		if got := formatRoundRatios(roundRatios(tt.c, tt.b), 0.9); got != tt.want {
+			t.Errorf("%s: got %q, want %q", tt.name, got, tt.want)
+		}
 	}
 }
 
