@@ -38,6 +38,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,9 +56,16 @@ var (
 	// bucketExpiry holds one empty-valued entry per record: 8-byte big-endian
 	// ExpiresAt in unix milliseconds ‖ record key.
 	bucketExpiry = []byte("expiry")
-	// bucketMeta holds the schema version under metaVersionKey.
+	// bucketMeta holds the schema version under metaVersionKey, the file's
+	// journal identity under metaJournalKey and the checkpoint (see
+	// checkpoint.go).
 	bucketMeta     = []byte("meta")
 	metaVersionKey = []byte("version")
+	// metaJournalKey holds 8 random bytes (big-endian, not zero) created with
+	// the file: its journal segments carry them (see journal.go), so a
+	// segment left beside another file (the file deleted to start afresh, or
+	// replaced by a copy) is never replayed into this one.
+	metaJournalKey = []byte("journal-id")
 )
 
 const schemaVersion = 1
@@ -157,7 +165,8 @@ func (l *lease) record() dedup.Record {
 // its goroutines and closes the file.
 type Store struct {
 	db              *bolt.DB
-	path            string
+	path            string       // the file's real path: journal segments are named after it
+	journal         journalOwner // whose journal segments this file takes in
 	now             dedup.Clock
 	log             *zap.Logger
 	sweepBatch      int
@@ -238,13 +247,21 @@ func Open(path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
 	}
-	if err := db.Update(initSchema); err != nil {
+	var owner journalOwner
+	if err := db.Update(func(tx *bolt.Tx) (err error) { owner, err = initSchema(tx); return err }); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
 	}
+	// The journal is named after the file, not after the path it was opened
+	// by: a crash's journal is found whichever symlink leads to the file.
+	journalPath := path
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		journalPath = real
+	}
 	s := &Store{
 		db:              db,
-		path:            path,
+		path:            journalPath,
+		journal:         owner,
 		now:             opts.Now,
 		log:             opts.Logger,
 		sweepBatch:      opts.SweepBatch,
@@ -295,24 +312,35 @@ func Open(path string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-func initSchema(tx *bolt.Tx) error {
+// initSchema creates the buckets and the file's journal identity when they
+// are missing, checks the schema version, and returns whose journal segments
+// the file takes in.
+func initSchema(tx *bolt.Tx) (journalOwner, error) {
 	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 	if err != nil {
-		return err
+		return journalOwner{}, err
 	}
+	existed := false
 	if v := meta.Get(metaVersionKey); v != nil {
 		if len(v) != 8 || binary.BigEndian.Uint64(v) != schemaVersion {
-			return fmt.Errorf("unsupported schema version %x (this build reads %d)", v, schemaVersion)
+			return journalOwner{}, fmt.Errorf("unsupported schema version %x (this build reads %d)", v, schemaVersion)
 		}
+		existed = true
 	} else if err := meta.Put(metaVersionKey, binary.BigEndian.AppendUint64(nil, schemaVersion)); err != nil {
-		return err
+		return journalOwner{}, err
 	}
 	for _, name := range [][]byte{bucketRecords, bucketExpiry} {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-			return err
+			return journalOwner{}, err
 		}
 	}
-	return nil
+	if v := meta.Get(metaJournalKey); len(v) == 8 && binary.BigEndian.Uint64(v) != 0 {
+		return journalOwner{id: binary.BigEndian.Uint64(v)}, nil
+	}
+	// A file written before journal identities existed takes in the
+	// segments of that format (its own, as far as anyone can tell) once.
+	owner := journalOwner{id: randomNonce(), legacy: existed}
+	return owner, meta.Put(metaJournalKey, binary.BigEndian.AppendUint64(nil, owner.id))
 }
 
 // Close waits for running operations, stops the writer, the checkpointer and

@@ -179,7 +179,9 @@ func setCheckpoint(tx *bolt.Tx, seq uint64) error {
 // the checkpoint (after a crash: a clean Close checkpointed everything) to
 // bbolt, in sequence order, in one transaction, and keeps the files for
 // reuse. It returns the next sequence number to hand out. A torn entry ends
-// its file: it was never acknowledged.
+// its file: it was never acknowledged. A file of another bbolt file's
+// journal is not replayed; a damaged one is replayed around the damage and
+// renamed <segment>.damaged.
 func (s *Store) replay() (uint64, error) {
 	var done uint64
 	if err := s.db.View(func(tx *bolt.Tx) error { done = checkpointSeq(tx); return nil }); err != nil {
@@ -191,12 +193,13 @@ func (s *Store) replay() (uint64, error) {
 	}
 	last := done
 	var pending []walEntry
+	var damaged [][2]string // segment files to set aside once replayed: from, to
 	for _, sf := range slots {
 		b, err := os.ReadFile(sf.path)
 		if err != nil {
 			return 0, fmt.Errorf("replay journal: %w", err)
 		}
-		rerr := readWAL(b, func(e walEntry) error {
+		rerr := readWAL(b, s.journal, func(e walEntry) error {
 			if e.seq <= done {
 				return nil // checkpointed
 			}
@@ -204,10 +207,22 @@ func (s *Store) replay() (uint64, error) {
 			pending = append(pending, e) // aliases b, kept until the commit
 			return nil
 		})
-		if errors.Is(rerr, errTorn) {
+		switch {
+		case rerr == nil:
+		case errors.Is(rerr, errTorn):
 			s.log.Debug("journal file ends in a torn entry (a write the crash interrupted, or an overwritten older entry)",
 				zap.String("segment", sf.path), zap.Error(rerr))
-		} else if rerr != nil {
+		case errors.Is(rerr, errForeign):
+			s.log.Warn("journal file belongs to another bbolt file (this one was deleted or replaced?): not replayed, and reused",
+				zap.String("segment", sf.path), zap.Error(rerr))
+		case errors.Is(rerr, errDamaged):
+			// Not a torn write: the file was damaged. Whatever the damage
+			// covered is lost; keep the file for a post-mortem.
+			kept := sf.path + ".damaged"
+			s.log.Error("journal file is damaged: writes after the damage replayed, those it covered lost (their keys may read older states); the file is kept aside",
+				zap.String("segment", sf.path), zap.String("kept_as", kept), zap.Error(rerr))
+			damaged = append(damaged, [2]string{sf.path, kept})
+		default:
 			return 0, fmt.Errorf("replay journal %s: %w", sf.path, rerr)
 		}
 	}
@@ -226,8 +241,18 @@ func (s *Store) replay() (uint64, error) {
 		}
 		s.log.Info("replayed the journal a crash left", zap.Int("writes", len(pending)))
 	}
+	// A damaged file is checkpointed too; it is copied aside, not reused.
+	for _, d := range damaged {
+		if err := os.Rename(d[0], d[1]); err != nil {
+			return 0, fmt.Errorf("replay journal: %w", err)
+		}
+	}
 	// Every file is checkpointed now: keep a few for reuse.
 	for _, sf := range slots {
+		if slices.ContainsFunc(damaged, func(d [2]string) bool { return d[0] == sf.path }) {
+			s.nextSlot = max(s.nextSlot, sf.slot+1)
+			continue
+		}
 		s.nextSlot = max(s.nextSlot, sf.slot+1)
 		if !s.keepSlot(sf.slot) {
 			if err := os.Remove(sf.path); err != nil {

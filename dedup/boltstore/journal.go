@@ -44,7 +44,9 @@ import (
 // left (or entry-shaped bytes inside a stored record) passes as an entry. A
 // zero length is the preallocated end of the data. A torn or corrupt entry
 // ends its segment: it was being written when the process died, so it was
-// never acknowledged, or it is an earlier use's leftover.
+// never acknowledged, or it is an earlier use's leftover; unless entries of
+// the same use follow it, which only damage to the file leaves (see
+// readWAL).
 
 // walSuffix separates the bbolt file name from a segment file's slot number.
 const walSuffix = ".journal."
@@ -69,26 +71,43 @@ type walEntry struct {
 	val []byte
 }
 
-// A segment file starts with a header naming this use of the file:
+// A segment file starts with a header naming this use of the file and the
+// bbolt file whose journal it is:
 //
 //	magic   "DGWJ"
-//	version uint32 (big-endian), 1
+//	version uint32 (big-endian), 2
 //	nonce   8 random bytes, new each time the file is (re)used
+//	owner   the bbolt file's journal identity (metaJournalKey)
 //
 // Every entry's checksum covers the nonce, so bytes an earlier use of the
 // file left behind (or bytes inside a stored record that happen to look like
-// an entry) never pass as an entry of this use.
+// an entry) never pass as an entry of this use. The owner keeps a segment
+// beside a bbolt file that did not write it (the file was deleted to start
+// afresh, or replaced by a copy) from being replayed into it. Version 1
+// segments had no owner (16 bytes of header); only a file written before
+// version 2 takes them in.
 const (
-	segmentMagic   = "DGWJ"
-	segmentVersion = 1
-	segmentHeader  = 16
+	segmentMagic    = "DGWJ"
+	segmentVersion  = 2
+	segmentHeader   = 24
+	segmentHeaderV1 = 16
 )
 
-// appendSegmentHeader appends a segment header with nonce to dst.
-func appendSegmentHeader(dst []byte, nonce uint64) []byte {
+// journalOwner names the segments a bbolt file takes in: version 2 segments
+// whose owner is id, and version 1 segments when legacy (the file predates
+// version 2).
+type journalOwner struct {
+	id     uint64
+	legacy bool
+}
+
+// appendSegmentHeader appends the header of a use of a segment file, named
+// by nonce, of the journal of the bbolt file whose identity is owner.
+func appendSegmentHeader(dst []byte, nonce, owner uint64) []byte {
 	dst = append(dst, segmentMagic...)
 	dst = binary.BigEndian.AppendUint32(dst, segmentVersion)
-	return binary.BigEndian.AppendUint64(dst, nonce)
+	dst = binary.BigEndian.AppendUint64(dst, nonce)
+	return binary.BigEndian.AppendUint64(dst, owner)
 }
 
 // entryChecksum is the CRC-32C of nonce ‖ body.
@@ -113,67 +132,164 @@ func appendWALEntry(dst []byte, nonce, seq uint64, key, val []byte) []byte {
 	return dst
 }
 
-// errTorn reports a segment that ends in a partial or corrupt entry.
-var errTorn = errors.New("torn or corrupt entry")
+// Errors of readWAL; both end in the entries read being applied.
+var (
+	// errTorn reports a segment that ends in a partial or corrupt entry: a
+	// write a crash interrupted (never acknowledged), or an earlier use's
+	// leftover.
+	errTorn = errors.New("torn or corrupt entry")
+	// errDamaged reports damaged bytes with entries of this use after them:
+	// not a torn write, but a damaged file. The entries after the damage
+	// were read; what the damage covered is lost.
+	errDamaged = errors.New("damaged entries inside the data")
+	// errForeign reports a segment of another bbolt file's journal.
+	errForeign = errors.New("segment of another bbolt file's journal")
+)
+
+// minEntry is the size of the smallest entry: header, sequence number and
+// a one-byte key length.
+const minEntry = walHeader + 9
 
 // readWAL calls fn for each entry of the segment file b, in order. A file
-// without a header (preallocated, never written) has none. It stops without
-// error at a clean end (the end of b, or a zero length: the preallocated
-// rest), and with an error wrapping errTorn at a partial or corrupt entry or
-// one whose sequence number does not follow the previous one's (whatever
-// follows is an earlier use's or a crash's leftover). The entry's key and
-// value alias b.
-func readWAL(b []byte, fn func(walEntry) error) error {
-	if len(b) < segmentHeader || string(b[:4]) != segmentMagic {
+// without a header (preallocated, never written) has none, and so has one
+// whose owner is not owner (errForeign). It stops without error at a clean
+// end (the end of b, or a zero length: the preallocated rest). A partial or
+// corrupt entry, or one whose sequence number does not follow the previous
+// one's, ends the data (errTorn), unless an entry of this use follows it
+// further on: then the file is damaged, and readWAL skips to that entry,
+// reads on, and returns an error wrapping errDamaged at the end. The
+// entry's key and value alias b.
+func readWAL(b []byte, owner journalOwner, fn func(walEntry) error) error {
+	if len(b) < segmentHeaderV1 || string(b[:4]) != segmentMagic {
 		if len(b) >= 4 && binary.BigEndian.Uint32(b) != 0 {
 			return fmt.Errorf("segment header: %w", errTorn)
 		}
 		return nil // never written
 	}
-	if v := binary.BigEndian.Uint32(b[4:]); v != segmentVersion {
+	start := segmentHeader
+	switch v := binary.BigEndian.Uint32(b[4:]); {
+	case v == 1 && owner.legacy:
+		start = segmentHeaderV1
+	case v == 1:
+		return fmt.Errorf("version 1 segment: %w", errForeign)
+	case v != segmentVersion:
 		return fmt.Errorf("segment version %d (this build reads %d)", v, segmentVersion)
+	case len(b) < segmentHeader:
+		return fmt.Errorf("segment header: %w", errTorn)
+	case binary.BigEndian.Uint64(b[16:]) != owner.id:
+		return fmt.Errorf("owner %016x, this file is %016x: %w", binary.BigEndian.Uint64(b[16:]), owner.id, errForeign)
 	}
 	nonce := binary.BigEndian.Uint64(b[8:])
 	var prev uint64
-	for off := segmentHeader; off < len(b); {
-		if len(b)-off < walHeader {
+	var damage []string
+	for off := start; off < len(b); {
+		e, n, err := entryAt(b, off, nonce, prev)
+		if err == nil && n == 0 {
 			if allZero(b[off:]) {
-				return nil
+				break // the preallocated, never written end
 			}
-			return fmt.Errorf("offset %d: %w", off, errTorn)
+			err = errors.New("zeroed bytes")
 		}
-		n := int64(binary.BigEndian.Uint32(b[off:]))
-		sum := binary.BigEndian.Uint32(b[off+4:])
-		if n == 0 && sum == 0 {
-			return nil // the preallocated, never written end
-		}
-		if n < 9 || n > int64(len(b)-off-walHeader) {
-			return fmt.Errorf("offset %d: length %d: %w", off, n, errTorn)
-		}
-		body := b[off+walHeader : off+walHeader+int(n)]
-		if entryChecksum(nonce, body) != sum {
-			return fmt.Errorf("offset %d: checksum: %w", off, errTorn)
-		}
-		e := walEntry{seq: binary.BigEndian.Uint64(body)}
-		if e.seq == 0 || e.seq == math.MaxUint64 || (prev != 0 && e.seq != prev+1) {
-			return fmt.Errorf("offset %d: sequence %d after %d: %w", off, e.seq, prev, errTorn)
+		if err != nil {
+			next, seq, ok := resync(b, off+1, nonce, prev)
+			if !ok {
+				if len(damage) > 0 {
+					break // the tail after the last damage is an ordinary end
+				}
+				return fmt.Errorf("offset %d: %w: %w", off, err, errTorn)
+			}
+			damage = append(damage, fmt.Sprintf("%d-%d (%v)", off, next, err))
+			off, prev = next, seq-1
+			continue
 		}
 		prev = e.seq
-		kl, w := binary.Uvarint(body[8:])
-		if w <= 0 || kl > uint64(len(body)-8-w) {
-			return fmt.Errorf("offset %d: key length: %w", off, errTorn)
-		}
-		rest := body[8+w:]
-		e.key = rest[:kl]
-		if len(rest) > int(kl) {
-			e.val = rest[kl:]
-		}
 		if err := fn(e); err != nil {
 			return err
 		}
-		off += walHeader + int(n)
+		off += n
+	}
+	if len(damage) > 0 {
+		return fmt.Errorf("bytes %s: %w", strings.Join(damage, ", "), errDamaged)
 	}
 	return nil
+}
+
+// entryAt decodes the entry of the use nonce at off, whose sequence number
+// must follow prev (0: any). It returns the entry and its size, a size of 0
+// at the preallocated end, or why there is no entry there.
+func entryAt(b []byte, off int, nonce, prev uint64) (walEntry, int, error) {
+	if len(b)-off < walHeader {
+		if allZero(b[off:]) {
+			return walEntry{}, 0, nil
+		}
+		return walEntry{}, 0, errors.New("partial header")
+	}
+	n := int64(binary.BigEndian.Uint32(b[off:]))
+	sum := binary.BigEndian.Uint32(b[off+4:])
+	if n == 0 && sum == 0 {
+		return walEntry{}, 0, nil
+	}
+	if n < minEntry-walHeader || n > int64(len(b)-off-walHeader) {
+		return walEntry{}, 0, fmt.Errorf("length %d", n)
+	}
+	body := b[off+walHeader : off+walHeader+int(n)]
+	e := walEntry{seq: binary.BigEndian.Uint64(body)}
+	if e.seq == 0 || e.seq == math.MaxUint64 || (prev != 0 && e.seq != prev+1) {
+		return walEntry{}, 0, fmt.Errorf("sequence %d after %d", e.seq, prev)
+	}
+	if entryChecksum(nonce, body) != sum {
+		return walEntry{}, 0, errors.New("checksum")
+	}
+	kl, w := binary.Uvarint(body[8:])
+	if w <= 0 || kl > uint64(len(body)-8-w) {
+		return walEntry{}, 0, errors.New("key length")
+	}
+	rest := body[8+w:]
+	e.key = rest[:kl]
+	if len(rest) > int(kl) {
+		e.val = rest[kl:]
+	}
+	return e, walHeader + int(n), nil
+}
+
+// resync looks for an entry of the use nonce at or after from that a
+// damaged stretch hid: its sequence number is above prev and at most the
+// number of entries the segment can hold beyond it, and it is followed by
+// the preallocated end or by the next entry in sequence. A torn write is
+// followed by zeros or an earlier use's leftovers, so it finds nothing there.
+// A checksum match by chance needs two in a row; the sequence window keeps
+// the candidates to check few. It returns the entry's offset and sequence
+// number.
+func resync(b []byte, from int, nonce, prev uint64) (int, uint64, bool) {
+	if allZero(b[from:]) {
+		return 0, 0, false
+	}
+	span := uint64(len(b)/minEntry) + 1
+	for off := from; len(b)-off >= minEntry; off++ {
+		// Cheap tests first: the length fits, the sequence number is in the
+		// window, and where this entry would end, the next one is numbered
+		// on or the data ends. Only then the checksums.
+		n := int(binary.BigEndian.Uint32(b[off:]))
+		seq := binary.BigEndian.Uint64(b[off+walHeader:])
+		if n < minEntry-walHeader || n > len(b)-off-walHeader ||
+			seq <= prev || prev != 0 && seq-prev > span || seq >= math.MaxUint64-1 {
+			continue
+		}
+		next := off + walHeader + n
+		if len(b)-next >= minEntry && binary.BigEndian.Uint64(b[next+walHeader:]) != seq+1 &&
+			binary.BigEndian.Uint64(b[next:]) != 0 {
+			continue
+		}
+		e, n, err := entryAt(b, off, nonce, seq-1)
+		if err != nil || n == 0 {
+			continue
+		}
+		if _, m, err := entryAt(b, off+n, nonce, e.seq); err != nil || m == 0 && !allZero(b[off+n:]) {
+			continue
+		}
+		return off, e.seq, true
+	}
+	return 0, 0, false
 }
 
 func allZero(b []byte) bool {

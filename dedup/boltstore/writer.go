@@ -312,7 +312,7 @@ func (w *writer) encode(batch []*writeReq, first uint64) {
 	w.buf = w.buf[:0]
 	nonce := w.seg.nonce
 	if w.seg.size == 0 {
-		w.buf = appendSegmentHeader(w.buf, nonce)
+		w.buf = appendSegmentHeader(w.buf, nonce, w.s.journal.id)
 	}
 	seq := first
 	for _, req := range batch {
