@@ -205,6 +205,10 @@ type Store struct {
 	// syncFailed is the segment whose last fdatasync failed, for the writer
 	// to seal (nil when none).
 	syncFailed atomic.Pointer[segment]
+	// journalErr is the last failed journal write or fdatasync, nil once a
+	// later write was fdatasynced: Ping reports it, so readiness shows a
+	// store that cannot record (a full or failing disk).
+	journalErr atomic.Pointer[journalFailure]
 	// closing closes when Close begins, before it waits for operations:
 	// waits on the writer end with ErrClosed then, so Close cannot hang
 	// behind a writer held by the backlog. stop closes once they are gone.
@@ -748,12 +752,16 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 	return existed, nil
 }
 
-// Ping implements dedup.Store: nil when the file can be read.
+// Ping implements dedup.Store: nil when the file can be read and the last
+// journal write or fdatasync did not fail (or a later write was synced).
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.enter(ctx, "ping"); err != nil {
 		return err
 	}
 	defer s.leave()
+	if f := s.journalErr.Load(); f != nil {
+		return fmt.Errorf("boltstore: ping: commits cannot be recorded: %w", f.err)
+	}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketRecords) == nil {
 			return errors.New("records bucket missing")

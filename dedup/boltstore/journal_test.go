@@ -1159,3 +1159,28 @@ func TestJournalVersion1SegmentsOfALegacyFile(t *testing.T) {
 		})
 	}
 }
+
+// Ping, which /readyz calls, fails while the journal cannot record (an
+// fdatasync failed, as on a failing or full disk), and recovers once a later
+// write was synced. (Found in review: Ping only read bbolt, so a gateway
+// whose every commit failed stayed ready.)
+func TestPingReportsAFailingJournal(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTemp(t, Options{CheckpointInterval: -1})
+	t.Cleanup(func() { _ = s.Close() })
+	entered, result := heldSync(t, s)
+	pingUntil := func(wantErr bool) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("Ping error=%v", wantErr), func() bool { return (s.Ping(ctx) != nil) == wantErr })
+	}
+
+	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_0"}, time.Hour)
+	receive(t, entered, "first fdatasync")
+	result <- errors.New("input/output error")
+	pingUntil(true)
+
+	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_1"}, time.Hour) // goes to a fresh segment
+	receive(t, entered, "second fdatasync")
+	result <- nil
+	pingUntil(false)
+}

@@ -277,6 +277,7 @@ func (w *writer) commit(batch []*writeReq) {
 	}
 	if err != nil {
 		err = fmt.Errorf("journal: %w", err)
+		s.journalErr.Store(&journalFailure{err: err, seq: w.nextSeq - 1})
 	}
 	// Answer the commits and releases now; durable requests and seals wait
 	// for the syncer.
@@ -289,7 +290,7 @@ func (w *writer) commit(batch []*writeReq) {
 		}
 	}
 	if err == nil && writes > 0 {
-		item.sync, item.upTo = w.seg, w.seg.size
+		item.sync, item.upTo, item.lastSeq = w.seg, w.seg.size, w.nextSeq-1
 	}
 	if seals > 0 || (w.seg != nil && (w.seg.size >= segmentBytes || len(w.seg.keys) >= maxSegmentEntries)) {
 		item.seal = w.detach()
@@ -442,7 +443,8 @@ const minFlushGap = time.Millisecond
 // to answer after both.
 type syncWork struct {
 	sync    *segment
-	upTo    int64 // sync's size after the group
+	upTo    int64  // sync's size after the group
+	lastSeq uint64 // the group's last sequence number
 	seal    *segment
 	waiters []*writeReq
 }
@@ -486,6 +488,13 @@ func (s *Store) syncLoop() {
 	}
 }
 
+// journalFailure is a failed journal write or fdatasync: the error, and the
+// last sequence number handed out when it happened.
+type journalFailure struct {
+	err error
+	seq uint64
+}
+
 // syncWork does work, in order (see syncLoop).
 func (s *Store) syncWork(work []syncWork) {
 	var flushed *segment // the segment flushed in this call
@@ -493,7 +502,7 @@ func (s *Store) syncWork(work []syncWork) {
 	// writer queued every piece of work before this call took it, so the
 	// first flush covers them all. A failed flush is seg.syncErr from then
 	// on.
-	flush := func(seg *segment, upTo int64) error {
+	flush := func(seg *segment, upTo int64, lastSeq uint64) error {
 		seg.flushedTo = max(seg.flushedTo, upTo)
 		if seg.syncErr != nil {
 			return seg.syncErr
@@ -509,17 +518,20 @@ func (s *Store) syncWork(work []syncWork) {
 			s.log.Error("journal fdatasync failed", zap.String("segment", seg.path), zap.Error(err))
 			seg.syncErr = fmt.Errorf("journal: %w", err)
 			s.syncFailed.Store(seg)
+			s.journalErr.Store(&journalFailure{err: seg.syncErr, seq: lastSeq})
+		} else if f := s.journalErr.Load(); f != nil && f.seq < lastSeq {
+			s.journalErr.CompareAndSwap(f, nil) // a write after the failure is durable
 		}
 		return seg.syncErr
 	}
 	for _, item := range work {
 		var err error
 		if item.sync != nil {
-			err = flush(item.sync, item.upTo)
+			err = flush(item.sync, item.upTo, item.lastSeq)
 		}
 		if seg := item.seal; seg != nil {
 			if seg.flushedTo < seg.size { // the writer is done with it
-				_ = flush(seg, seg.size)
+				_ = flush(seg, seg.size, 0)
 			}
 			s.handOver(seg)
 		}
