@@ -602,13 +602,32 @@ func caseCollisions(n *yaml.Node, path string, ps *Problems) {
 	}
 }
 
+// envAdminURL is the variable the keys commands take the admin API's URL
+// from.
+const envAdminURL = EnvPrefix + "ADMIN_URL"
+
+// envNotConfig are the DEDUPGW_* variables that are not configuration
+// overrides: the keys commands' admin URL, and the knobs of the benchmark
+// runner and of the test suites (each described in the README).
+var envNotConfig = []string{
+	envAdminURL,
+	EnvPrefix + "BENCH_PPROF",
+	EnvPrefix + "CHAOS", EnvPrefix + "CHAOS_KEEP",
+	EnvPrefix + "MEASURE_KEYS", EnvPrefix + "REQUIRE_REDIS",
+	EnvPrefix + "SCALE", EnvPrefix + "SCALE_BATCH", EnvPrefix + "SCALE_DIR",
+}
+
 // UnknownEnv returns the DEDUPGW_* names in environ ("NAME=value" entries,
-// as os.Environ gives them) that override no key, sorted: most likely a
-// misspelt override, which would otherwise be ignored without a word.
+// as os.Environ gives them) that override no key and are none of
+// envNotConfig, sorted: most likely a misspelt override, which would
+// otherwise be ignored without a word.
 func UnknownEnv(environ []string) []string {
 	known := map[string]bool{}
 	for _, o := range envOverrides() {
 		known[o.env] = true
+	}
+	for _, name := range envNotConfig {
+		known[name] = true
 	}
 	var out []string
 	for _, kv := range environ {

@@ -41,7 +41,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dedupgw keys "+op, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	def := defaultAdminURL
-	if v, ok := os.LookupEnv("DEDUPGW_ADMIN_URL"); ok && v != "" {
+	if v, ok := os.LookupEnv(envAdminURL); ok && v != "" {
 		def = v
 	}
 	admin := fs.String("admin", def, "admin API base URL")
