@@ -194,8 +194,8 @@ type Route struct {
 	Keys []string `config:"keys"`
 	// Secrets enable signature verification; several allow rotation.
 	Secrets secretList `config:"secrets"`
-	// Tolerance is the signature timestamp tolerance. Zero means 300s.
-	Tolerance time.Duration `config:"tolerance"`
+	// Tolerance is the signature timestamp tolerance; nil means 300s.
+	Tolerance *time.Duration `config:"tolerance"`
 	// Methods accepted. Empty means POST.
 	Methods []string `config:"methods"`
 	// Signature configures the generic provider's HMAC check.
@@ -415,9 +415,9 @@ func (f *File) GatewayConfig() proxy.Config {
 		if provider == "" {
 			provider = providers.Generic
 		}
-		tol := r.Tolerance
-		if tol == 0 {
-			tol = defaultTolerance
+		tol := defaultTolerance
+		if r.Tolerance != nil {
+			tol = *r.Tolerance
 		}
 		cfg.Routes = append(cfg.Routes, proxy.Route{
 			Name:                  r.Name,

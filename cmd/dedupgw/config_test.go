@@ -144,7 +144,7 @@ routes:
     on_in_flight: reject
     duplicate_response: ack
     on_fingerprint_mismatch: ack
-    max_replay_bytes: 0
+    max_replay_bytes: 1
     replay_headers: []
     tolerance: 1m
     secrets: [s1, s2]
@@ -188,7 +188,7 @@ routes:
 		{"b.OnInFlight", b.OnInFlight, "reject"},
 		{"b.DuplicateResponse", b.DuplicateResponse, "ack"},
 		{"b.OnFingerprintMismatch", b.OnFingerprintMismatch, "ack"},
-		{"b.MaxReplayBytes", b.MaxReplayBytes, int64(0)},
+		{"b.MaxReplayBytes", b.MaxReplayBytes, int64(1)},
 		{"b.ReplayHeaders", b.ReplayHeaders, []string{}},
 		{"b.Provider.Tolerance", b.Provider.Tolerance, time.Minute},
 		{"b.Provider.Secrets", b.Provider.Secrets, []string{"s1", "s2"}},
@@ -516,7 +516,9 @@ func TestProblems(t *testing.T) {
 		}},
 		{"max body zero", route("    max_body_bytes: 0\n"), nil, []string{"routes[0].max_body_bytes: must be greater than 0, got 0"}},
 		{"failed retention zero", "defaults:\n  failed_retention: 0s\n" + minimal, nil, []string{"defaults.failed_retention: must be greater than 0, got 0s"}},
-		{"max replay negative", "defaults:\n  max_replay_bytes: -1\n" + minimal, nil, []string{"defaults.max_replay_bytes: must not be negative, got -1"}},
+		{"max replay negative", "defaults:\n  max_replay_bytes: -1\n" + minimal, nil, []string{"defaults.max_replay_bytes: must be greater than 0, got -1 (omit it for the default, 65536)"}},
+		// 0 would silently mean the default: refused, like the other sizes.
+		{"max replay zero", "defaults:\n  max_replay_bytes: 0\n" + minimal, nil, []string{"defaults.max_replay_bytes: must be greater than 0, got 0 (omit it for the default, 65536)"}},
 		{"lease not above timeout (defaults)", "defaults:\n  lease: 30s\n" + minimal, nil, []string{"defaults.lease: 30s must be longer than upstream_timeout 30s"}},
 		{"lease not above timeout (route)", route("    upstream_timeout: 2m\n"), nil, []string{"routes[0].lease: 1m0s must be longer than upstream_timeout 2m0s"}},
 		{"lease above timeout after defaults", "defaults:\n  upstream_timeout: 90s\n  lease: 2m\n" + route("    upstream_timeout: 100s\n"), nil, nil},
@@ -586,7 +588,8 @@ func TestProblems(t *testing.T) {
 			`routes[0].window: invalid duration "" (want e.g. "300ms", "30s", "24h") (environment variable W is not set)`,
 		}},
 		{"secret set", route("    secrets: [\"${S}\"]\n"), map[string]string{"S": "whsec"}, nil},
-		{"negative tolerance", route("    tolerance: -5s\n"), nil, []string{"routes[0].tolerance: must not be negative, got -5s"}},
+		{"negative tolerance", route("    tolerance: -5s\n"), nil, []string{"routes[0].tolerance: must be greater than 0, got -5s (omit it for the default, 300s)"}},
+		{"zero tolerance", route("    tolerance: 0s\n"), nil, []string{"routes[0].tolerance: must be greater than 0, got 0s (omit it for the default, 300s)"}},
 		{"bad methods", route("    methods: [post, \"GET X\"]\n"), nil, []string{
 			`routes[0].methods[0]: invalid method "post" (want upper case, e.g. POST)`,
 			`routes[0].methods[1]: invalid method "GET X" (want upper case, e.g. POST)`,

@@ -163,8 +163,8 @@ func checkPolicy(ps *Problems, prefix string, p Policy) {
 	if p.MaxBodyBytes != nil && *p.MaxBodyBytes <= 0 {
 		ps.add(prefix+".max_body_bytes", "must be greater than 0, got %d", *p.MaxBodyBytes)
 	}
-	if p.MaxReplayBytes != nil && *p.MaxReplayBytes < 0 {
-		ps.add(prefix+".max_replay_bytes", "must not be negative, got %d", *p.MaxReplayBytes)
+	if p.MaxReplayBytes != nil && *p.MaxReplayBytes <= 0 {
+		ps.add(prefix+".max_replay_bytes", "must be greater than 0, got %d (omit it for the default, 65536)", *p.MaxReplayBytes)
 	}
 	policy := func(name string, v *string, allowed ...string) {
 		if v != nil {
@@ -227,8 +227,8 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 			ps.add(k, "%s", f.empty(k))
 		}
 	}
-	if r.Tolerance < 0 {
-		ps.add(key+".tolerance", "must not be negative, got %v", r.Tolerance)
+	if r.Tolerance != nil && *r.Tolerance <= 0 {
+		ps.add(key+".tolerance", "must be greater than 0, got %v (omit it for the default, 300s)", *r.Tolerance)
 	}
 	for i, m := range r.Methods {
 		if !isToken(m) || m != strings.ToUpper(m) {
