@@ -92,6 +92,12 @@ func TestDeliveryTable(t *testing.T) {
 				if err != nil || rec.State != dedup.StateFailed || rec.LastStatus != 500 {
 					t.Errorf("record = %+v, %v; want failed with last_status 500", rec, err)
 				}
+				if got := counterValue(t, h.gw.metrics.releases, "orders", reasonUpstreamStatus); got != 1 {
+					t.Errorf("got %v upstream_status releases, want 1", got)
+				}
+				if got := counterValue(t, h.gw.metrics.deliveries, "orders", outcomeForwarded); got != 1 {
+					t.Errorf("got %v forwarded deliveries, want 1", got)
+				}
 			},
 			wantUpstream: 1,
 		},
@@ -379,6 +385,22 @@ func TestConcurrentCopiesReachUpstreamOnce(t *testing.T) {
 	}
 }
 
+// wantProblemOf fails t unless resp is an application/problem+json answer
+// of p's type.
+func wantProblemOf(t *testing.T, resp response, p problem) {
+	t.Helper()
+	var got struct {
+		Type   string `json:"type"`
+		Status int    `json:"status"`
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/problem+json") {
+		t.Errorf("got Content-Type %q, want application/problem+json", ct)
+	}
+	if err := json.Unmarshal(resp.Body, &got); err != nil || got.Type != p.Type || got.Status != p.Status {
+		t.Errorf("got problem %s (%v), want type %s, status %d", resp.Body, err, p.Type, p.Status)
+	}
+}
+
 // TestInFlightReject: a duplicate arriving while the first is forwarded gets
 // 409 with Retry-After until the lease ends.
 func TestInFlightReject(t *testing.T) {
@@ -401,6 +423,10 @@ func TestInFlightReject(t *testing.T) {
 	close(release)
 	if resp.Status != http.StatusConflict || resp.Header.Get(HeaderDedupStatus) != "in-flight" {
 		t.Errorf("got %d %q, want 409 in-flight", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	wantProblemOf(t, resp, probInFlight)
+	if got := counterValue(t, h.gw.metrics.deliveries, "orders", outcomeInFlight); got != 1 {
+		t.Errorf("got %v in_flight deliveries, want 1", got)
 	}
 	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
 	if err != nil || ra < 80 || ra > 90 {
@@ -477,8 +503,21 @@ func TestInFlightWait(t *testing.T) {
 			if got.Status != tc.wantStatus || got.Header.Get(HeaderDedupStatus) != tc.wantDedup {
 				t.Errorf("waiter: got %d %q, want %d %q", got.Status, got.Header.Get(HeaderDedupStatus), tc.wantStatus, tc.wantDedup)
 			}
-			if tc.wantStatus == 409 && got.Header.Get("Retry-After") == "" {
-				t.Errorf("waiter: Retry-After missing on 409")
+			if tc.wantStatus == 409 {
+				if got.Header.Get("Retry-After") == "" {
+					t.Errorf("waiter: Retry-After missing on 409")
+				}
+				wantProblemOf(t, got, probInFlight)
+			}
+			// The waiter's answer is counted under its own outcome (forwarded:
+			// the first delivery was too).
+			outcome := map[string]string{"duplicate": outcomeDuplicate, "forwarded": outcomeForwarded, "in-flight": outcomeInFlight}[tc.wantDedup]
+			want := 1
+			if outcome == outcomeForwarded {
+				want = 2
+			}
+			if got := counterValue(t, h.gw.metrics.deliveries, "orders", outcome); got != float64(want) {
+				t.Errorf("got %v %s deliveries, want %d", got, outcome, want)
 			}
 			if n := up.count(); n != tc.wantUp {
 				t.Errorf("got %d requests upstream, want %d", n, tc.wantUp)
@@ -526,6 +565,7 @@ func TestUpstreamFailures(t *testing.T) {
 		if resp.Status != http.StatusBadGateway || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
 			t.Errorf("got %d %q, want 502 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
 		}
+		wantProblemOf(t, resp, probBadGateway)
 		rec, err := h.record("orders", "evt_1")
 		if err != nil || rec.State != dedup.StateFailed || rec.LastError != "connection refused" {
 			t.Errorf("record = %+v, %v; want failed with last_error connection refused", rec, err)
