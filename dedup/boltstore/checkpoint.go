@@ -212,6 +212,9 @@ func (s *Store) replay() (uint64, error) {
 		case errors.Is(rerr, errTorn):
 			s.log.Debug("journal file ends in a torn entry (a write the crash interrupted, or an overwritten older entry)",
 				zap.String("segment", sf.path), zap.Error(rerr))
+		case errors.Is(rerr, errOldFormat):
+			s.log.Debug("journal file from an older build, checkpointed when this file got its identity: reused",
+				zap.String("segment", sf.path))
 		case errors.Is(rerr, errForeign):
 			s.log.Warn("journal file belongs to another bbolt file (this one was deleted or replaced?): not replayed, and reused",
 				zap.String("segment", sf.path), zap.Error(rerr))

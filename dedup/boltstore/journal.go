@@ -144,6 +144,10 @@ var (
 	errDamaged = errors.New("damaged entries inside the data")
 	// errForeign reports a segment of another bbolt file's journal.
 	errForeign = errors.New("segment of another bbolt file's journal")
+	// errOldFormat reports a version 1 segment beside a file that has a
+	// journal identity: a segment an older build left, checkpointed before
+	// the file got its identity (or beside another file: nobody can tell).
+	errOldFormat = errors.New("version 1 segment")
 )
 
 // minEntry is the size of the smallest entry: header, sequence number and
@@ -152,7 +156,8 @@ const minEntry = walHeader + 9
 
 // readWAL calls fn for each entry of the segment file b, in order. A file
 // without a header (preallocated, never written) has none, and so has one
-// whose owner is not owner (errForeign). It stops without error at a clean
+// whose owner is not owner (errForeign) or a version 1 one unless
+// owner.legacy (errOldFormat). It stops without error at a clean
 // end (the end of b, or a zero length: the preallocated rest). A partial or
 // corrupt entry, or one whose sequence number does not follow the previous
 // one's, ends the data (errTorn), unless an entry of this use follows it
@@ -171,7 +176,7 @@ func readWAL(b []byte, owner journalOwner, fn func(walEntry) error) error {
 	case v == 1 && owner.legacy:
 		start = segmentHeaderV1
 	case v == 1:
-		return fmt.Errorf("version 1 segment: %w", errForeign)
+		return errOldFormat
 	case v != segmentVersion:
 		return fmt.Errorf("segment version %d (this build reads %d)", v, segmentVersion)
 	case len(b) < segmentHeader:
