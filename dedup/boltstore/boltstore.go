@@ -341,9 +341,15 @@ func initSchema(tx *bolt.Tx) (journalOwner, error) {
 	if v := meta.Get(metaJournalKey); len(v) == 8 && binary.BigEndian.Uint64(v) != 0 {
 		return journalOwner{id: binary.BigEndian.Uint64(v)}, nil
 	}
-	// A file written before journal identities existed takes in the
-	// segments of that format (its own, as far as anyone can tell) once.
-	owner := journalOwner{id: randomNonce(), legacy: existed}
+	owner := journalOwner{id: randomNonce()}
+	if existed {
+		// A file written before journal identities existed takes in the
+		// segments of that format (its own, as far as anyone can tell).
+		// replay saves the identity in the transaction that applies them,
+		// so an Open that fails before leaves the file legacy still.
+		owner.legacy = true
+		return owner, nil
+	}
 	return owner, meta.Put(metaJournalKey, binary.BigEndian.AppendUint64(nil, owner.id))
 }
 
@@ -752,15 +758,24 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 	return existed, nil
 }
 
-// Ping implements dedup.Store: nil when the file can be read and the last
-// journal write or fdatasync did not fail (or a later write was synced).
+// Ping implements dedup.Store: nil when the file can be read and the journal
+// records: after a failed journal write or fdatasync, Ping journals a probe
+// and is nil once that is synced.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.enter(ctx, "ping"); err != nil {
 		return err
 	}
 	defer s.leave()
-	if f := s.journalErr.Load(); f != nil {
-		return fmt.Errorf("boltstore: ping: commits cannot be recorded: %w", f.err)
+	if s.journalErr.Load() != nil {
+		// Deliveries may have stopped (readiness took the gateway out), so
+		// nothing else would find out that the disk records again: journal
+		// a harmless delete, durably. Its fdatasync clears the failure.
+		if err := s.writeDurable(ctx, pingKey, nil); err != nil {
+			return fmt.Errorf("boltstore: ping: commits cannot be recorded: %w", err)
+		}
+		if f := s.journalErr.Load(); f != nil {
+			return fmt.Errorf("boltstore: ping: commits cannot be recorded: %w", f.err)
+		}
 	}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketRecords) == nil {

@@ -181,7 +181,7 @@ func setCheckpoint(tx *bolt.Tx, seq uint64) error {
 // reuse. It returns the next sequence number to hand out. A torn entry ends
 // its file: it was never acknowledged. A file of another bbolt file's
 // journal is not replayed; a damaged one is replayed around the damage and
-// renamed <segment>.damaged.
+// renamed <segment>.damaged-<unix nanoseconds>.
 func (s *Store) replay() (uint64, error) {
 	var done uint64
 	if err := s.db.View(func(tx *bolt.Tx) error { done = checkpointSeq(tx); return nil }); err != nil {
@@ -199,7 +199,7 @@ func (s *Store) replay() (uint64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("replay journal: %w", err)
 		}
-		rerr := readWAL(b, s.journal, func(e walEntry) error {
+		rerr := readWAL(b, s.journal, done, func(e walEntry) error {
 			if e.seq <= done {
 				return nil // checkpointed
 			}
@@ -221,7 +221,7 @@ func (s *Store) replay() (uint64, error) {
 		case errors.Is(rerr, errDamaged):
 			// Not a torn write: the file was damaged. Whatever the damage
 			// covered is lost; keep the file for a post-mortem.
-			kept := sf.path + ".damaged"
+			kept := fmt.Sprintf("%s.damaged-%d", sf.path, time.Now().UnixNano()) // never over an earlier one
 			s.log.Error("journal file is damaged: writes after the damage replayed, those it covered lost (their keys may read older states); the file is kept aside",
 				zap.String("segment", sf.path), zap.String("kept_as", kept), zap.Error(rerr))
 			damaged = append(damaged, [2]string{sf.path, kept})
@@ -229,11 +229,16 @@ func (s *Store) replay() (uint64, error) {
 			return 0, fmt.Errorf("replay journal %s: %w", sf.path, rerr)
 		}
 	}
-	if len(pending) > 0 {
+	if len(pending) > 0 || s.journal.legacy {
 		slices.SortFunc(pending, func(a, b walEntry) int { return cmpUint(a.seq, b.seq) })
 		err := s.db.Update(func(tx *bolt.Tx) error {
 			for _, e := range pending {
 				if err := applyWrite(tx, e.key, e.val); err != nil {
+					return err
+				}
+			}
+			if s.journal.legacy { // from now on, its segments name it
+				if err := tx.Bucket(bucketMeta).Put(metaJournalKey, binary.BigEndian.AppendUint64(nil, s.journal.id)); err != nil {
 					return err
 				}
 			}
@@ -242,7 +247,9 @@ func (s *Store) replay() (uint64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("replay journal: %w", err)
 		}
-		s.log.Info("replayed the journal a crash left", zap.Int("writes", len(pending)))
+		if len(pending) > 0 {
+			s.log.Info("replayed the journal a crash left", zap.Int("writes", len(pending)))
+		}
 	}
 	// A damaged file is checkpointed too; it is copied aside, not reused.
 	for _, d := range damaged {

@@ -163,8 +163,9 @@ const minEntry = walHeader + 9
 // one's, ends the data (errTorn), unless an entry of this use follows it
 // further on: then the file is damaged, and readWAL skips to that entry,
 // reads on, and returns an error wrapping errDamaged at the end. The
-// entry's key and value alias b.
-func readWAL(b []byte, owner journalOwner, fn func(walEntry) error) error {
+// entry's key and value alias b. floor is the checkpoint: entries at or
+// below it are in bbolt already, and resync looks only above it.
+func readWAL(b []byte, owner journalOwner, floor uint64, fn func(walEntry) error) error {
 	if len(b) < segmentHeaderV1 || string(b[:4]) != segmentMagic {
 		if len(b) >= 4 && binary.BigEndian.Uint32(b) != 0 {
 			return fmt.Errorf("segment header: %w", errTorn)
@@ -187,6 +188,7 @@ func readWAL(b []byte, owner journalOwner, fn func(walEntry) error) error {
 	nonce := binary.BigEndian.Uint64(b[8:])
 	var prev uint64
 	var damage []string
+	budget := 2 * len(b) // bytes resync may checksum: Open stays linear in the file
 	for off := start; off < len(b); {
 		e, n, err := entryAt(b, off, nonce, prev)
 		if err == nil && n == 0 {
@@ -196,7 +198,7 @@ func readWAL(b []byte, owner journalOwner, fn func(walEntry) error) error {
 			err = errors.New("zeroed bytes")
 		}
 		if err != nil {
-			next, seq, ok := resync(b, off+1, nonce, prev)
+			next, seq, ok := resync(b, off+1, nonce, max(prev, floor), &budget)
 			if !ok {
 				if len(damage) > 0 {
 					break // the tail after the last damage is an ordinary end
@@ -258,26 +260,28 @@ func entryAt(b []byte, off int, nonce, prev uint64) (walEntry, int, error) {
 }
 
 // resync looks for an entry of the use nonce at or after from that a
-// damaged stretch hid: its sequence number is above prev and at most the
-// number of entries the segment can hold beyond it, and it is followed by
-// the preallocated end or by the next entry in sequence. A torn write is
-// followed by zeros or an earlier use's leftovers, so it finds nothing there.
-// A checksum match by chance needs two in a row; the sequence window keeps
-// the candidates to check few. It returns the entry's offset and sequence
-// number.
-func resync(b []byte, from int, nonce, prev uint64) (int, uint64, bool) {
+// damaged stretch hid: its sequence number is above after (the previous
+// entry's, or the checkpoint) by at most the entries a journal backlog can
+// hold, and it is followed by the preallocated end or by the next entry in
+// sequence. A torn write is followed by zeros or an earlier use's leftovers,
+// so it finds nothing there. A checksum match by chance needs two in a row,
+// under a nonce no sender knows; cheap header tests come first, and at most
+// *budget bytes are checksummed, so bytes crafted to pass the cheap tests
+// (a stored body, say) cannot make Open slow. It returns the entry's offset
+// and sequence number.
+func resync(b []byte, from int, nonce, after uint64, budget *int) (int, uint64, bool) {
 	if allZero(b[from:]) {
 		return 0, 0, false
 	}
-	span := uint64(len(b)/minEntry) + 1
-	for off := from; len(b)-off >= minEntry; off++ {
+	window := uint64((maxBacklogBytes+len(b))/minEntry) + 1
+	for off := from; len(b)-off >= minEntry && *budget > 0; off++ {
 		// Cheap tests first: the length fits, the sequence number is in the
 		// window, and where this entry would end, the next one is numbered
 		// on or the data ends. Only then the checksums.
 		n := int(binary.BigEndian.Uint32(b[off:]))
 		seq := binary.BigEndian.Uint64(b[off+walHeader:])
 		if n < minEntry-walHeader || n > len(b)-off-walHeader ||
-			seq <= prev || prev != 0 && seq-prev > span || seq >= math.MaxUint64-1 {
+			seq <= after || seq-after > window || seq >= math.MaxUint64-1 {
 			continue
 		}
 		next := off + walHeader + n
@@ -285,9 +289,13 @@ func resync(b []byte, from int, nonce, prev uint64) (int, uint64, bool) {
 			binary.BigEndian.Uint64(b[next:]) != 0 {
 			continue
 		}
+		*budget -= n
 		e, n, err := entryAt(b, off, nonce, seq-1)
 		if err != nil || n == 0 {
 			continue
+		}
+		if next := off + n; len(b)-next >= walHeader { // the successor's checksum
+			*budget -= min(int(binary.BigEndian.Uint32(b[next:])), len(b)-next)
 		}
 		if _, m, err := entryAt(b, off+n, nonce, e.seq); err != nil || m == 0 && !allZero(b[off+n:]) {
 			continue

@@ -277,7 +277,7 @@ func (w *writer) commit(batch []*writeReq) {
 	}
 	if err != nil {
 		err = fmt.Errorf("journal: %w", err)
-		s.journalErr.Store(&journalFailure{err: err, seq: w.nextSeq - 1})
+		s.noteJournalFailure(err, w.nextSeq-1)
 	}
 	// Answer the commits and releases now; durable requests and seals wait
 	// for the syncer.
@@ -495,6 +495,24 @@ type journalFailure struct {
 	seq uint64
 }
 
+// noteJournalFailure records a failed journal write or fdatasync when it is
+// the latest (writer and syncer race here: the failure numbered highest
+// stays).
+func (s *Store) noteJournalFailure(err error, seq uint64) {
+	f := &journalFailure{err: err, seq: seq}
+	for {
+		cur := s.journalErr.Load()
+		if cur != nil && cur.seq > seq || s.journalErr.CompareAndSwap(cur, f) {
+			return
+		}
+	}
+}
+
+// pingKey is the key of the delete Ping journals to find out whether the
+// journal records again. No record has it: a recordKey holds a ':' (the
+// namespace has none) or is 33 bytes (a hash).
+var pingKey = []byte("\x00dedupgw-ping")
+
 // syncWork does work, in order (see syncLoop).
 func (s *Store) syncWork(work []syncWork) {
 	var flushed *segment // the segment flushed in this call
@@ -518,7 +536,7 @@ func (s *Store) syncWork(work []syncWork) {
 			s.log.Error("journal fdatasync failed", zap.String("segment", seg.path), zap.Error(err))
 			seg.syncErr = fmt.Errorf("journal: %w", err)
 			s.syncFailed.Store(seg)
-			s.journalErr.Store(&journalFailure{err: seg.syncErr, seq: lastSeq})
+			s.noteJournalFailure(seg.syncErr, lastSeq)
 		} else if f := s.journalErr.Load(); f != nil && f.seq < lastSeq {
 			s.journalErr.CompareAndSwap(f, nil) // a write after the failure is durable
 		}
