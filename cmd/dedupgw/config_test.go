@@ -444,7 +444,8 @@ func TestUnknownEnv(t *testing.T) {
 		{[]string{"DEDUPGW_LOG_LEVLE=debug", "DEDUPGW_STORE_BACKEND=redis", "DEDUPGW_STORE_REDIS_ADDR=x", "DEDUPGW_LOG_LEVLE=again"},
 			[]string{"DEDUPGW_LOG_LEVLE", "DEDUPGW_STORE_REDIS_ADDR"}},
 		{[]string{"dedupgw_log_level=debug", "XDEDUPGW_LOG=1"}, nil}, // names are case-sensitive
-		{[]string{"DEDUPGW_ADMIN_URL=http://127.0.0.1:9091", "DEDUPGW_ADMIN_URLS=x"}, []string{"DEDUPGW_ADMIN_URLS"}}, // the keys commands' URL is no typo
+		// The keys commands' URL is no typo; a name beside it is.
+		{[]string{"DEDUPGW_ADMIN_URL=http://127.0.0.1:9091", "DEDUPGW_ADMIN_URLS=x"}, []string{"DEDUPGW_ADMIN_URLS"}},
 	}
 	for _, tt := range tests {
 		if got := UnknownEnv(tt.environ); !slices.Equal(got, tt.want) {
