@@ -193,7 +193,7 @@ func (s *Store) replay() (uint64, error) {
 	}
 	last := done
 	var pending []walEntry
-	var damaged [][2]string // segment files to set aside once replayed: from, to
+	damaged := map[string]string{} // segment files to set aside once replayed, to their new names
 	for _, sf := range slots {
 		b, err := os.ReadFile(sf.path)
 		if err != nil {
@@ -224,7 +224,7 @@ func (s *Store) replay() (uint64, error) {
 			kept := fmt.Sprintf("%s.damaged-%d", sf.path, time.Now().UnixNano()) // never over an earlier one
 			s.log.Error("journal file is damaged: writes after the damage replayed, those it covered lost (their keys may read older states); the file is kept aside",
 				zap.String("segment", sf.path), zap.String("kept_as", kept), zap.Error(rerr))
-			damaged = append(damaged, [2]string{sf.path, kept})
+			damaged[sf.path] = kept
 		default:
 			return 0, fmt.Errorf("replay journal %s: %w", sf.path, rerr)
 		}
@@ -251,19 +251,16 @@ func (s *Store) replay() (uint64, error) {
 			s.log.Info("replayed the journal a crash left", zap.Int("writes", len(pending)))
 		}
 	}
-	// A damaged file is checkpointed too; it is copied aside, not reused.
-	for _, d := range damaged {
-		if err := os.Rename(d[0], d[1]); err != nil {
-			return 0, fmt.Errorf("replay journal: %w", err)
-		}
-	}
-	// Every file is checkpointed now: keep a few for reuse.
+	// Every file is checkpointed now: keep a few for reuse, and set a
+	// damaged one aside.
 	for _, sf := range slots {
-		if slices.ContainsFunc(damaged, func(d [2]string) bool { return d[0] == sf.path }) {
-			s.nextSlot = max(s.nextSlot, sf.slot+1)
+		s.nextSlot = max(s.nextSlot, sf.slot+1)
+		if kept, ok := damaged[sf.path]; ok {
+			if err := os.Rename(sf.path, kept); err != nil {
+				return 0, fmt.Errorf("replay journal: %w", err)
+			}
 			continue
 		}
-		s.nextSlot = max(s.nextSlot, sf.slot+1)
 		if !s.keepSlot(sf.slot) {
 			if err := os.Remove(sf.path); err != nil {
 				return 0, fmt.Errorf("replay journal: %w", err)

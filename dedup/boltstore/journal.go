@@ -132,7 +132,8 @@ func appendWALEntry(dst []byte, nonce, seq uint64, key, val []byte) []byte {
 	return dst
 }
 
-// Errors of readWAL; both end in the entries read being applied.
+// Errors of readWAL. Replay applies the entries read either way; errForeign
+// and errOldFormat come before any.
 var (
 	// errTorn reports a segment that ends in a partial or corrupt entry: a
 	// write a crash interrupted (never acknowledged), or an earlier use's
