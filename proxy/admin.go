@@ -78,6 +78,24 @@ func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 	}
 	mux.Handle("GET /v1/keys/{route}/{key...}", a.auth(http.HandlerFunc(a.getKey)))
 	mux.Handle("DELETE /v1/keys/{route}/{key...}", a.auth(http.HandlerFunc(a.forgetKey)))
+	// ServeMux would answer anything else with a plain-text 404 or 405:
+	// answer with problems, as everywhere else. A pattern without a method
+	// is less specific than the same path with one, so these catch only
+	// the other methods.
+	allowed := map[string]string{
+		"/healthz":                  "GET, HEAD",
+		"/readyz":                   "GET, HEAD",
+		"/v1/keys/{route}/{key...}": "GET, HEAD, DELETE",
+	}
+	if gatherer != nil {
+		allowed["/metrics"] = "GET, HEAD"
+	}
+	for pattern, methods := range allowed {
+		mux.Handle(pattern, methodNotAllowed(methods))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		writeProblem(w, probNotFound.with("", "the admin API serves /healthz, /readyz, /metrics and /v1/keys/{route}/{key}"), 0)
+	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// ServeMux redirects a path with "//", "." or ".." to its cleaned
 		// form, method kept: DELETE /v1/keys/r/x//y (or //v1/keys/r/x//y)
@@ -87,6 +105,14 @@ func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 			return
 		}
 		mux.ServeHTTP(w, r)
+	})
+}
+
+// methodNotAllowed answers 405 with an Allow header listing methods.
+func methodNotAllowed(methods string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", methods)
+		writeProblem(w, probMethod.with("", r.Method+" is not allowed here; allowed: "+methods), 0)
 	})
 }
 

@@ -56,16 +56,23 @@ func TestAdminHealthAndReadiness(t *testing.T) {
 	tests := []struct {
 		name      string
 		storeDown bool
+		method    string
 		path      string
 		want      int
+		wantAllow string
 	}{
-		{"healthz", false, "/healthz", 200},
-		{"healthz while the store is down", true, "/healthz", 200},
-		{"readyz", false, "/readyz", 200},
-		{"readyz while the store is down", true, "/readyz", 503},
-		{"readyz after the store came back", false, "/readyz", 200},
-		{"metrics", false, "/metrics", 200},
-		{"unknown path", false, "/nope", 404},
+		{"healthz", false, "GET", "/healthz", 200, ""},
+		{"healthz while the store is down", true, "GET", "/healthz", 200, ""},
+		{"readyz", false, "GET", "/readyz", 200, ""},
+		{"readyz while the store is down", true, "GET", "/readyz", 503, ""},
+		{"readyz after the store came back", false, "GET", "/readyz", 200, ""},
+		{"readyz by HEAD", false, "HEAD", "/readyz", 200, ""},
+		{"metrics", false, "GET", "/metrics", 200, ""},
+		{"unknown path", false, "GET", "/nope", 404, ""},
+		{"unknown path under /v1", false, "GET", "/v1/keys/orders", 404, ""},
+		{"POST healthz", false, "POST", "/healthz", 405, "GET, HEAD"},
+		{"DELETE metrics", false, "DELETE", "/metrics", 405, "GET, HEAD"},
+		{"PUT a key", false, "PUT", "/v1/keys/orders/evt_1", 405, "GET, HEAD, DELETE"},
 	}
 	defer func() {
 		// Last: a draining gateway is not ready, whatever the store says.
@@ -81,9 +88,15 @@ func TestAdminHealthAndReadiness(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			a.fs.down.Store(tc.storeDown)
-			got, _, body := a.call(http.MethodGet, tc.path, "")
+			got, hdr, body := a.call(tc.method, tc.path, "")
 			if got != tc.want {
-				t.Errorf("GET %s: got %d, want %d (body %s)", tc.path, got, tc.want, body)
+				t.Errorf("%s %s: got %d, want %d (body %s)", tc.method, tc.path, got, tc.want, body)
+			}
+			if got := hdr.Get("Allow"); got != tc.wantAllow {
+				t.Errorf("%s %s: got Allow %q, want %q", tc.method, tc.path, got, tc.wantAllow)
+			}
+			if got >= 400 && !strings.HasPrefix(hdr.Get("Content-Type"), "application/problem+json") {
+				t.Errorf("%s %s: got Content-Type %q, want problem+json", tc.method, tc.path, hdr.Get("Content-Type"))
 			}
 		})
 	}

@@ -52,7 +52,7 @@ type problem struct {
 var (
 	probBadPath      = problem{Type: problemTypePrefix + "invalid-path", Title: "Request path not in canonical form", Status: http.StatusBadRequest}
 	probNoRoute      = problem{Type: problemTypePrefix + "no-route", Title: "No route for this path", Status: http.StatusNotFound}
-	probMethod       = problem{Type: problemTypePrefix + "method-not-allowed", Title: "Method not allowed on this route", Status: http.StatusMethodNotAllowed}
+	probMethod       = problem{Type: problemTypePrefix + "method-not-allowed", Title: "Method not allowed", Status: http.StatusMethodNotAllowed}
 	probBodyTooLarge = problem{Type: problemTypePrefix + "body-too-large", Title: "Request body too large", Status: http.StatusRequestEntityTooLarge}
 	probBodyTimeout  = problem{Type: problemTypePrefix + "body-timeout", Title: "Request body not received in time", Status: http.StatusRequestTimeout}
 	probBodyUnread   = problem{Type: problemTypePrefix + "body-unreadable", Title: "Request body could not be read", Status: http.StatusBadRequest}
@@ -65,6 +65,7 @@ var (
 	probTimeout      = problem{Type: problemTypePrefix + "upstream-timeout", Title: "Upstream timed out", Status: http.StatusGatewayTimeout}
 	probShuttingDown = problem{Type: problemTypePrefix + "shutting-down", Title: "Gateway shutting down", Status: http.StatusServiceUnavailable}
 	probKeyNotFound  = problem{Type: problemTypePrefix + "key-not-found", Title: "Key not found", Status: http.StatusNotFound}
+	probNotFound     = problem{Type: problemTypePrefix + "not-found", Title: "Not found", Status: http.StatusNotFound}
 	probUnknownRoute = problem{Type: problemTypePrefix + "unknown-route", Title: "Unknown route", Status: http.StatusNotFound}
 	probUnauthorized = problem{Type: problemTypePrefix + "unauthorized", Title: "Missing or wrong bearer token", Status: http.StatusUnauthorized}
 	probDraining     = problem{Type: problemTypePrefix + "draining", Title: "Gateway draining", Status: http.StatusServiceUnavailable, Detail: "the gateway is shutting down"}
