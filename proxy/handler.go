@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -480,11 +481,7 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 		// The server's body reader stops at Content-Length: read exactly
 		// that. It is at most limit (see above), so a MaxBytesReader would
 		// never stop this read.
-		buf := make([]byte, r.ContentLength)
-		if _, err = io.ReadFull(r.Body, buf); err != nil {
-			return nil, fmt.Errorf("read body: %w", err)
-		}
-		return buf, nil
+		return readExactly(r.Body, int(r.ContentLength))
 	}
 	body := http.MaxBytesReader(w, r.Body, limit)
 	var buf bytes.Buffer
@@ -492,6 +489,33 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 		return nil, fmt.Errorf("read body: %w", err)
 	}
 	return buf.Bytes(), nil
+}
+
+// bodyChunk is the most readExactly allocates ahead of the bytes that
+// arrived.
+const bodyChunk = 64 << 10
+
+// readExactly reads n bytes from r. Its buffer grows with the bytes that
+// arrive, not with the length the sender announced: a header alone must not
+// make the gateway hold max_body_bytes for each connection until the body
+// timeout. A body up to bodyChunk is one allocation of exactly n bytes.
+func readExactly(r io.Reader, n int) ([]byte, error) {
+	buf := make([]byte, min(n, bodyChunk))
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, fmt.Errorf("read body: %w", err)
+	}
+	for len(buf) < n {
+		m := len(buf)
+		buf = slices.Grow(buf, min(n-m, m)) // doubles, up to n
+		buf = buf[:min(n, cap(buf))]
+		if _, err := io.ReadFull(r, buf[m:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF // short of Content-Length
+			}
+			return nil, fmt.Errorf("read body: %w", err)
+		}
+	}
+	return buf, nil
 }
 
 // bodyReads are the deliveries whose body is being read, so that Close can

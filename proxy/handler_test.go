@@ -8,13 +8,17 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/dedupgw/dedupgw/dedup"
@@ -1028,4 +1032,69 @@ func TestBodyLimit(t *testing.T) {
 			t.Errorf("upstream request %d: got a %d-byte body, want %d", i, got, []int{32, 31}[i])
 		}
 	}
+}
+
+// TestReadExactly: a body with a declared length is read whole and exactly,
+// in one allocation up to bodyChunk, and its buffer grows with the bytes
+// that arrive: a header announcing 1 MiB, followed by a few bytes, must not
+// cost 1 MiB (held per connection until the body timeout).
+func TestReadExactly(t *testing.T) {
+	data := make([]byte, 3*bodyChunk+5)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	for _, tc := range []struct {
+		name    string
+		sent, n int
+		wantErr error
+	}{
+		{"small", 10, 10, nil},
+		{"one chunk", bodyChunk, bodyChunk, nil},
+		{"one byte more", bodyChunk + 1, bodyChunk + 1, nil},
+		{"several chunks", len(data), len(data), nil},
+		{"short in the first chunk", 10, 100, io.ErrUnexpectedEOF},
+		{"short after the first chunk", 2*bodyChunk + 3, len(data), io.ErrUnexpectedEOF},
+		{"nothing sent", 0, 100, io.EOF},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := readExactly(iotest.HalfReader(bytes.NewReader(data[:tc.sent])), tc.n)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("got error %v, want %v", err, tc.wantErr)
+			}
+			if err == nil && !bytes.Equal(got, data[:tc.n]) {
+				t.Errorf("got %d bytes, want the %d sent", len(got), tc.n)
+			}
+		})
+	}
+
+	t.Run("memory follows the bytes, not the header", func(t *testing.T) {
+		const announced = 1 << 20
+		least := uint64(math.MaxUint64)
+		for range 5 { // the least of several reads: other goroutines allocate too
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			if _, err := readExactly(strings.NewReader("0123456789"), announced); !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Fatalf("got error %v, want io.ErrUnexpectedEOF", err)
+			}
+			runtime.ReadMemStats(&after)
+			least = min(least, after.TotalAlloc-before.TotalAlloc)
+		}
+		if least > 2*bodyChunk {
+			t.Errorf("a header announcing %d bytes, then 10 bytes: got %d bytes allocated, want at most %d", announced, least, 2*bodyChunk)
+		}
+	})
+
+	t.Run("a small body is one allocation", func(t *testing.T) {
+		small := string(data[:1024])
+		body := strings.NewReader(small)
+		allocs := testing.AllocsPerRun(100, func() {
+			body.Reset(small)
+			if _, err := readExactly(body, 1024); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 1 {
+			t.Errorf("got %v allocations, want 1", allocs)
+		}
+	})
 }
