@@ -53,6 +53,7 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 			// Header.Del and Set with names already canonical: the map
 			// operations alone.
 			delete(pr.Out.Header, HeaderDedupKey)
+			deleteLookalikes(pr.Out.Header, HeaderDedupKey)
 			// The body is already buffered: waiting for a 100 Continue
 			// would only delay the forward.
 			delete(pr.Out.Header, "Expect")
@@ -85,6 +86,19 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 		ModifyResponse: g.modifyResponse,
 		ErrorHandler:   g.errorHandler,
 		ErrorLog:       errLog,
+	}
+}
+
+// deleteLookalikes deletes the headers whose names differ from name only in
+// "_" for "-" (and in case): CGI-style servers (WSGI, PHP, Rack) map both
+// to one HTTP_ variable, so a sender's Dedup_Key would reach such an
+// application as its Dedup-Key.
+func deleteLookalikes(h http.Header, name string) {
+	for k := range h {
+		if len(k) == len(name) && k != name && strings.IndexByte(k, '_') >= 0 &&
+			strings.EqualFold(strings.ReplaceAll(k, "_", "-"), name) {
+			delete(h, k)
+		}
 	}
 }
 

@@ -305,6 +305,7 @@ func TestForwardedRequestReachesUpstreamIntact(t *testing.T) {
 		"Stripe-Signature: t=1,v1=abc",
 		"X-Forwarded-For: 203.0.113.7",
 		"Dedup-Key: spoofed:key",
+		"Dedup_Key: stripe:evt_victim", // one HTTP_DEDUP_KEY with Dedup-Key in CGI-style servers
 		"Connection: X-Hop",
 		"X-Hop: must-not-pass",
 	)
@@ -328,6 +329,11 @@ func TestForwardedRequestReachesUpstreamIntact(t *testing.T) {
 	for _, c := range checks {
 		if c.got != c.want {
 			t.Errorf("upstream %s: got %q, want %q", c.name, c.got, c.want)
+		}
+	}
+	for name, v := range got.Header {
+		if name != "Dedup-Key" && strings.EqualFold(strings.ReplaceAll(name, "_", "-"), "Dedup-Key") {
+			t.Errorf("upstream header %s: %q, want no look-alike of Dedup-Key", name, v)
 		}
 	}
 	if got.Method != http.MethodPost {
