@@ -200,7 +200,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 		out.Body = http.NoBody // "Content-Length: 0" on the wire
 	}
 
-	setDedupStatus(w.Header(), status)
+	// Dedup-Status goes on the answer itself, in modifyResponse or
+	// errorHandler: the ReverseProxy clears w.Header() after relaying a 1xx
+	// (103 Early Hints), so a header set here would ride on the 1xx only.
+	d.status = status
 	gauge := d.rt.metrics.inFlight
 	gauge.Inc()
 	defer gauge.Dec()
@@ -256,7 +259,10 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 	if d == nil {
 		return nil
 	}
+	// The upstream's own Dedup-Status is never stored or passed on; the
+	// answer gets the gateway's, after captureResponse.
 	delete(resp.Header, HeaderDedupStatus) // Header.Del of a canonical name
+	defer setDedupStatus(resp.Header, d.status)
 	d.upstreamStatus = resp.StatusCode
 	d.rt.metrics.upstream[codeClassIndex(resp.StatusCode)].Observe(time.Since(d.fwdStart).Seconds())
 	if d.token == "" {
@@ -346,6 +352,7 @@ func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		g.release(r.Context(), d, reason, 0, text)
 	}
 	d.answer = prob.Status
+	setDedupStatus(w.Header(), d.status)
 	writeProblem(w, prob, retry)
 }
 

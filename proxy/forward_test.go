@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -91,6 +92,43 @@ func TestHostileKeysAreDelivered(t *testing.T) {
 			}
 			if got := up.request(0).Header.Get("X-Injected"); got != "" {
 				t.Errorf("got X-Injected %q upstream, want none", got)
+			}
+		})
+	}
+}
+
+// TestDedupStatusAfterAnInformationalAnswer: the ReverseProxy relays a 1xx
+// (103 Early Hints) and then clears the response headers; the final answer
+// must still carry Dedup-Status, whether the upstream's or the gateway's own.
+func TestDedupStatusAfterAnInformationalAnswer(t *testing.T) {
+	tests := []struct {
+		name       string
+		then       func(w http.ResponseWriter)
+		wantStatus int
+	}{
+		{"then 200", func(w http.ResponseWriter) {
+			w.Header().Set("Dedup-Status", "upstream-made-this-up")
+			_, _ = io.WriteString(w, "ok")
+		}, 200},
+		{"then the connection drops", func(w http.ResponseWriter) {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+		}, 502},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+				w.Header().Set("Link", "</style.css>; rel=preload")
+				w.WriteHeader(http.StatusEarlyHints)
+				w.Header().Del("Link")
+				tc.then(w)
+			})
+			h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{})
+			resp := h.send("/hooks/orders", "{}", "Idempotency-Key: k1")
+			if resp.Status != tc.wantStatus || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+				t.Errorf("got %d with Dedup-Status %q, want %d forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus), tc.wantStatus)
 			}
 		})
 	}

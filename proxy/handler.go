@@ -63,6 +63,7 @@ type delivery struct {
 	detached context.Context
 
 	forwarded      bool
+	status         string       // the forward's Dedup-Status
 	body           bytes.Reader // the buffered body, read by the forward
 	fwdStart       time.Time
 	upstreamStatus int
