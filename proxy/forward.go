@@ -214,6 +214,15 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 			g.release(ctx, d, reasonUpstreamError, 0, "no answer")
 		}
 	}()
+	// The upstream's answer is read under the deadline, but the server has
+	// no write timeout: a sender that stops reading a large answer would
+	// hold this handler, and so the drain and Close, for as long as it stays
+	// connected. Bound the write as well, and clear the bound for the
+	// connection's next request.
+	rc := http.NewResponseController(w)
+	if rc.SetWriteDeadline(deadline.Add(g.storeTimeout)) == nil {
+		defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
+	}
 	d.forwarded = true
 	d.fwdStart = time.Now()
 	d.rt.proxy.ServeHTTP(w, out)

@@ -1,13 +1,16 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dedupgw/dedupgw/dedup"
 )
@@ -131,5 +134,50 @@ func TestDedupStatusAfterAnInformationalAnswer(t *testing.T) {
 				t.Errorf("got %d with Dedup-Status %q, want %d forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus), tc.wantStatus)
 			}
 		})
+	}
+}
+
+// TestSenderThatStopsReadingDoesNotHoldClose: a sender that never reads a
+// large answer must not keep the handler, and so the drain and Close, for
+// as long as it stays connected; the write is bounded by the forward's
+// deadline plus the store timeout. The event is processed all the same.
+func TestSenderThatStopsReadingDoesNotHoldClose(t *testing.T) {
+	cut := make(chan struct{})
+	big := bytes.Repeat([]byte("x"), 32<<20) // far more than loopback's socket buffers
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+		// The write blocks once the gateway stops reading, and fails when
+		// the forward's deadline closes the upstream connection: from then
+		// on the gateway's handler only writes to the sender.
+		_, _ = w.Write(big)
+		close(cut)
+	})
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.UpstreamTimeout = 500 * time.Millisecond
+	r.Lease = 2 * time.Second
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{storeTimeout: 200 * time.Millisecond})
+
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	if _, err := io.WriteString(c, "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
+		t.Fatal(err)
+	}
+	<-cut
+	waitFor(t, "the answer to be committed", func() bool {
+		rec, err := h.record("orders", "k1")
+		return err == nil && rec.State == dedup.StateProcessed
+	})
+
+	closed := make(chan error, 1)
+	go func() { closed <- h.gw.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second): // a deadline, not a measurement: ~0.7s expected
+		t.Errorf("Close: still waiting 20s after the forward's deadline for a sender that does not read")
+		c.Close()
+		<-closed
 	}
 }

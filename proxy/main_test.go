@@ -114,6 +114,8 @@ type harnessOpts struct {
 	wrap func(http.Handler) http.Handler
 	// transport replaces the gateway's upstream transport.
 	transport http.RoundTripper
+	// storeTimeout replaces the gateway's default store timeout.
+	storeTimeout time.Duration
 }
 
 func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
@@ -126,12 +128,13 @@ func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
 		h.store = ho.store
 	}
 	gw, err := New(cfg, h.store, Options{
-		Logger:     zaptest.NewLogger(t),
-		Registerer: h.reg,
-		Backend:    "memory",
-		Version:    "test",
-		Now:        ho.now,
-		Transport:  ho.transport,
+		Logger:       zaptest.NewLogger(t),
+		Registerer:   h.reg,
+		Backend:      "memory",
+		Version:      "test",
+		Now:          ho.now,
+		Transport:    ho.transport,
+		StoreTimeout: ho.storeTimeout,
 	})
 	if err != nil {
 		t.Fatalf("New: %v", err)
