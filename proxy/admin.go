@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"net"
 	"net/http"
+	"net/netip"
 	"path"
 	"strings"
 	"time"
@@ -26,6 +28,11 @@ type AdminOptions struct {
 	// "Authorization: Bearer <token>" (compared in constant time). Empty means
 	// /v1/* is open: keep the admin listener on loopback then.
 	Token string
+	// AnyHost lets /v1/* without a Token answer requests addressed to any
+	// host name. Without it, a token-less /v1/* answers only requests whose
+	// Host is an IP address or localhost (else 403): a web page cannot reach
+	// it through DNS rebinding, a name of its own resolved to 127.0.0.1.
+	AnyHost bool
 	// Gatherer is served on /metrics. Nil means the Gateway's own Gatherer;
 	// when that is nil too, /metrics answers 404.
 	Gatherer prometheus.Gatherer
@@ -61,6 +68,7 @@ func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 		sum := sha256.Sum256([]byte(opts.Token))
 		a.tokenSum = sum[:]
 	}
+	a.anyHost = opts.AnyHost
 	gatherer := opts.Gatherer
 	if gatherer == nil {
 		gatherer = g.Gatherer()
@@ -131,6 +139,7 @@ type admin struct {
 	store    dedup.Store
 	log      *zap.Logger
 	tokenSum []byte // SHA-256 of the token; nil when /v1 is open
+	anyHost  bool   // see AdminOptions.AnyHost
 }
 
 func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
@@ -148,21 +157,40 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, "application/json", map[string]string{"status": "ready"})
 }
 
-// auth requires the bearer token when one is configured. Both sides are
-// hashed first so the comparison takes the same time whatever the length.
+// auth requires the bearer token when one is configured (the scheme's name
+// in any case, as RFC 9110 allows). Both sides are hashed first so the
+// comparison takes the same time whatever the length. Without a token it
+// requires an IP address or localhost as the Host, unless anyHost.
 func (a *admin) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if a.tokenSum != nil {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 			sum := sha256.Sum256([]byte(got))
-			if !ok || subtle.ConstantTimeCompare(sum[:], a.tokenSum) != 1 {
+			if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(sum[:], a.tokenSum) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="dedupgw"`)
 				writeProblem(w, probUnauthorized, 0)
 				return
 			}
+		} else if !a.anyHost && !addressedByIP(r.Host) {
+			writeProblem(w, probHostNotAllowed.with("", "without admin.token the keys API answers only requests addressed to an IP address or localhost (a defence against DNS rebinding); set admin.token to call it by another name"), 0)
+			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// addressedByIP reports whether host (a Host header, port optional) is an
+// IP address or localhost.
+func addressedByIP(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	_, err := netip.ParseAddr(host)
+	return err == nil
 }
 
 // key resolves the path's route and key; it answers 404 itself for an

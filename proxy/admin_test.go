@@ -123,6 +123,8 @@ func TestAdminKeysAPI(t *testing.T) {
 		{"get with basic auth", http.MethodGet, keyPath("evt_1"), "Basic czNjcmV0LXRva2Vu", 401},
 		{"delete without token", http.MethodDelete, keyPath("evt_1"), "", 401},
 		{"get with token", http.MethodGet, keyPath("evt_1"), bearer, 200},
+		{"get with the scheme in lower case", http.MethodGet, keyPath("evt_1"), "bearer " + token, 200},
+		{"get with the token as the scheme", http.MethodGet, keyPath("evt_1"), token, 401},
 		{"key containing a slash and a space", http.MethodGet, "/v1/keys/orders/a/b%20c", bearer, 200},
 		{"absent key", http.MethodGet, keyPath("nope"), bearer, 404},
 		{"unknown route", http.MethodGet, "/v1/keys/nope/evt_1", bearer, 404},
@@ -237,4 +239,56 @@ func TestAdminKeysAPI(t *testing.T) {
 			t.Errorf("GET with the store down: got %d (Retry-After %q), want 503 with Retry-After", got, hdr.Get("Retry-After"))
 		}
 	})
+}
+
+// TestAdminWithoutTokenAnswersOnlyIPHosts: without a token, a web page that
+// resolves a name of its own to 127.0.0.1 (DNS rebinding) must not reach the
+// keys API; probes and metrics answer any Host, and admin.insecure
+// (AnyHost) opens /v1 to names too.
+func TestAdminWithoutTokenAnswersOnlyIPHosts(t *testing.T) {
+	a := newAdminHarness(t, "")
+	anyHost := httptest.NewServer(NewAdmin(a.gw, a.fs, AdminOptions{AnyHost: true}))
+	t.Cleanup(anyHost.Close)
+	if resp := a.send("/hooks/x", "", "Idempotency-Key: evt_1"); resp.Status != 200 {
+		t.Fatalf("forward: got %d, want 200", resp.Status)
+	}
+	for _, tc := range []struct {
+		name, host, path string
+		anyHost          bool
+		want             int
+	}{
+		{"IPv4 with port", "127.0.0.1:9090", "/v1/keys/orders/evt_1", false, 200},
+		{"IPv6 with port", "[::1]:9090", "/v1/keys/orders/evt_1", false, 200},
+		{"pod IP without port", "10.1.2.3", "/v1/keys/orders/evt_1", false, 200},
+		{"localhost", "LocalHost:9090", "/v1/keys/orders/evt_1", false, 200},
+		{"a name", "rebind.example:9090", "/v1/keys/orders/evt_1", false, 403},
+		{"a name that looks local", "127.0.0.1.nip.io", "/v1/keys/orders/evt_1", false, 403},
+		{"a name, probes", "rebind.example:9090", "/readyz", false, 200},
+		{"a name, metrics", "rebind.example:9090", "/metrics", false, 200},
+		{"a name with AnyHost", "dedupgw-admin.default.svc:9090", "/v1/keys/orders/evt_1", true, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := a.admin.URL
+			if tc.anyHost {
+				url = anyHost.URL
+			}
+			req, err := http.NewRequest(http.MethodGet, url+tc.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Host = tc.host
+			resp, err := a.admin.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Errorf("GET %s with Host %s: got %d, want %d (body %s)", tc.path, tc.host, resp.StatusCode, tc.want, body)
+			}
+			if tc.want == 403 && !strings.Contains(string(body), "host-not-allowed") {
+				t.Errorf("GET %s with Host %s: got %s, want a host-not-allowed problem", tc.path, tc.host, body)
+			}
+		})
+	}
 }

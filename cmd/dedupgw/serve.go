@@ -170,7 +170,7 @@ func (s *server) run(sigs <-chan os.Signal) error {
 			_ = gw.Close()
 		}
 	}()
-	s.setAdmin(f.Admin.Token)
+	s.setAdmin(f.Admin)
 
 	gl, err := net.Listen("tcp", f.Listen)
 	if err != nil {
@@ -330,9 +330,9 @@ func readTimeout(f *File) time.Duration {
 // effect on these timeouts at the next restart.
 func bodyTimeout(f *File) time.Duration { return readTimeout(f) }
 
-// setAdmin installs an admin handler guarded by token.
-func (s *server) setAdmin(token string) {
-	h := proxy.NewAdmin(s.gw, s.store, proxy.AdminOptions{Token: token, Gatherer: s.reg})
+// setAdmin installs an admin handler guarded as a says.
+func (s *server) setAdmin(a Admin) {
+	h := proxy.NewAdmin(s.gw, s.store, proxy.AdminOptions{Token: a.Token, AnyHost: a.Insecure, Gatherer: s.reg})
 	s.admin.Store(&h)
 }
 
@@ -399,7 +399,7 @@ func (s *server) reload() {
 		s.log.Warn("log.level not applied", zap.Error(err))
 	}
 	if f.Admin.Token != old.Admin.Token {
-		s.setAdmin(f.Admin.Token)
+		s.setAdmin(f.Admin)
 	}
 	s.file = f
 	s.log.Info("config reloaded", zap.String("config", s.path), zap.Int("routes", len(f.Routes)))
