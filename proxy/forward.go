@@ -200,10 +200,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 		out.Body = http.NoBody // "Content-Length: 0" on the wire
 	}
 
-	// Dedup-Status goes on the answer itself, in modifyResponse or
-	// errorHandler: the ReverseProxy clears w.Header() after relaying a 1xx
-	// (103 Early Hints), so a header set here would ride on the 1xx only.
-	d.status = status
+	// The ReverseProxy clears w.Header() after relaying a 1xx (103 Early
+	// Hints): modifyResponse and errorHandler set Dedup-Status again, in the
+	// same map, so the final answer carries it too.
+	d.status, d.header = status, w.Header()
+	setDedupStatus(d.header, status)
 	gauge := d.rt.metrics.inFlight
 	gauge.Inc()
 	defer gauge.Dec()
@@ -268,10 +269,10 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 	if d == nil {
 		return nil
 	}
-	// The upstream's own Dedup-Status is never stored or passed on; the
-	// answer gets the gateway's, after captureResponse.
+	// The upstream's own Dedup-Status is never stored or passed on: the
+	// sender gets the gateway's, set again in case a 1xx cleared it.
 	delete(resp.Header, HeaderDedupStatus) // Header.Del of a canonical name
-	defer setDedupStatus(resp.Header, d.status)
+	setDedupStatus(d.header, d.status)
 	d.upstreamStatus = resp.StatusCode
 	d.rt.metrics.upstream[codeClassIndex(resp.StatusCode)].Observe(time.Since(d.fwdStart).Seconds())
 	if d.token == "" {

@@ -64,6 +64,7 @@ type delivery struct {
 
 	forwarded      bool
 	status         string       // the forward's Dedup-Status
+	header         http.Header  // the answer's header map, for status
 	body           bytes.Reader // the buffered body, read by the forward
 	fwdStart       time.Time
 	upstreamStatus int
