@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -64,9 +65,13 @@ type Gateway struct {
 	// ConfigPath and LogPath are the replica's config file and log.
 	ConfigPath, LogPath string
 
-	bin string
+	bin    string
+	config func(addr, adminAddr string) string
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// started is set once the replica started: its addresses are then
+	// known to the caller and stay.
+	started bool
 	cmd     *exec.Cmd
 	done    chan struct{}
 	exitErr error
@@ -79,26 +84,35 @@ type Gateway struct {
 // NewGateway prepares a replica named name with two free ports and a config
 // written by config(addr, adminAddr) into dir. It does not start it.
 func NewGateway(bin, dir, name string, config func(addr, adminAddr string) string) (*Gateway, error) {
-	p1, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
-	p2, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
 	g := &Gateway{
 		Name:       name,
-		Addr:       net.JoinHostPort("127.0.0.1", strconv.Itoa(p1)),
-		AdminAddr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(p2)),
 		ConfigPath: filepath.Join(dir, name+".yaml"),
 		LogPath:    filepath.Join(dir, name+".log"),
 		bin:        bin,
+		config:     config,
 	}
-	if err := os.WriteFile(g.ConfigPath, []byte(config(g.Addr, g.AdminAddr)), 0o600); err != nil {
-		return nil, fmt.Errorf("write gateway config: %w", err)
+	if err := g.choosePorts(); err != nil {
+		return nil, err
 	}
 	return g, nil
+}
+
+// choosePorts picks two free ports and writes the config with them.
+func (g *Gateway) choosePorts() error {
+	p1, err := FreePort()
+	if err != nil {
+		return err
+	}
+	p2, err := FreePort()
+	if err != nil {
+		return err
+	}
+	g.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(p1))
+	g.AdminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(p2))
+	if err := os.WriteFile(g.ConfigPath, []byte(g.config(g.Addr, g.AdminAddr)), 0o600); err != nil {
+		return fmt.Errorf("write gateway config: %w", err)
+	}
+	return nil
 }
 
 // URL is the base URL of the delivery listener.
@@ -108,8 +122,36 @@ func (g *Gateway) URL() string { return "http://" + g.Addr }
 func (g *Gateway) AdminURL() string { return "http://" + g.AdminAddr }
 
 // Start starts the replica if it is not running and waits until /healthz
-// answers 200 (at most 15s).
+// answers 200 (at most 15s). A first start whose port another process took
+// between FreePort and the replica's listen (go test runs packages side by
+// side) is retried on fresh ports; later starts keep the replica's
+// addresses.
 func (g *Gateway) Start(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := g.start(ctx)
+		g.mu.Lock()
+		first := !g.started
+		g.started = g.started || err == nil
+		g.mu.Unlock()
+		if err == nil || !first || attempt == 3 || !errors.Is(err, errExitedAtStart) {
+			return err
+		}
+		if log, rerr := os.ReadFile(g.LogPath); rerr != nil || !bytes.Contains(log, []byte("address already in use")) {
+			return err
+		}
+		g.mu.Lock()
+		g.unexpected, g.exitErr = nil, nil // that exit was the lost race, nothing else
+		g.mu.Unlock()
+		if err := g.choosePorts(); err != nil {
+			return err
+		}
+	}
+}
+
+// errExitedAtStart reports a replica that exited before /healthz answered.
+var errExitedAtStart = errors.New("exited during start-up")
+
+func (g *Gateway) start(ctx context.Context) error {
 	g.mu.Lock()
 	if g.cmd != nil {
 		g.mu.Unlock()
@@ -169,7 +211,7 @@ func (g *Gateway) waitHealthy(ctx context.Context, done <-chan struct{}) error {
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("%s exited during start-up (see %s)", g.Name, g.LogPath)
+			return fmt.Errorf("%s %w (see %s)", g.Name, errExitedAtStart, g.LogPath)
 		case <-ctx.Done():
 			return fmt.Errorf("wait for %s: %w", g.Name, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
