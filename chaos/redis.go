@@ -2,10 +2,13 @@ package chaos
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
 
 	"os/exec"
 	"path/filepath"
@@ -44,20 +47,23 @@ func StartRedis(ctx context.Context, dir string) (*Redis, error) {
 	if err != nil {
 		return nil, fmt.Errorf("find redis-server: %w", err)
 	}
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
+	r := &Redis{bin: bin, dir: dir, logPath: filepath.Join(dir, "redis.log")}
+	for attempt := 1; ; attempt++ {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		r.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		err = r.Start(ctx)
+		if err == nil {
+			return r, nil
+		}
+		// Another process may take the port between FreePort and the
+		// server's bind (go test runs packages side by side): move on.
+		if log, rerr := os.ReadFile(r.logPath); attempt == 3 || rerr != nil || !bytes.Contains(log, []byte("Address already in use")) {
+			return nil, err
+		}
 	}
-	r := &Redis{
-		Addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		bin:     bin,
-		dir:     dir,
-		logPath: filepath.Join(dir, "redis.log"),
-	}
-	if err := r.Start(ctx); err != nil {
-		return nil, err
-	}
-	return r, nil
 }
 
 // Start starts the server if it is stopped and waits until it answers PING.
@@ -86,7 +92,7 @@ func (r *Redis) Start(ctx context.Context) error {
 	r.cmd, r.done = cmd, done
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if err := redisPing(r.Addr); err == nil {
+		if err := redisPing(r.Addr, cmd.Process.Pid); err == nil {
 			return nil
 		}
 		select {
@@ -125,23 +131,34 @@ func (r *Redis) Stop() error {
 // Close stops the server. The data directory belongs to the caller.
 func (r *Redis) Close() error { return r.Stop() }
 
-// redisPing sends one inline PING and expects +PONG.
-func redisPing(addr string) error {
+// redisPing checks that the server on addr answers and is the process pid
+// (INFO server's process_id), not another test's server that held the port
+// when this one failed to bind it.
+func redisPing(addr string, pid int) error {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
 		return err
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(line, "+PONG") {
-		return fmt.Errorf("redis answered %q to PING", strings.TrimSpace(line))
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "$")))
+	if !strings.HasPrefix(line, "$") || err != nil {
+		return fmt.Errorf("redis answered %q to INFO", strings.TrimSpace(line))
+	}
+	info := make([]byte, n)
+	if _, err := io.ReadFull(br, info); err != nil {
+		return err
+	}
+	if !bytes.Contains(info, []byte(fmt.Sprintf("process_id:%d\r\n", pid))) {
+		return fmt.Errorf("the redis-server on %s is not process %d", addr, pid)
 	}
 	return nil
 }

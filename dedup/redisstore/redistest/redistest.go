@@ -94,8 +94,18 @@ func startServer(t testing.TB, port int, extra []string) *Server {
 		args: extra,
 	}
 	t.Cleanup(s.Stop)
-	s.Start()
-	return s
+	for attempt := 1; ; attempt++ {
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		// Another process may take the port between freePort and the
+		// server's bind (go test runs packages side by side): move on.
+		if attempt == 3 || !strings.Contains(s.logTail(), "Address already in use") {
+			t.Fatal(err)
+		}
+		s.port = freePort(t, false)
+	}
 }
 
 // Addr returns the server's "127.0.0.1:port". It stays the same across Stop
@@ -114,10 +124,16 @@ func (s *Server) Dir() string { return s.dir }
 // (the files stay in Dir).
 func (s *Server) Start() {
 	s.t.Helper()
+	if err := s.start(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *Server) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc != nil {
-		return
+		return nil
 	}
 	var args []string
 	if s.conf != "" {
@@ -137,13 +153,13 @@ func (s *Server) Start() {
 	cmd.Dir = s.dir
 	out, err := os.OpenFile(filepath.Join(s.dir, "stderr.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		s.t.Fatalf("open redis-server output file: %v", err)
+		return fmt.Errorf("open redis-server output file: %w", err)
 	}
 	defer out.Close() // the child has its own copy
 	cmd.Stdout, cmd.Stderr = out, out
 	setProcAttr(cmd)
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
+		return fmt.Errorf("start redis-server: %w", err)
 	}
 	p := &process{cmd: cmd, done: make(chan struct{})}
 	go func() {
@@ -152,8 +168,12 @@ func (s *Server) Start() {
 	}()
 	s.proc = p
 	if err := waitPing(s.Addr(), cmd.Process.Pid, p.done); err != nil {
-		s.t.Fatalf("redis-server on %s not ready: %v\n%s", s.Addr(), err, s.logTail())
+		_ = cmd.Process.Kill() // when it is still running, unanswering
+		<-p.done
+		s.proc = nil
+		return fmt.Errorf("redis-server on %s not ready: %w\n%s", s.Addr(), err, s.logTail())
 	}
+	return nil
 }
 
 // Stop kills the server (SIGKILL, like a crash) and waits until it exited.
