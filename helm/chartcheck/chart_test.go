@@ -263,6 +263,16 @@ func TestRenderFailures(t *testing.T) {
 			[]string{"/defaults/on_store_error", "forward", "reject"}},
 		{"redis without addresses", []string{"--set", "store.backend=redis", "--set", "store.redis.addrs=null"},
 			[]string{"store.backend=redis needs store.redis.addrs"}},
+		// The gateway refuses these at start-up: the pod would crash-loop.
+		{"upstream_timeout beyond the default lease", []string{"--set", "defaults.upstream_timeout=90s"},
+			[]string{`routes[0] (route "example"): lease 60s must be longer than upstream_timeout 90s`}},
+		{"a route's lease as long as its upstream_timeout", []string{"--set", "routes[0].name=a", "--set", "routes[0].path=/a",
+			"--set", "routes[0].upstream=http://a:3000", "--set", "routes[0].keys={body}", "--set", "routes[0].lease=30s"},
+			[]string{`routes[0] (route "a"): lease 30s must be longer than upstream_timeout 30s`}},
+		{"a route's upstream_timeout beyond the defaults' lease", []string{"--set", "defaults.lease=2m",
+			"--set", "routes[0].name=a", "--set", "routes[0].path=/a", "--set", "routes[0].upstream=http://a:3000",
+			"--set", "routes[0].keys={body}", "--set", "routes[0].upstream_timeout=3m"},
+			[]string{`lease 2m must be longer than upstream_timeout 3m`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -114,7 +114,10 @@ func TestTerminationGracePeriod(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", tt.args...))
+			// A lease longer than every upstream_timeout here, or the chart
+			// refuses the render as the gateway would refuse the config.
+			args := append([]string{"--set-string", "defaults.lease=2h"}, tt.args...)
+			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", args...))
 			d := r.deployment(t, "a-dedupgw")
 			if got := ptrInt64(d.Spec.Template.Spec.TerminationGracePeriodSeconds); got != tt.want {
 				t.Errorf("terminationGracePeriodSeconds: got %v, want %d", got, tt.want)
@@ -402,7 +405,10 @@ func TestReadinessPath(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", tt.args...))
+			// A lease longer than every upstream_timeout here, or the chart
+			// refuses the render as the gateway would refuse the config.
+			args := append([]string{"--set-string", "defaults.lease=2h"}, tt.args...)
+			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", args...))
 			d := r.deployment(t, "a-dedupgw")
 			c := container(t, d.Spec.Template.Spec, "dedupgw")
 			if got := c.ReadinessProbe.HTTPGet.Path; got != tt.want {

@@ -117,6 +117,29 @@ error never repeats the value. */}}
 {{- end }}
 {{- end }}
 {{- $_ := include "dedupgw.terminationGracePeriodSeconds" . }}
+{{- include "dedupgw.validateLeases" . }}
+{{- end }}
+
+{{/*
+dedupgw.validateLeases fails the render when a route's lease is not longer
+than its upstream_timeout, each inherited from defaults (60s and 30s when
+unset): the gateway refuses such a config at start-up, so the pod would only
+crash-loop. Durations the chart cannot read (a ${VAR}) are left to the
+gateway, and so are two that round to the same whole second.
+*/}}
+{{- define "dedupgw.validateLeases" -}}
+{{- $d := .Values.defaults | default dict }}
+{{- $defLease := get $d "lease" | default "60s" }}
+{{- $defTimeout := get $d "upstream_timeout" | default "30s" }}
+{{- range $i, $r := .Values.routes }}
+{{- $lease := get $r "lease" | default $defLease }}
+{{- $timeout := get $r "upstream_timeout" | default $defTimeout }}
+{{- $ls := include "dedupgw.durationSeconds" (dict "value" $lease "lenient" true) }}
+{{- $ts := include "dedupgw.durationSeconds" (dict "value" $timeout "lenient" true) }}
+{{- if and (ne $ls "unknown") (ne $ts "unknown") (or (lt (int $ls) (int $ts)) (eq (toString $lease) (toString $timeout))) }}
+{{- fail (printf "routes[%d] (route %q): lease %v must be longer than upstream_timeout %v (each from the route, else defaults, else 60s and 30s), or the gateway refuses the config at start-up. Raise lease (in defaults or on the route), e.g. to the upstream_timeout plus 30s" $i (toString (get $r "name")) $lease $timeout) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
