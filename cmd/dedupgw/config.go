@@ -48,6 +48,8 @@ type File struct {
 	// fromEnv maps a key path a DEDUPGW_* variable set to that variable, so
 	// a problem with its value names where the value came from.
 	fromEnv map[string]string
+	// emptyEnv are the DEDUPGW_* variables set to "", ignored.
+	emptyEnv []envOverride
 }
 
 // fromEnvNote appends, to every problem of ps whose key (or a list item of
@@ -355,6 +357,14 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	for _, o := range envOverrides() {
 		s, ok := env(o.env)
 		if !ok {
+			continue
+		}
+		if s == "" {
+			// Set but empty, as DEDUPGW_ADMIN_TOKEN=${TOKEN} with TOKEN
+			// unset gives: overriding with it would silently drop the
+			// file's token, or widen listen to the default. Ignore it and
+			// say so (Warnings).
+			f.emptyEnv = append(f.emptyEnv, o)
 			continue
 		}
 		var val any = s

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -405,6 +406,74 @@ store:
 		if !reflect.DeepEqual(tt.got, tt.want) {
 			t.Errorf("%s: got %#v, want %#v", tt.name, tt.got, tt.want)
 		}
+	}
+}
+
+// TestEmptyEnvOverridesNothing: a DEDUPGW_* variable set to "" (what
+// DEDUPGW_ADMIN_TOKEN=${TOKEN} gives with TOKEN unset) must not drop the
+// file's token or widen listen to the default; it is named in a warning.
+func TestEmptyEnvOverridesNothing(t *testing.T) {
+	text := `
+listen: "127.0.0.1:18082"
+admin:
+  token: file-token
+` + minimal
+	f, problems := loadText(t, text, map[string]string{"DEDUPGW_ADMIN_TOKEN": "", "DEDUPGW_LISTEN": "", "DEDUPGW_LOG_LEVEL": "warn"})
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	if f.Admin.Token != "file-token" || f.Listen != "127.0.0.1:18082" || f.Log.Level != "warn" {
+		t.Errorf("got token %q, listen %q, log level %q; want the file's file-token and 127.0.0.1:18082, and warn from the environment", f.Admin.Token, f.Listen, f.Log.Level)
+	}
+	var got []string
+	for _, w := range f.Warnings() {
+		got = append(got, w.String())
+	}
+	for _, want := range []string{
+		"admin.token: DEDUPGW_ADMIN_TOKEN is set but empty, and ignored",
+		"listen: DEDUPGW_LISTEN is set but empty, and ignored",
+	} {
+		if !slices.ContainsFunc(got, func(w string) bool { return strings.HasPrefix(w, want) }) {
+			t.Errorf("warnings: got %q, want one starting %q", got, want)
+		}
+	}
+}
+
+// TestUnsignedProviderRoutesAreNamed: a provider route without secrets
+// verifies nothing; one warning names every such route.
+func TestUnsignedProviderRoutesAreNamed(t *testing.T) {
+	route := func(name, provider, secrets string) string {
+		return fmt.Sprintf("  - name: %s\n    path: /%s\n    upstream: http://127.0.0.1:3000\n    provider: %s\n%s", name, name, provider, secrets)
+	}
+	tests := []struct {
+		name, routes string
+		want         string // "" for no warning
+	}{
+		{"signed", route("stripe", "stripe", "    secrets: [whsec_x]\n"), ""},
+		{"generic", route("orders", "generic", "    keys: [body]\n"), ""},
+		{"one", route("stripe", "stripe", ""), `routes: "stripe" verifies no signatures`},
+		{"two", route("stripe", "stripe", "") + route("gh", "github", "") + route("shop", "shopify", "    secrets: [s]\n"),
+			`routes: "stripe", "gh" verify no signatures`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, problems := loadText(t, "routes:\n"+tt.routes, nil)
+			if len(problems) != 0 {
+				t.Fatalf("got problems %q, want none", problems)
+			}
+			var got []string
+			for _, w := range f.Warnings() {
+				if w.Key == "routes" {
+					got = append(got, w.String())
+				}
+			}
+			switch {
+			case tt.want == "" && len(got) != 0:
+				t.Errorf("got warnings %q, want none", got)
+			case tt.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tt.want)):
+				t.Errorf("got warnings %q, want one starting %q", got, tt.want)
+			}
+		})
 	}
 }
 

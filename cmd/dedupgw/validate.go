@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -358,8 +359,21 @@ func (f *File) unsetNote(key string) string {
 // An unsigned generic route that replays stored answers without
 // client_identity replays the answer one client got to any client that
 // sends the same key (the IETF idempotency draft scopes keys per client).
+//
+// A provider route without secrets verifies nothing: whoever can reach the
+// gateway can send a real event's ID first.
+//
+// A DEDUPGW_* variable set to "" is ignored (an unset ${VAR} in a compose
+// file or manifest gives one).
 func (f *File) Warnings() []Problem {
 	var ws []Problem
+	for _, o := range f.emptyEnv {
+		ws = append(ws, Problem{
+			Key: strings.Join(o.path, "."),
+			Msg: fmt.Sprintf("%s is set but empty, and ignored: the file's value (or the default) applies; unset it or give it a value", o.env),
+		})
+	}
+	var unsigned []string // provider routes without secrets
 	for i, r := range f.Routes {
 		p := f.effective(i)
 		if p.FailedRetention != nil && *p.FailedRetention > *p.Window {
@@ -369,12 +383,21 @@ func (f *File) Warnings() []Problem {
 			})
 		}
 		generic := r.Provider == "" || r.Provider == providers.Generic
+		if !generic && len(r.Secrets) == 0 {
+			unsigned = append(unsigned, strconv.Quote(r.Name))
+		}
 		if generic && len(r.Secrets) == 0 && r.ClientIdentity == "" && p.DuplicateResponse != nil && *p.DuplicateResponse == proxy.Replay {
 			ws = append(ws, Problem{
 				Key: fmt.Sprintf("routes[%d].client_identity", i),
 				Msg: fmt.Sprintf("route %q replays stored answers without client_identity: any client that sends another's key gets the answer stored for it; set client_identity (e.g. Authorization)", r.Name),
 			})
 		}
+	}
+	if len(unsigned) > 0 {
+		ws = append(ws, Problem{
+			Key: "routes",
+			Msg: fmt.Sprintf("%s %s no signatures (a provider but no secrets:): anyone who can reach the gateway can send a real event's ID first and have the genuine delivery answered as a duplicate", strings.Join(unsigned, ", "), map[bool]string{true: "verifies", false: "verify"}[len(unsigned) == 1]),
+		})
 	}
 	return ws
 }
