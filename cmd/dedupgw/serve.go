@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -214,6 +215,7 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		zap.String("listen", gl.Addr().String()),
 		zap.String("admin_listen", al.Addr().String()),
 		zap.String("backend", f.Store.Backend),
+		zap.String("store", storeLocation(f.Store)),
 		zap.Strings("routes", routes),
 	)
 
@@ -412,6 +414,28 @@ const startupPingTimeout = 3 * time.Second
 var goRedisLogger sync.Once
 
 // openStore opens the configured backend.
+// storeLocation says where cfg keeps the keys, for the start-up line: the
+// bolt file's absolute path (a relative one depends on the working
+// directory, and another directory is another, empty, store), the Redis
+// addresses, or that memory keeps nothing.
+func storeLocation(cfg Store) string {
+	switch cfg.Backend {
+	case "bolt":
+		if p, err := filepath.Abs(cfg.Bolt.Path); err == nil {
+			return p
+		}
+		return cfg.Bolt.Path
+	case "redis":
+		loc := strings.Join(cfg.Redis.Addrs, ",")
+		if cfg.Redis.MasterName != "" {
+			loc = "sentinel " + cfg.Redis.MasterName + "@" + loc
+		}
+		return loc
+	default:
+		return "process memory (lost at exit)"
+	}
+}
+
 func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
 	switch cfg.Backend {
 	case "bolt":

@@ -118,6 +118,9 @@ func TestServeLifecycleInProcess(t *testing.T) {
 	cfg, text := tokenConfig(t, dir, up.URL)
 
 	p := startInProcess(t, cfg)
+	if got, want := p.logs.FilterMessage("dedupgw started").All()[0].ContextMap()["store"], filepath.Join(dir, "x.db"); got != want {
+		t.Errorf("start-up line: got store %v, want %s", got, want)
+	}
 	if got := p.get("http://" + p.admin + "/healthz"); got != 200 {
 		t.Errorf("/healthz: got %d, want 200", got)
 	}
@@ -309,6 +312,31 @@ func TestReadTimeout(t *testing.T) {
 		// The gateway's body deadline replaces the server's: the same bound.
 		if got := bodyTimeout(f); got != tt.want {
 			t.Errorf("max body %d: got body timeout %v, want %v", tt.maxBody, got, tt.want)
+		}
+	}
+}
+
+// TestStoreLocation: the start-up line says where the keys are; a relative
+// bolt path is made absolute, since another working directory is another,
+// empty, store.
+func TestStoreLocation(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		store Store
+		want  string
+	}{
+		{Store{Backend: "bolt", Bolt: Bolt{Path: "dedupgw.db"}}, filepath.Join(wd, "dedupgw.db")},
+		{Store{Backend: "bolt", Bolt: Bolt{Path: "/var/lib/dedupgw/x.db"}}, "/var/lib/dedupgw/x.db"},
+		{Store{Backend: "redis", Redis: Redis{Addrs: []string{"a:6379", "b:6379"}, Password: "secret"}}, "a:6379,b:6379"},
+		{Store{Backend: "redis", Redis: Redis{Addrs: []string{"s:26379"}, MasterName: "mymaster"}}, "sentinel mymaster@s:26379"},
+		{Store{Backend: "memory"}, "process memory (lost at exit)"},
+	}
+	for _, tt := range tests {
+		if got := storeLocation(tt.store); got != tt.want {
+			t.Errorf("storeLocation(%s): got %q, want %q", tt.store.Backend, got, tt.want)
 		}
 	}
 }
