@@ -50,6 +50,9 @@ type File struct {
 	fromEnv map[string]string
 	// emptyEnv are the DEDUPGW_* variables set to "", ignored.
 	emptyEnv []envOverride
+	// undecoded holds the keys whose values Load reported and left unset,
+	// so Validate does not judge a default that stands in for them.
+	undecoded map[string]bool
 }
 
 // fromEnvNote appends, to every problem of ps whose key (or a list item of
@@ -343,7 +346,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	}
 	raw := v.AllSettings()
 
-	f := &File{unset: map[string][]string{}, fromEnv: map[string]string{}}
+	f := &File{unset: map[string][]string{}, fromEnv: map[string]string{}, undecoded: map[string]bool{}}
 	var ps Problems
 	// viper matches keys case-insensitively: two spellings of one key in a
 	// mapping would silently merge, one value winning. Name them instead.
@@ -376,6 +379,9 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	}
 
 	decode(raw, reflect.ValueOf(f).Elem(), "", &ps)
+	for _, p := range ps {
+		f.undecoded[p.Key] = true
+	}
 	// A value that does not decode (a duration, a number) because a ${VAR}
 	// in it was unset is explained by naming the variable.
 	for i, p := range ps {

@@ -582,17 +582,23 @@ func TestProblems(t *testing.T) {
 		{"window zero", "defaults:\n  window: 0s\n" + minimal, nil, []string{"defaults.window: must be greater than 0, got 0s"}},
 		{"lease negative", route("    lease: -1s\n"), nil, []string{
 			"routes[0].lease: must be greater than 0, got -1s",
-			"routes[0].lease: -1s must be longer than upstream_timeout 30s",
+			"routes[0].lease: -1s must be longer than upstream_timeout 30s (the default)",
 		}},
 		{"max body zero", route("    max_body_bytes: 0\n"), nil, []string{"routes[0].max_body_bytes: must be greater than 0, got 0"}},
 		{"failed retention zero", "defaults:\n  failed_retention: 0s\n" + minimal, nil, []string{"defaults.failed_retention: must be greater than 0, got 0s"}},
 		{"max replay negative", "defaults:\n  max_replay_bytes: -1\n" + minimal, nil, []string{"defaults.max_replay_bytes: must be greater than 0, got -1 (omit it for the default, 65536)"}},
 		// 0 would silently mean the default: refused, like the other sizes.
 		{"max replay zero", "defaults:\n  max_replay_bytes: 0\n" + minimal, nil, []string{"defaults.max_replay_bytes: must be greater than 0, got 0 (omit it for the default, 65536)"}},
-		{"lease not above timeout (defaults)", "defaults:\n  lease: 30s\n" + minimal, nil, []string{"defaults.lease: 30s must be longer than upstream_timeout 30s"}},
-		{"lease not above timeout (route)", route("    upstream_timeout: 2m\n"), nil, []string{"routes[0].lease: 1m0s must be longer than upstream_timeout 2m0s"}},
+		{"lease not above timeout (defaults)", "defaults:\n  lease: 30s\n" + minimal, nil, []string{"defaults.lease: 30s must be longer than upstream_timeout 30s (the default)"}},
+		// The default standing in for a value that did not decode is not
+		// judged: the user never wrote 1m0s.
+		{"undecodable lease is not compared", "defaults:\n  lease: 10\n  upstream_timeout: 1m\n" + minimal, nil,
+			[]string{`defaults.lease: invalid duration 10 (want a number with a unit, e.g. "10s")`}},
+		{"undecodable route timeout is not compared", minimal + "    lease: 10s\n    upstream_timeout: 2mins\n", nil,
+			[]string{`routes[0].upstream_timeout: invalid duration "2mins" (want e.g. "300ms", "30s", "24h")`}},
+		{"lease not above timeout (route)", route("    upstream_timeout: 2m\n"), nil, []string{"routes[0].lease: 1m0s (the default) must be longer than upstream_timeout 2m0s"}},
 		{"lease above timeout after defaults", "defaults:\n  upstream_timeout: 90s\n  lease: 2m\n" + route("    upstream_timeout: 100s\n"), nil, nil},
-		{"lease from route vs timeout from defaults", "defaults:\n  upstream_timeout: 5s\n" + route("    lease: 5s\n"), nil, []string{"routes[0].lease: 5s must be longer than upstream_timeout 5s"}},
+		{"lease from route vs timeout from defaults", "defaults:\n  upstream_timeout: 5s\n" + route("    lease: 5s\n"), nil, []string{"routes[0].lease: 5s must be longer than upstream_timeout 5s (from defaults)"}},
 		{"bad policies", route(`    on_missing_key: drop
     on_store_error: wait
     on_in_flight: forward

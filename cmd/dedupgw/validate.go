@@ -34,8 +34,10 @@ func (f *File) Validate() error {
 
 	checkPolicy(&ps, "defaults", f.Defaults)
 	def := builtinPolicy().over(f.Defaults)
-	if *def.Lease <= *def.UpstreamTimeout && (f.Defaults.Lease != nil || f.Defaults.UpstreamTimeout != nil) {
-		ps.add("defaults.lease", "%v must be longer than upstream_timeout %v", *def.Lease, *def.UpstreamTimeout)
+	if *def.Lease <= *def.UpstreamTimeout && (f.Defaults.Lease != nil || f.Defaults.UpstreamTimeout != nil) &&
+		!f.undecoded["defaults.lease"] && !f.undecoded["defaults.upstream_timeout"] {
+		ps.add("defaults.lease", "%v%s must be longer than upstream_timeout %v%s",
+			*def.Lease, origin(f.Defaults.Lease, nil), *def.UpstreamTimeout, origin(f.Defaults.UpstreamTimeout, nil))
 	}
 
 	if len(f.Routes) == 0 {
@@ -67,10 +69,12 @@ func (f *File) Validate() error {
 			}
 		}
 		checkPolicy(&ps, key, r.Policy)
-		if r.Lease != nil || r.UpstreamTimeout != nil {
+		if (r.Lease != nil || r.UpstreamTimeout != nil) && !f.undecoded[key+".lease"] && !f.undecoded[key+".upstream_timeout"] &&
+			!f.undecoded["defaults.lease"] && !f.undecoded["defaults.upstream_timeout"] {
 			p := f.effective(i)
 			if *p.Lease <= *p.UpstreamTimeout {
-				ps.add(key+".lease", "%v must be longer than upstream_timeout %v", *p.Lease, *p.UpstreamTimeout)
+				ps.add(key+".lease", "%v%s must be longer than upstream_timeout %v%s",
+					*p.Lease, origin(r.Lease, f.Defaults.Lease), *p.UpstreamTimeout, origin(r.UpstreamTimeout, f.Defaults.UpstreamTimeout))
 			}
 		}
 	}
@@ -400,6 +404,19 @@ func (f *File) Warnings() []Problem {
 		})
 	}
 	return ws
+}
+
+// origin says where a route's value came from when it was not its own:
+// " (from defaults)" or " (the default)"; "" when the route set it.
+func origin(route, defaults *time.Duration) string {
+	switch {
+	case route != nil:
+		return ""
+	case defaults != nil:
+		return " (from defaults)"
+	default:
+		return " (the default)"
+	}
 }
 
 // unguarded reports whether a would serve the keys API, forget included, on
