@@ -35,7 +35,7 @@ type stripeSignature struct {
 // are skipped (they could never match), as stripe-go does.
 func parseStripeSignature(h string) (stripeSignature, error) {
 	var sig stripeSignature
-	seenT := false
+	seenT, seenV1 := false, false
 	for item := range strings.SplitSeq(h, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(item), "=")
 		if !ok {
@@ -50,6 +50,7 @@ func parseStripeSignature(h string) (stripeSignature, error) {
 			seenT = true
 			sig.timestamp, sig.unix = v, ts
 		case "v1":
+			seenV1 = true
 			if b, err := hex.DecodeString(v); err == nil && len(b) == sha256.Size {
 				sig.v1 = append(sig.v1, b)
 			}
@@ -57,6 +58,9 @@ func parseStripeSignature(h string) (stripeSignature, error) {
 	}
 	if !seenT {
 		return stripeSignature{}, fmt.Errorf("no timestamp")
+	}
+	if len(sig.v1) == 0 && seenV1 {
+		return stripeSignature{}, fmt.Errorf("no v1 signature is %d hex digits", 2*sha256.Size)
 	}
 	if len(sig.v1) == 0 {
 		return stripeSignature{}, fmt.Errorf("no v1 signature")

@@ -101,6 +101,27 @@ func TestStripeVerify(t *testing.T) {
 	}
 }
 
+// TestStripeSignatureErrors: the error (logged at warn) says what is wrong
+// with the header, so an operator can tell a truncated signature from a
+// missing one or a wrong secret.
+func TestStripeSignatureErrors(t *testing.T) {
+	p, err := New(Config{Provider: Stripe, Secrets: []string{stripeVectorSecret}, Now: fixedClock(stripeVectorT)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ header, want string }{
+		{"t=1533204620,v1=deadbeef", "no v1 signature is 64 hex digits"},
+		{"t=1533204620,v0=" + strings.Repeat("0", 64), "header: no v1 signature"},
+		{"t=1533204620,v1=" + strings.Repeat("0", 64), "no v1 signature in Stripe-Signature matches"},
+		{"v1=" + strings.Repeat("0", 64), "no timestamp"},
+	} {
+		err := p.Verifier.Verify(newRequest(map[string]string{"Stripe-Signature": tt.header}), []byte("{}"))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Verify(%q): got %v, want an error saying %q", tt.header, err, tt.want)
+		}
+	}
+}
+
 // FuzzStripeSignature checks that the Stripe-Signature parser never panics and
 // that whatever it accepts has a timestamp and a 32-byte v1.
 func FuzzStripeSignature(f *testing.F) {
