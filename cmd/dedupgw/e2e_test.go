@@ -679,8 +679,8 @@ func TestE2EKeysCLI(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "in flight") || !strings.Contains(stderr, "--force") {
 		t.Errorf("forget in flight: got exit %d, stderr %q; want 1 saying in flight and --force", code, stderr)
 	}
-	if code, stdout, stderr := runCLI(t, withToken, "keys", "forget", admin, "--force", "orders", "evt/busy"); code != 0 {
-		t.Errorf("forget --force: got exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	if code, stdout, stderr := runCLI(t, withToken, "keys", "forget", admin, "--force", "orders", "evt/busy"); code != 0 || !strings.Contains(stdout, "will not be recorded") {
+		t.Errorf("forget --force: got exit %d\nstdout: %s\nstderr: %s\nwant 0 and a warning that the delivery in flight will not be recorded", code, stdout, stderr)
 	}
 	close(release)
 	if err := <-done; err != nil {

@@ -109,6 +109,11 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	case op == "forget" && resp.StatusCode/100 == 2:
 		fmt.Fprintf(stdout, "forgot %s/%s: its next delivery will be forwarded\n", route, key)
+		if force != nil && *force {
+			// The gateway refuses the forward's commit once the claim is
+			// gone: a delivery in flight is not recorded when it succeeds.
+			fmt.Fprintln(stdout, "(forced: a delivery of it still in flight, if any, will not be recorded when it finishes; a copy of it will be forwarded again)")
+		}
 		return exitOK
 	case resp.StatusCode == http.StatusNotFound:
 		fmt.Fprintf(stderr, "dedupgw keys: %s/%s: not found (%s)\n", route, key, detail(body))
