@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/textproto"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -493,14 +492,14 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 	return buf.Bytes(), nil
 }
 
-// bodyChunk is the most readExactly allocates ahead of the bytes that
-// arrived.
+// bodyChunk is the first buffer readExactly allocates for a larger body.
 const bodyChunk = 64 << 10
 
 // readExactly reads n bytes from r. Its buffer grows with the bytes that
 // arrive, not with the length the sender announced: a header alone must not
 // make the gateway hold max_body_bytes for each connection until the body
-// timeout. A body up to bodyChunk is one allocation of exactly n bytes.
+// timeout. The buffer is at most bodyChunk, or twice what arrived, and ends
+// at exactly n bytes; a body up to bodyChunk is one allocation.
 func readExactly(r io.Reader, n int) ([]byte, error) {
 	buf := make([]byte, min(n, bodyChunk))
 	if _, err := io.ReadFull(r, buf); err != nil {
@@ -508,8 +507,9 @@ func readExactly(r io.Reader, n int) ([]byte, error) {
 	}
 	for len(buf) < n {
 		m := len(buf)
-		buf = slices.Grow(buf, min(n-m, m)) // doubles, up to n
-		buf = buf[:min(n, cap(buf))]
+		next := make([]byte, min(n, 2*m)) // exactly: append's growth would overshoot n
+		copy(next, buf)
+		buf = next
 		if _, err := io.ReadFull(r, buf[m:]); err != nil {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF // short of Content-Length
