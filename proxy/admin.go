@@ -101,9 +101,17 @@ func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 	for pattern, methods := range allowed {
 		mux.Handle(pattern, methodNotAllowed(methods))
 	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		writeProblem(w, probNotFound.with("", "the admin API serves /healthz, /readyz, /metrics and /v1/keys/{route}/{key}"), 0)
-	})
+	served := "/healthz, /readyz and /v1/keys/{route}/{key}"
+	if gatherer != nil {
+		served = "/healthz, /readyz, /metrics and /v1/keys/{route}/{key}"
+	}
+	notFound := func(w http.ResponseWriter, _ *http.Request) {
+		writeProblem(w, probNotFound.with("", "the admin API serves "+served), 0)
+	}
+	mux.HandleFunc("/", notFound)
+	// Without this, ServeMux would redirect /v1/keys/{route} to
+	// /v1/keys/{route}/ to reach the {key...} pattern.
+	mux.HandleFunc("/v1/keys/{route}", notFound)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// ServeMux redirects a path with "//", "." or ".." to its cleaned
 		// form, method kept: DELETE /v1/keys/r/x//y (or //v1/keys/r/x//y)
@@ -165,7 +173,7 @@ func (a *admin) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if a.tokenSum != nil {
 			scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-			sum := sha256.Sum256([]byte(got))
+			sum := sha256.Sum256([]byte(strings.TrimLeft(got, " "))) // 1*SP, RFC 9110 11.4
 			if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(sum[:], a.tokenSum) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="dedupgw"`)
 				writeProblem(w, probUnauthorized, 0)
@@ -180,8 +188,12 @@ func (a *admin) auth(next http.Handler) http.Handler {
 }
 
 // addressedByIP reports whether host (a Host header, port optional) is an
-// IP address or localhost.
+// IP address or localhost, or empty: browsers always send a Host, so a
+// request without one (HTTP/1.0) is no rebinding page's.
 func addressedByIP(host string) bool {
+	if host == "" {
+		return true
+	}
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}

@@ -30,6 +30,9 @@ func newAdminHarness(t *testing.T, token string) *adminHarness {
 	h.upstream = up
 	admin := httptest.NewServer(NewAdmin(h.gw, fs, AdminOptions{Token: token}))
 	t.Cleanup(admin.Close)
+	// Nothing on the admin listener redirects: a 3xx must show, not be
+	// followed into another answer.
+	admin.Client().CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &adminHarness{harness: h, admin: admin, fs: fs}
 }
 
@@ -70,6 +73,7 @@ func TestAdminHealthAndReadiness(t *testing.T) {
 		{"metrics", false, "GET", "/metrics", 200, ""},
 		{"unknown path", false, "GET", "/nope", 404, ""},
 		{"unknown path under /v1", false, "GET", "/v1/keys/orders", 404, ""},
+		{"DELETE of a route without a key", false, "DELETE", "/v1/keys/orders", 404, ""},
 		{"POST healthz", false, "POST", "/healthz", 405, "GET, HEAD"},
 		{"DELETE metrics", false, "DELETE", "/metrics", 405, "GET, HEAD"},
 		{"PUT a key", false, "PUT", "/v1/keys/orders/evt_1", 405, "GET, HEAD, DELETE"},
@@ -91,6 +95,9 @@ func TestAdminHealthAndReadiness(t *testing.T) {
 			got, hdr, body := a.call(tc.method, tc.path, "")
 			if got != tc.want {
 				t.Errorf("%s %s: got %d, want %d (body %s)", tc.method, tc.path, got, tc.want, body)
+			}
+			if want := map[int]string{404: `not-found"`, 405: `method-not-allowed"`}[got]; want != "" && tc.path != "/readyz" && !strings.Contains(string(body), want) {
+				t.Errorf("%s %s: got %s, want a problem of type …%s", tc.method, tc.path, body, want)
 			}
 			if got := hdr.Get("Allow"); got != tc.wantAllow {
 				t.Errorf("%s %s: got Allow %q, want %q", tc.method, tc.path, got, tc.wantAllow)
@@ -124,6 +131,7 @@ func TestAdminKeysAPI(t *testing.T) {
 		{"delete without token", http.MethodDelete, keyPath("evt_1"), "", 401},
 		{"get with token", http.MethodGet, keyPath("evt_1"), bearer, 200},
 		{"get with the scheme in lower case", http.MethodGet, keyPath("evt_1"), "bearer " + token, 200},
+		{"get with two spaces after the scheme", http.MethodGet, keyPath("evt_1"), "Bearer  " + token, 200},
 		{"get with the token as the scheme", http.MethodGet, keyPath("evt_1"), token, 401},
 		{"key containing a slash and a space", http.MethodGet, "/v1/keys/orders/a/b%20c", bearer, 200},
 		{"absent key", http.MethodGet, keyPath("nope"), bearer, 404},
@@ -290,5 +298,28 @@ func TestAdminWithoutTokenAnswersOnlyIPHosts(t *testing.T) {
 				t.Errorf("GET %s with Host %s: got %s, want a host-not-allowed problem", tc.path, tc.host, body)
 			}
 		})
+	}
+}
+
+func TestAddressedByIP(t *testing.T) {
+	for _, tc := range []struct {
+		host string
+		want bool
+	}{
+		{"127.0.0.1:9090", true},
+		{"127.0.0.1", true},
+		{"[::1]:9090", true},
+		{"[::1]", true},
+		{"localhost", true},
+		{"LOCALHOST:9090", true},
+		{"", true}, // HTTP/1.0 without Host: no browser's
+		{"rebind.example", false},
+		{"rebind.example:9090", false},
+		{"localhost.rebind.example", false},
+		{"127.0.0.1.nip.io:9090", false},
+	} {
+		if got := addressedByIP(tc.host); got != tc.want {
+			t.Errorf("addressedByIP(%q): got %v, want %v", tc.host, got, tc.want)
+		}
 	}
 }
