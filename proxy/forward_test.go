@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,6 +179,70 @@ func TestSenderThatStopsReadingDoesNotHoldClose(t *testing.T) {
 	case <-closed:
 	case <-time.After(20 * time.Second): // a deadline, not a measurement: ~0.7s expected
 		t.Errorf("Close: still waiting 20s after the forward's deadline for a sender that does not read")
+		c.Close()
+		<-closed
+	}
+}
+
+// writeSignal signals once, on the first Write larger than bigReplay: the
+// gateway is then writing a large answer. Unwrap keeps ResponseController
+// working through it.
+type writeSignal struct {
+	http.ResponseWriter
+	once  *sync.Once
+	large chan struct{}
+}
+
+func (w writeSignal) Write(p []byte) (int, error) {
+	if len(p) > bigReplay {
+		w.once.Do(func() { close(w.large) })
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+func (w writeSignal) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// TestSenderThatStopsReadingAReplayDoesNotHoldClose: a large stored answer
+// replayed to a sender that never reads it must not keep the handler, and
+// so the drain and Close: Close cuts the write.
+func TestSenderThatStopsReadingAReplayDoesNotHoldClose(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), 32<<20) // far more than loopback's socket buffers
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { _, _ = w.Write(big) })
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.DuplicateResponse = Replay
+	r.MaxReplayBytes = 64 << 20
+	large, once := make(chan struct{}), &sync.Once{}
+	var replaying atomic.Bool
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{wrap: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if replaying.Load() {
+				w = writeSignal{ResponseWriter: w, once: once, large: large}
+			}
+			next.ServeHTTP(w, req)
+		})
+	}})
+	if resp := h.send("/hooks/orders", "{}", "Idempotency-Key: k1"); resp.Status != 200 || len(resp.Body) != len(big) {
+		t.Fatalf("first delivery: got %d with %d bytes, want 200 with %d", resp.Status, len(resp.Body), len(big))
+	}
+	replaying.Store(true)
+
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	if _, err := io.WriteString(c, "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
+		t.Fatal(err)
+	}
+	<-large
+
+	closed := make(chan error, 1)
+	go func() { closed <- h.gw.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second): // a deadline, not a measurement: Close cuts the write at once
+		t.Errorf("Close: still waiting after 20s for a replay to a sender that does not read")
 		c.Close()
 		<-closed
 	}

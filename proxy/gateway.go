@@ -91,8 +91,9 @@ type Gateway struct {
 	draining atomic.Bool
 	active   sync.WaitGroup // deliveries being served
 	closeMu  sync.Once
-	// reading are the bodies being read, which Close cuts short.
-	reading bodyReads
+	// reading are the bodies being read, writing the large replayed answers
+	// being written; Close cuts both short.
+	reading, writing ioCuts
 	// waiting counts deliveries held by on_in_flight: wait; maxWaiting
 	// bounds them (each holds its body), the rest get 409 at once.
 	waiting    atomic.Int64
@@ -119,6 +120,7 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 		transport:    opts.Transport,
 		storeTimeout: opts.StoreTimeout,
 		bodyTimeout:  opts.BodyTimeout,
+		writing:      ioCuts{write: true},
 		newProvider:  providers.New,
 		buffers:      &bufferPool{},
 		maxWaiting:   defaultMaxWaiting,
@@ -252,6 +254,7 @@ func (g *Gateway) Close() error {
 		g.mu.Unlock()
 		g.cancel()
 		g.reading.cutAll()
+		g.writing.cutAll()
 		g.active.Wait()
 		if g.ownTransport != nil {
 			g.ownTransport.CloseIdleConnections()

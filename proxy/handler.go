@@ -218,7 +218,7 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 		g.forward(w, r, d, body, statusForwarded)
 	case dedup.Duplicate:
 		d.outcome = outcomeDuplicate
-		d.answer = writeDuplicate(w, d.rt, d.clientKey, res.Record)
+		d.answer = g.answerDuplicate(w, r, d, res.Record)
 	case dedup.Conflict:
 		g.rejectFingerprint(w, d)
 	case dedup.InFlight:
@@ -315,7 +315,7 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 				return
 			}
 			d.outcome = outcomeDuplicate
-			d.answer = writeDuplicate(w, d.rt, d.clientKey, cur)
+			d.answer = g.answerDuplicate(w, r, d, cur)
 			return
 		case err == nil && cur.State == dedup.StateProcessing:
 			rec = cur
@@ -520,18 +520,45 @@ func readExactly(r io.Reader, n int) ([]byte, error) {
 	return buf, nil
 }
 
-// bodyReads are the deliveries whose body is being read, so that Close can
-// cut them short. (A context.AfterFunc on the gateway's context per delivery
-// did the same for three allocations, and a lock every delivery shared.)
-type bodyReads struct {
+// bigReplay is the size from which the write of a replayed answer is
+// bounded (see answerDuplicate); a smaller one fits in a connection's socket
+// buffers and never blocks.
+const bigReplay = 64 << 10
+
+// answerDuplicate answers a duplicate with writeDuplicate. A stored answer
+// over bigReplay is written under a deadline of the body timeout (a sender
+// gets as long to read it as to send a body), which Close cuts short: a
+// sender that stops reading it must not hold the handler, and so the drain.
+func (g *Gateway) answerDuplicate(w http.ResponseWriter, r *http.Request, d *delivery, rec dedup.Record) int {
+	if d.rt.DuplicateResponse == Replay && rec.Response != nil && len(rec.Response.Body) > bigReplay {
+		rc := http.NewResponseController(w)
+		if rc.SetWriteDeadline(time.Now().Add(g.bodyTimeout)) == nil {
+			if !g.writing.add(r, w) {
+				_ = rc.SetWriteDeadline(time.Unix(1, 0)) // closing already
+			}
+			defer func() {
+				g.writing.remove(r)
+				_ = rc.SetWriteDeadline(time.Time{})
+			}()
+		}
+	}
+	return writeDuplicate(w, d.rt, d.clientKey, rec)
+}
+
+// ioCuts are the deliveries in a read or a write that Close cuts short: the
+// bodies being read, or the large replayed answers being written. (A
+// context.AfterFunc on the gateway's context per delivery did the same for
+// three allocations, and a lock every delivery shared.)
+type ioCuts struct {
 	mu      sync.Mutex
 	writers map[*http.Request]http.ResponseWriter // keyed by request: any ResponseWriter a middleware passes in need not be hashable
 	cut     bool
+	write   bool // the writes are cut, else the reads
 }
 
-// add registers r's body read, answered through w. It reports false once
-// cutAll ran: the caller cuts its own read.
-func (b *bodyReads) add(r *http.Request, w http.ResponseWriter) bool {
+// add registers r's read or write, through w. It reports false once cutAll
+// ran: the caller cuts its own.
+func (b *ioCuts) add(r *http.Request, w http.ResponseWriter) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.cut {
@@ -544,20 +571,25 @@ func (b *bodyReads) add(r *http.Request, w http.ResponseWriter) bool {
 	return true
 }
 
-func (b *bodyReads) remove(r *http.Request) {
+func (b *ioCuts) remove(r *http.Request) {
 	b.mu.Lock()
 	delete(b.writers, r)
 	b.mu.Unlock()
 }
 
-// cutAll sets a read deadline in the past on every body being read, and
-// makes add refuse later ones.
-func (b *bodyReads) cutAll() {
+// cutAll sets a read (or write) deadline in the past on every registered
+// delivery, and makes add refuse later ones.
+func (b *ioCuts) cutAll() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.cut = true
 	for _, w := range b.writers {
-		_ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
+		rc := http.NewResponseController(w)
+		if b.write {
+			_ = rc.SetWriteDeadline(time.Unix(1, 0))
+		} else {
+			_ = rc.SetReadDeadline(time.Unix(1, 0))
+		}
 	}
 }
 
