@@ -269,6 +269,8 @@ func TestRenderFailures(t *testing.T) {
 		{"a route's lease as long as its upstream_timeout", []string{"--set", "routes[0].name=a", "--set", "routes[0].path=/a",
 			"--set", "routes[0].upstream=http://a:3000", "--set", "routes[0].keys={body}", "--set", "routes[0].lease=30s"},
 			[]string{`routes[0] (route "a"): lease 30s must be longer than upstream_timeout 30s`}},
+		{"equal durations written two ways", []string{"--set", "defaults.lease=1m", "--set", "defaults.upstream_timeout=60000ms"},
+			[]string{`lease 1m must be longer than upstream_timeout 60000ms`}},
 		{"a route's upstream_timeout beyond the defaults' lease", []string{"--set", "defaults.lease=2m",
 			"--set", "routes[0].name=a", "--set", "routes[0].path=/a", "--set", "routes[0].upstream=http://a:3000",
 			"--set", "routes[0].keys={body}", "--set", "routes[0].upstream_timeout=3m"},

@@ -125,7 +125,7 @@ dedupgw.validateLeases fails the render when a route's lease is not longer
 than its upstream_timeout, each inherited from defaults (60s and 30s when
 unset): the gateway refuses such a config at start-up, so the pod would only
 crash-loop. Durations the chart cannot read (a ${VAR}) are left to the
-gateway, and so are two that round to the same whole second.
+gateway.
 */}}
 {{- define "dedupgw.validateLeases" -}}
 {{- $d := .Values.defaults | default dict }}
@@ -134,9 +134,9 @@ gateway, and so are two that round to the same whole second.
 {{- range $i, $r := .Values.routes }}
 {{- $lease := get $r "lease" | default $defLease }}
 {{- $timeout := get $r "upstream_timeout" | default $defTimeout }}
-{{- $ls := include "dedupgw.durationSeconds" (dict "value" $lease "lenient" true) }}
-{{- $ts := include "dedupgw.durationSeconds" (dict "value" $timeout "lenient" true) }}
-{{- if and (ne $ls "unknown") (ne $ts "unknown") (or (lt (int $ls) (int $ts)) (eq (toString $lease) (toString $timeout))) }}
+{{- $ls := include "dedupgw.durationExact" (dict "value" $lease "lenient" true) }}
+{{- $ts := include "dedupgw.durationExact" (dict "value" $timeout "lenient" true) }}
+{{- if and (ne $ls "unknown") (ne $ts "unknown") (le (float64 $ls) (float64 $ts)) }}
 {{- fail (printf "routes[%d] (route %q): lease %v must be longer than upstream_timeout %v (each from the route, else defaults, else 60s and 30s), or the gateway refuses the config at start-up. Raise lease (in defaults or on the route), e.g. to the upstream_timeout plus 30s" $i (toString (get $r "name")) $lease $timeout) }}
 {{- end }}
 {{- end }}
@@ -178,6 +178,17 @@ anything else (a ${VAR} reference, a bare number), renders "unknown" when
 lenient and otherwise fails the render naming the key.
 */}}
 {{- define "dedupgw.durationSeconds" -}}
+{{- $exact := include "dedupgw.durationExact" . }}
+{{- if eq $exact "unknown" }}unknown
+{{- else }}{{ printf "%.0f" (ceil (float64 $exact)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+dedupgw.durationExact is dedupgw.durationSeconds without the rounding: the
+length in seconds as a decimal ("90", "0.25"), for comparisons.
+*/}}
+{{- define "dedupgw.durationExact" -}}
 {{- $v := toString .value | trim }}
 {{- $num := "([0-9]+(\\.[0-9]*)?|\\.[0-9]+)" }}
 {{- $units := "(h|ms|m|s|us|µs|ns)" }}
@@ -199,7 +210,7 @@ lenient and otherwise fails the render naming the key.
 {{- $total = addf $total (divf (float64 $n) (get $div $u)) }}
 {{- end }}
 {{- end }}
-{{- printf "%.0f" (ceil $total) }}
+{{- $total }}
 {{- end }}
 {{- end }}
 
