@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -133,10 +132,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 		first := !g.started
 		g.started = g.started || err == nil
 		g.mu.Unlock()
-		if err == nil || !first || attempt == 3 || !errors.Is(err, errExitedAtStart) {
-			return err
-		}
-		if log, rerr := os.ReadFile(g.LogPath); rerr != nil || !bytes.Contains(log, []byte("address already in use")) {
+		if err == nil || !first || attempt == 3 || !lostPortRace(err, g.LogPath) {
 			return err
 		}
 		g.mu.Lock()
@@ -147,9 +143,6 @@ func (g *Gateway) Start(ctx context.Context) error {
 		}
 	}
 }
-
-// errExitedAtStart reports a replica that exited before /healthz answered.
-var errExitedAtStart = errors.New("exited during start-up")
 
 func (g *Gateway) start(ctx context.Context) error {
 	g.mu.Lock()

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 
 	"os/exec"
 	"path/filepath"
@@ -58,15 +57,14 @@ func StartRedis(ctx context.Context, dir string) (*Redis, error) {
 		if err == nil {
 			return r, nil
 		}
-		// Another process may take the port between FreePort and the
-		// server's bind (go test runs packages side by side): move on.
-		if log, rerr := os.ReadFile(r.logPath); attempt == 3 || rerr != nil || !bytes.Contains(log, []byte("Address already in use")) {
+		if attempt == 3 || !lostPortRace(err, r.logPath) {
 			return nil, err
 		}
 	}
 }
 
-// Start starts the server if it is stopped and waits until it answers PING.
+// Start starts the server if it is stopped and waits until it answers PING
+// (not LOADING) as its own process. A start that fails leaves it stopped.
 func (r *Redis) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -90,6 +88,12 @@ func (r *Redis) Start(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	r.cmd, r.done = cmd, done
+	fail := func(err error) error { // a server that did not come up is stopped
+		_ = cmd.Process.Kill()
+		<-done
+		r.cmd = nil
+		return err
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if err := redisPing(r.Addr, cmd.Process.Pid); err == nil {
@@ -98,13 +102,13 @@ func (r *Redis) Start(ctx context.Context) error {
 		select {
 		case <-done:
 			r.cmd = nil
-			return fmt.Errorf("redis-server exited at start (see %s)", r.logPath)
+			return fmt.Errorf("redis-server %w (see %s)", errExitedAtStart, r.logPath)
 		case <-ctx.Done():
-			return fmt.Errorf("wait for redis-server: %w", ctx.Err())
+			return fail(fmt.Errorf("wait for redis-server: %w", ctx.Err()))
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return errors.New("redis-server did not answer PING within 10s")
+			return fail(errors.New("redis-server did not answer PING within 10s"))
 		}
 	}
 }
@@ -131,7 +135,8 @@ func (r *Redis) Stop() error {
 // Close stops the server. The data directory belongs to the caller.
 func (r *Redis) Close() error { return r.Stop() }
 
-// redisPing checks that the server on addr answers and is the process pid
+// redisPing checks that the server on addr answers PING with PONG (not
+// LOADING: it has read its append-only file back) and is the process pid
 // (INFO server's process_id), not another test's server that held the port
 // when this one failed to bind it.
 func redisPing(addr string, pid int) error {
@@ -141,11 +146,18 @@ func redisPing(addr string, pid int) error {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+	if _, err := c.Write([]byte("PING\r\nINFO server\r\n")); err != nil {
 		return err
 	}
 	br := bufio.NewReader(c)
 	line, err := br.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(line, "+PONG") {
+		return fmt.Errorf("redis answered %q to PING", strings.TrimSpace(line))
+	}
+	line, err = br.ReadString('\n')
 	if err != nil {
 		return err
 	}
@@ -161,14 +173,4 @@ func redisPing(addr string, pid int) error {
 		return fmt.Errorf("the redis-server on %s is not process %d", addr, pid)
 	}
 	return nil
-}
-
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }

@@ -31,7 +31,14 @@ func TestStartSurvivesATakenPort(t *testing.T) {
 	}
 	defer ln.Close()
 	taken := ln.Addr().(*net.TCPAddr).Port
-	s := startServer(t, taken, nil)
+	first := true
+	s := startServer(t, func() int {
+		if first {
+			first = false
+			return taken
+		}
+		return freePort(t, false)
+	}, nil)
 	if s.Port() == taken {
 		t.Fatalf("Port: got the taken %d, want another", taken)
 	}

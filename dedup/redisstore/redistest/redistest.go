@@ -72,7 +72,7 @@ type process struct {
 // answers PING. It is killed when the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	return startServer(t, freePort(t, false), nil)
+	return startServer(t, func() int { return freePort(t, false) }, nil)
 }
 
 // StartWith is Start with extra redis-server arguments appended after the
@@ -80,17 +80,18 @@ func Start(t testing.TB) *Server {
 // "--appendfsync", "always" for a server whose data survives Stop and Start).
 func StartWith(t testing.TB, args ...string) *Server {
 	t.Helper()
-	return startServer(t, freePort(t, false), args)
+	return startServer(t, func() int { return freePort(t, false) }, args)
 }
 
-// startServer creates and starts a server on port with extra arguments.
-func startServer(t testing.TB, port int, extra []string) *Server {
+// startServer creates and starts a server with extra arguments on a port
+// from pick, which it calls again when another process took that port.
+func startServer(t testing.TB, pick func() int, extra []string) *Server {
 	t.Helper()
 	s := &Server{
 		t:    t,
 		bin:  Binary(t),
 		dir:  t.TempDir(),
-		port: port,
+		port: pick(),
 		args: extra,
 	}
 	t.Cleanup(s.Stop)
@@ -99,12 +100,16 @@ func startServer(t testing.TB, port int, extra []string) *Server {
 		if err == nil {
 			return s
 		}
-		// Another process may take the port between freePort and the
-		// server's bind (go test runs packages side by side): move on.
+		// Another process may take the port between pick and the server's
+		// bind (go test runs packages side by side): move on, with the
+		// logs of this attempt out of the way of the next one's.
 		if attempt == 3 || !strings.Contains(s.logTail(), "Address already in use") {
 			t.Fatal(err)
 		}
-		s.port = freePort(t, false)
+		for _, name := range []string{"stderr.log", "redis.log"} {
+			_ = os.Remove(filepath.Join(s.dir, name))
+		}
+		s.port = pick()
 	}
 }
 
@@ -397,13 +402,17 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	}
 	c := &Cluster{t: t}
 	ports := make(map[int]bool)
-	for len(c.Nodes) < n {
-		port := freePort(t, true)
-		if ports[port] || ports[port+10000] || ports[port-10000] {
-			continue
+	pick := func() int { // a port and its bus port, clear of the other nodes'
+		for {
+			port := freePort(t, true)
+			if !ports[port] && !ports[port+10000] && !ports[port-10000] {
+				ports[port] = true
+				return port
+			}
 		}
-		ports[port] = true
-		c.Nodes = append(c.Nodes, startServer(t, port, []string{
+	}
+	for len(c.Nodes) < n {
+		c.Nodes = append(c.Nodes, startServer(t, pick, []string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", "2000",
