@@ -362,11 +362,11 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 		if !ok {
 			continue
 		}
-		if s == "" {
-			// Set but empty, as DEDUPGW_ADMIN_TOKEN=${TOKEN} with TOKEN
-			// unset gives: overriding with it would silently drop the
-			// file's token, or widen listen to the default. Ignore it and
-			// say so (Warnings).
+		if strings.TrimSpace(s) == "" {
+			// Set but empty (or blank), as DEDUPGW_ADMIN_TOKEN=${TOKEN}
+			// with TOKEN unset gives: overriding with it would silently
+			// drop the file's token, or widen listen to the default.
+			// Ignore it and say so (Warnings).
 			f.emptyEnv = append(f.emptyEnv, o)
 			continue
 		}

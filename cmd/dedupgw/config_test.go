@@ -418,7 +418,7 @@ listen: "127.0.0.1:18082"
 admin:
   token: file-token
 ` + minimal
-	f, problems := loadText(t, text, map[string]string{"DEDUPGW_ADMIN_TOKEN": "", "DEDUPGW_LISTEN": "", "DEDUPGW_LOG_LEVEL": "warn"})
+	f, problems := loadText(t, text, map[string]string{"DEDUPGW_ADMIN_TOKEN": " ", "DEDUPGW_LISTEN": "", "DEDUPGW_LOG_LEVEL": "warn"})
 	if len(problems) != 0 {
 		t.Fatalf("got problems %q, want none", problems)
 	}
@@ -430,8 +430,8 @@ admin:
 		got = append(got, w.String())
 	}
 	for _, want := range []string{
-		"admin.token: DEDUPGW_ADMIN_TOKEN is set but empty, and ignored",
-		"listen: DEDUPGW_LISTEN is set but empty, and ignored",
+		"admin.token: DEDUPGW_ADMIN_TOKEN is set but empty (or blank), and ignored",
+		"listen: DEDUPGW_LISTEN is set but empty (or blank), and ignored",
 	} {
 		if !slices.ContainsFunc(got, func(w string) bool { return strings.HasPrefix(w, want) }) {
 			t.Errorf("warnings: got %q, want one starting %q", got, want)
@@ -565,7 +565,7 @@ func TestProblems(t *testing.T) {
 		{"scalar where map", "store: redis\n" + minimal, nil, []string{`store: want a mapping of keys, got "redis"`}},
 		{"unknown backend", "store:\n  backend: mongo\n" + minimal, nil, []string{`store.backend: unknown backend "mongo" (want bolt, redis or memory)`}},
 		{"bad env override", minimal, map[string]string{"DEDUPGW_STORE_REDIS_DB": "x"}, []string{`store.redis.db: invalid integer "x" (set by DEDUPGW_STORE_REDIS_DB)`}},
-		{"bad env value found by validation", minimal, map[string]string{"DEDUPGW_DEFAULTS_WINDOW": "-1h", "DEDUPGW_STORE_BACKEND": "redis", "DEDUPGW_STORE_REDIS_ADDRS": " "}, []string{
+		{"bad env value found by validation", minimal, map[string]string{"DEDUPGW_DEFAULTS_WINDOW": "-1h", "DEDUPGW_STORE_BACKEND": "redis", "DEDUPGW_STORE_REDIS_ADDRS": ","}, []string{
 			"store.redis.addrs: at least one address is required (set by DEDUPGW_STORE_REDIS_ADDRS)",
 			"defaults.window: must be greater than 0, got -1h0m0s (set by DEDUPGW_DEFAULTS_WINDOW)",
 		}},
@@ -596,6 +596,9 @@ func TestProblems(t *testing.T) {
 			[]string{`defaults.lease: invalid duration 10 (want a number with a unit, e.g. "10s")`}},
 		{"undecodable route timeout is not compared", minimal + "    lease: 10s\n    upstream_timeout: 2mins\n", nil,
 			[]string{`routes[0].upstream_timeout: invalid duration "2mins" (want e.g. "300ms", "30s", "24h")`}},
+		{"a route setting both is compared beside undecodable defaults", "defaults:\n  lease: 10\n" + minimal + "    lease: 5s\n    upstream_timeout: 10s\n", nil,
+			[]string{`defaults.lease: invalid duration 10 (want a number with a unit, e.g. "10s")`,
+				"routes[0].lease: 5s must be longer than upstream_timeout 10s"}},
 		{"lease not above timeout (route)", route("    upstream_timeout: 2m\n"), nil, []string{"routes[0].lease: 1m0s (the default) must be longer than upstream_timeout 2m0s"}},
 		{"lease above timeout after defaults", "defaults:\n  upstream_timeout: 90s\n  lease: 2m\n" + route("    upstream_timeout: 100s\n"), nil, nil},
 		{"lease from route vs timeout from defaults", "defaults:\n  upstream_timeout: 5s\n" + route("    lease: 5s\n"), nil, []string{"routes[0].lease: 5s must be longer than upstream_timeout 5s (from defaults)"}},

@@ -69,8 +69,11 @@ func (f *File) Validate() error {
 			}
 		}
 		checkPolicy(&ps, key, r.Policy)
-		if (r.Lease != nil || r.UpstreamTimeout != nil) && !f.undecoded[key+".lease"] && !f.undecoded[key+".upstream_timeout"] &&
-			!f.undecoded["defaults.lease"] && !f.undecoded["defaults.upstream_timeout"] {
+		// A side that did not decode is not compared: the route's own, or
+		// the defaults' when the route inherits it.
+		leaseBad := f.undecoded[key+".lease"] || r.Lease == nil && f.undecoded["defaults.lease"]
+		timeoutBad := f.undecoded[key+".upstream_timeout"] || r.UpstreamTimeout == nil && f.undecoded["defaults.upstream_timeout"]
+		if (r.Lease != nil || r.UpstreamTimeout != nil) && !leaseBad && !timeoutBad {
 			p := f.effective(i)
 			if *p.Lease <= *p.UpstreamTimeout {
 				ps.add(key+".lease", "%v%s must be longer than upstream_timeout %v%s",
@@ -374,7 +377,7 @@ func (f *File) Warnings() []Problem {
 	for _, o := range f.emptyEnv {
 		ws = append(ws, Problem{
 			Key: strings.Join(o.path, "."),
-			Msg: fmt.Sprintf("%s is set but empty, and ignored: the file's value (or the default) applies; unset it or give it a value", o.env),
+			Msg: fmt.Sprintf("%s is set but empty (or blank), and ignored: the file's value (or the default) applies; unset it or give it a value", o.env),
 		})
 	}
 	var unsigned []string // provider routes without secrets
