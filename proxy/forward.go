@@ -53,7 +53,7 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 			// Header.Del and Set with names already canonical: the map
 			// operations alone.
 			delete(pr.Out.Header, HeaderDedupKey)
-			deleteLookalikes(pr.Out.Header, HeaderDedupKey)
+			deleteLookalikes(pr.Out.Header)
 			// The body is already buffered: waiting for a 100 Continue
 			// would only delay the forward.
 			delete(pr.Out.Header, "Expect")
@@ -89,15 +89,23 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 	}
 }
 
-// deleteLookalikes deletes the headers whose names differ from name only in
-// "_" for "-" (and in case): CGI-style servers (WSGI, PHP, Rack) map both
-// to one HTTP_ variable, so a sender's Dedup_Key would reach such an
-// application as its Dedup-Key.
-func deleteLookalikes(h http.Header, name string) {
+// gatewaySet are the request headers the gateway sets itself.
+var gatewaySet = []string{HeaderDedupKey, "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// deleteLookalikes deletes the headers whose names differ from one the
+// gateway sets only in "_" for "-" (and in case): CGI-style servers (WSGI,
+// PHP, Rack) map both to one HTTP_ variable, so a sender's Dedup_Key or
+// X_Forwarded_For would reach such an application as the gateway's own.
+func deleteLookalikes(h http.Header) {
 	for k := range h {
-		if len(k) == len(name) && k != name && strings.IndexByte(k, '_') >= 0 &&
-			strings.EqualFold(strings.ReplaceAll(k, "_", "-"), name) {
-			delete(h, k)
+		if strings.IndexByte(k, '_') < 0 {
+			continue
+		}
+		for _, name := range gatewaySet {
+			if len(k) == len(name) && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), name) {
+				delete(h, k)
+				break
+			}
 		}
 	}
 }
@@ -269,7 +277,8 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 	if d == nil {
 		return nil
 	}
-	// The upstream's own Dedup-Status is never stored or passed on: the
+	// The upstream's own Dedup-Status is never stored or passed on with
+	// the answer (a 1xx before it is relayed as the upstream sent it): the
 	// sender gets the gateway's, set again in case a 1xx cleared it.
 	delete(resp.Header, HeaderDedupStatus) // Header.Del of a canonical name
 	setDedupStatus(d.header, d.status)
