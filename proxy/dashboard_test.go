@@ -5,6 +5,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,12 +47,19 @@ func TestDashboardQueriesKnownMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	known := map[string]bool{}
+	byRoute := map[string]bool{} // metrics with a route label
 	for _, mf := range families {
 		name := mf.GetName()
-		known[name] = true
+		hasRoute := false
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				hasRoute = hasRoute || l.GetName() == "route"
+			}
+		}
 		// Histograms are queried through their _bucket, _sum and _count series.
-		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
 			known[name+suffix] = true
+			byRoute[name+suffix] = hasRoute
 		}
 	}
 
@@ -64,6 +72,9 @@ func TestDashboardQueriesKnownMetrics(t *testing.T) {
 		for _, tg := range p.Targets {
 			for _, name := range metricName.FindAllString(tg.Expr, -1) {
 				queried++
+				if byRoute[name] && !strings.Contains(tg.Expr, name+`{route=~"$route"`) {
+					t.Errorf("panel %q queries %s without route=~\"$route\" first in its selector, so the dashboard's route filter does not apply: %s", p.Title, name, tg.Expr)
+				}
 				if !known[name] {
 					names := make([]string, 0, len(known))
 					for k := range known {

@@ -88,6 +88,7 @@ type metrics struct {
 	bodyBytes      *prometheus.HistogramVec
 	reloads        *prometheus.CounterVec
 	replayTooLarge *prometheus.CounterVec
+	leasesLost     *prometheus.CounterVec
 }
 
 // newMetrics creates and registers the gateway's collectors on reg. It panics,
@@ -148,6 +149,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name:      "replay_too_large_total",
 			Help:      "Successful responses on duplicate_response: replay routes too large to store; their duplicates are acked instead.",
 		}, []string{"route"}),
+		leasesLost: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dedupgw",
+			Name:      "leases_lost_total",
+			Help:      "Forwards whose claim was gone when they settled it (op commit: the event was processed but is not recorded, so its next copy is forwarded again): the lease lapsed and another delivery took the key, an operator forgot it, or the store lost it in a failover.",
+		}, []string{"route", "op"}),
 	}
 }
 
@@ -178,6 +184,7 @@ func (m *metrics) deleteRoute(name string) {
 	m.inFlight.DeletePartialMatch(l)
 	m.bodyBytes.DeletePartialMatch(l)
 	m.replayTooLarge.DeletePartialMatch(l)
+	m.leasesLost.DeletePartialMatch(l)
 }
 
 // routeMetrics are one route's series, resolved when the route is built (New,
@@ -193,6 +200,8 @@ type routeMetrics struct {
 	inFlight       prometheus.Gauge
 	bodyBytes      prometheus.Observer
 	replayTooLarge prometheus.Counter
+	// lostCommit and lostRelease count dedupgw_leases_lost_total.
+	lostCommit, lostRelease prometheus.Counter
 }
 
 // initRoute creates every series of the route named name so it exists at 0,
@@ -207,6 +216,8 @@ func (m *metrics) initRoute(name string) *routeMetrics {
 		inFlight:       m.inFlight.WithLabelValues(name),
 		bodyBytes:      m.bodyBytes.WithLabelValues(name),
 		replayTooLarge: m.replayTooLarge.WithLabelValues(name),
+		lostCommit:     m.leasesLost.WithLabelValues(name, opCommit),
+		lostRelease:    m.leasesLost.WithLabelValues(name, opRelease),
 	}
 	for _, o := range outcomes {
 		rm.deliveries[o] = m.deliveries.WithLabelValues(name, o)

@@ -175,7 +175,7 @@ func TestMetricsLint(t *testing.T) {
 	for _, name := range []string{
 		"dedupgw_deliveries_total", "dedupgw_upstream_duration_seconds", "dedupgw_store_operation_duration_seconds",
 		"dedupgw_store_errors_total", "dedupgw_releases_total", "dedupgw_build_info", "dedupgw_in_flight",
-		"dedupgw_body_bytes", "dedupgw_config_reloads_total",
+		"dedupgw_body_bytes", "dedupgw_config_reloads_total", "dedupgw_replay_too_large_total", "dedupgw_leases_lost_total",
 	} {
 		if !bytes.Contains(body, []byte("\n# TYPE "+name+" ")) {
 			t.Errorf("/metrics: %s missing", name)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -75,11 +76,12 @@ func TestSettleErrors(t *testing.T) {
 		releaseErr error
 		wantLog    string
 		wantLevel  zapcore.Level
+		wantLost   string // the op counted in dedupgw_leases_lost_total, or ""
 	}{
-		{"commit fails after 2xx", 200, errBoom, nil, "commit failed after the upstream's 2xx", zapcore.ErrorLevel},
-		{"commit finds the lease lost", 200, dedup.ErrNotOwner, nil, "lease lost before commit", zapcore.WarnLevel},
-		{"release fails after 5xx", 500, nil, errBoom, "release failed", zapcore.ErrorLevel},
-		{"release finds the lease lost", 500, nil, dedup.ErrNotOwner, "lease lost before release", zapcore.WarnLevel},
+		{"commit fails after 2xx", 200, errBoom, nil, "commit failed after the upstream's 2xx", zapcore.ErrorLevel, ""},
+		{"commit finds the lease lost", 200, dedup.ErrNotOwner, nil, "lease lost before commit", zapcore.WarnLevel, "commit"},
+		{"release fails after 5xx", 500, nil, errBoom, "release failed", zapcore.ErrorLevel, ""},
+		{"release finds the lease lost", 500, nil, dedup.ErrNotOwner, "lease lost before release", zapcore.WarnLevel, "release"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -93,7 +95,7 @@ func TestSettleErrors(t *testing.T) {
 			if tc.releaseErr != nil {
 				ss.releaseErr.Store(&tc.releaseErr)
 			}
-			_, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
+			gw, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
 			resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`)
 			if resp.Status != tc.upStatus || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
 				t.Errorf("got %d %q, want the upstream's %d forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus), tc.upStatus)
@@ -101,6 +103,15 @@ func TestSettleErrors(t *testing.T) {
 			found := logs.FilterMessageSnippet(tc.wantLog).All()
 			if len(found) != 1 || found[0].Level != tc.wantLevel {
 				t.Errorf("got log entries %v, want one %s containing %q", found, tc.wantLevel, tc.wantLog)
+			}
+			for _, op := range []string{"commit", "release"} {
+				want := 0.0
+				if op == tc.wantLost {
+					want = 1
+				}
+				if got := testutil.ToFloat64(gw.metrics.leasesLost.WithLabelValues("orders", op)); got != want {
+					t.Errorf("dedupgw_leases_lost_total{op=%q}: got %v, want %v", op, got, want)
+				}
 			}
 		})
 	}
