@@ -195,10 +195,7 @@ type Store interface {
 	// Commit marks the key processed for opts.Window if token still owns it,
 	// else returns ErrNotOwner and changes nothing. A claim whose lease ran out
 	// is still owned by its token until another Claim takes the key over (or
-	// LeaseGrace passes). A key forgotten meanwhile is not owned. A store
-	// that can lose a claim without anyone forgetting it (a Redis failover)
-	// may record a commit of a claim it made whose key it finds absent: the
-	// event was processed, and no other owner exists.
+	// LeaseGrace passes).
 	Commit(ctx context.Context, key Key, token string, opts CommitOptions) error
 	// Release marks the key failed (claimable) if token still owns it (as for
 	// Commit), else returns ErrNotOwner and changes nothing.

@@ -49,33 +49,21 @@ import (
 // costs most (chaos.TestSlowCommitAfterLease). The gateway always ends a
 // claim with a Commit or a Release, so the set is bounded by the deliveries
 // in flight.
-//
-// A held claim also remembers what its record held (first seen, attempts,
-// the claim part), so that a Commit can record the event even when the
-// claim itself is gone: see commit.lua.
 type heldKeys struct {
 	mu sync.Mutex
-	m  map[string]heldClaim // Redis key → claim
+	m  map[string]string // Redis key → token
 }
 
-// heldClaim is one claim this Store made and has not finished.
-type heldClaim struct {
-	token     string
-	firstSeen string // base 36 ms, as in the record
-	attempts  int
-	claim     string // the claim part
-}
-
-// claimed records res's claim of key (claim part claim), if res claimed it.
-func (h *heldKeys) claimed(key string, res dedup.ClaimResult, claim string) {
+// claimed records res's claim of key, if res claimed it.
+func (h *heldKeys) claimed(key string, res dedup.ClaimResult) {
 	if res.Outcome != dedup.Claimed {
 		return
 	}
 	h.mu.Lock()
 	if h.m == nil {
-		h.m = make(map[string]heldClaim)
+		h.m = make(map[string]string)
 	}
-	h.m[key] = heldClaim{token: res.Token, firstSeen: base36(res.Record.FirstSeen.UnixMilli()), attempts: res.Record.Attempts, claim: claim}
+	h.m[key] = res.Token
 	h.mu.Unlock()
 }
 
@@ -83,18 +71,10 @@ func (h *heldKeys) claimed(key string, res dedup.ClaimResult, claim string) {
 // whatever its result).
 func (h *heldKeys) finished(key, token string) {
 	h.mu.Lock()
-	if h.m[key].token == token {
+	if h.m[key] == token {
 		delete(h.m, key)
 	}
 	h.mu.Unlock()
-}
-
-// get returns key's claim by token, if this Store holds it.
-func (h *heldKeys) get(key, token string) (heldClaim, bool) {
-	h.mu.Lock()
-	c, ok := h.m[key]
-	h.mu.Unlock()
-	return c, ok && c.token == token
 }
 
 func (h *heldKeys) has(key string) bool {

@@ -66,8 +66,6 @@ func decisionRecords(now int64, token string) []decisionRecord {
 		// expires_at beyond int64: Lua reads it as a huge number (live),
 		// claimDecision leaves it to the script.
 		decisionRecord{value: "d,1,zzzzzzzzzzzzzzzzzz,1,1,2,\x00\x00", odd: true},
-		// forget.lua's tombstone: absent to a claim, which takes it over.
-		decisionRecord{value: tombstone},
 	)
 }
 

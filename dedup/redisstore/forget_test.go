@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -87,89 +86,4 @@ func TestForgetIsNotResent(t *testing.T) {
 	if err != nil || res.Outcome != dedup.Duplicate {
 		t.Errorf("a copy of the committed replay: got %v, %v, want duplicate (a resent forget deleted the commit)", res.Outcome, err)
 	}
-}
-
-// TestCommitOfALostClaim: a claim can vanish from Redis without anyone
-// forgetting it: a Sentinel failover discards what the old master took in
-// its last second, or eviction drops the key. The delivery was forwarded
-// and processed all the same, so its owner's Commit records it from what
-// the claim wrote, and the next copy is a duplicate instead of a second
-// forward. A lease forgotten by an operator (on any replica) is not
-// recorded: forget.lua leaves a tombstone its owner's Commit finds. A Store
-// that did not make the claim never records an absent key.
-func TestCommitOfALostClaim(t *testing.T) {
-	srv := redistest.Start(t)
-	direct := srv.Client()
-	gw := NewFromClient(direct, "", Options{})
-	t.Cleanup(func() { _ = gw.Close() })
-	other := NewFromClient(srv.Client(), "", Options{}) // another replica
-	t.Cleanup(func() { _ = other.Close() })
-	ctx := context.Background()
-	claimOpts := dedup.ClaimOptions{Lease: time.Minute, BodySHA256: strings.Repeat("ab", 32)}
-	commit := dedup.CommitOptions{Window: time.Hour, Status: 200}
-	claim := func(s *Store, id string) dedup.ClaimResult {
-		t.Helper()
-		res, err := s.Claim(ctx, dedup.Key{Namespace: "stripe", ID: id}, claimOpts)
-		if err != nil || res.Outcome != dedup.Claimed {
-			t.Fatalf("claim %s: got %v, %v, want claimed", id, res.Outcome, err)
-		}
-		return res
-	}
-
-	t.Run("lost in a failover: recorded", func(t *testing.T) {
-		k := dedup.Key{Namespace: "stripe", ID: "evt_lost"}
-		res := claim(gw, k.ID)
-		if err := direct.Del(ctx, gw.Key(k)).Err(); err != nil { // what the new master never had
-			t.Fatal(err)
-		}
-		if err := gw.Commit(ctx, k, res.Token, commit); err != nil {
-			t.Fatalf("Commit of the lost claim: got %v, want nil", err)
-		}
-		rec, err := gw.Get(ctx, k)
-		if err != nil || rec.State != dedup.StateProcessed || !rec.FirstSeen.Equal(res.Record.FirstSeen) ||
-			rec.Attempts != 1 || rec.BodySHA256 != claimOpts.BodySHA256 || rec.LastStatus != 200 {
-			t.Errorf("record after the commit: got %+v, %v; want processed, first seen %v, 1 attempt, the claim's body SHA-256, status 200", rec, err, res.Record.FirstSeen)
-		}
-		if dup, err := other.Claim(ctx, k, claimOpts); err != nil || dup.Outcome != dedup.Duplicate {
-			t.Errorf("the next copy: got %v, %v, want duplicate", dup.Outcome, err)
-		}
-	})
-
-	t.Run("forgotten by an operator on another replica: not recorded", func(t *testing.T) {
-		k := dedup.Key{Namespace: "stripe", ID: "evt_forgotten"}
-		res := claim(gw, k.ID)
-		if existed, err := other.Forget(ctx, k); err != nil || !existed {
-			t.Fatalf("Forget: got %v, %v, want true", existed, err)
-		}
-		if _, err := gw.Get(ctx, k); !errors.Is(err, dedup.ErrNotFound) {
-			t.Errorf("Get of the forgotten key: got %v, want ErrNotFound", err)
-		}
-		if ttl := direct.PTTL(ctx, gw.Key(k)).Val(); ttl <= 0 || ttl > time.Minute+leaseGrace {
-			t.Errorf("the tombstone's TTL: got %v, want the rest of the lease plus its grace", ttl)
-		}
-		if err := gw.Commit(ctx, k, res.Token, commit); !errors.Is(err, dedup.ErrNotOwner) {
-			t.Errorf("Commit after Forget: got %v, want ErrNotOwner", err)
-		}
-		if existed, err := other.Forget(ctx, k); err != nil || existed {
-			t.Errorf("a second Forget: got %v, %v, want false", existed, err)
-		}
-		again := claim(other, k.ID) // over the tombstone
-		if again.Record.Attempts != 1 || !again.Record.FirstSeen.After(res.Record.FirstSeen.Add(-time.Millisecond)) {
-			t.Errorf("claim after Forget: got %+v, want a fresh record", again.Record)
-		}
-	})
-
-	t.Run("a claim this Store did not make: not recorded", func(t *testing.T) {
-		k := dedup.Key{Namespace: "stripe", ID: "evt_foreign"}
-		res := claim(gw, k.ID)
-		if err := direct.Del(ctx, gw.Key(k)).Err(); err != nil {
-			t.Fatal(err)
-		}
-		if err := other.Commit(ctx, k, res.Token, commit); !errors.Is(err, dedup.ErrNotOwner) {
-			t.Errorf("Commit by another Store: got %v, want ErrNotOwner", err)
-		}
-		if _, err := gw.Get(ctx, k); !errors.Is(err, dedup.ErrNotFound) {
-			t.Errorf("Get: got %v, want ErrNotFound", err)
-		}
-	})
 }

@@ -165,7 +165,7 @@ func TestPipelineCoalesces(t *testing.T) {
 				errs <- err
 				return
 			}
-			got, err := p.run(ctx, forgetScript, key, 0, 0).Int64()
+			got, err := p.run(ctx, forgetScript, key, 0).Int64()
 			want := int64(0)
 			if i%3 == 0 {
 				want = 1 // the key exists

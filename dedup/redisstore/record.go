@@ -43,12 +43,6 @@ const (
 	stateFailed     = "f"
 )
 
-// tombstone is the value forget.lua leaves in place of a forgotten lease,
-// for the rest of the lease's TTL: an absent key, to Get and to claims (it
-// expired at 0), which tells the lease's owner at Commit that its claim was
-// forgotten rather than lost (see Commit).
-const tombstone = "t,0,0,0,,0,"
-
 // Field tags of the claim part.
 const (
 	fieldEmpty = 0x00

@@ -37,7 +37,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -186,7 +185,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 			return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 		}
 		if ok {
-			s.held.claimed(c.key, res, c.claim)
+			s.held.claimed(c.key, res)
 			return res, nil
 		}
 	}
@@ -194,22 +193,17 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	if err != nil {
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
-	s.held.claimed(c.key, res, c.claim)
+	s.held.claimed(c.key, res)
 	return res, nil
 }
 
 // Commit implements dedup.Store. The window is fixed here: later duplicates
-// do not extend it. A claim this Store made whose key is absent by now (the
-// claim was written to a master that a failover then discarded, or evicted)
-// is committed all the same, from what the claim wrote: the event was
-// processed, and no other owner can exist. A key forgotten meanwhile holds a
-// tombstone (forget.lua) and is not.
+// do not extend it.
 func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts dedup.CommitOptions) error {
 	if s.closed.Load() {
 		return dedup.ErrClosed
 	}
 	rk := s.Key(key)
-	held, isHeld := s.held.get(rk, token)
 	defer s.held.finished(rk, token) // whatever happens next: the caller is done with the claim
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: commit: %w", err)
@@ -219,14 +213,9 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	}
 	now := s.nowMS()
 	windowMS := durationMS(opts.Window)
-	var lostFirst, lostAttempts, lostClaim string // commit.lua's ARGV[7..9]: empty unless held
-	if isHeld {
-		lostFirst, lostAttempts, lostClaim = held.firstSeen, strconv.Itoa(held.attempts), held.claim
-	}
 	n, err := s.pipe.run(ctx, commitScript, rk,
 		now, token, base36(now), base36(now+windowMS),
 		windowMS, encodeResult(opts.Status, "", opts.Response),
-		lostFirst, lostAttempts, lostClaim,
 	).Int64()
 	if err != nil {
 		return fmt.Errorf("redisstore: commit: %w", err)
@@ -275,7 +264,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 		return dedup.Record{}, fmt.Errorf("redisstore: get: %w", err)
 	}
 	value, err := s.pipe.get(ctx, s.Key(key)).Result()
-	if errors.Is(err, redis.Nil) || strings.HasPrefix(value, tombstone) {
+	if errors.Is(err, redis.Nil) {
 		return dedup.Record{}, dedup.ErrNotFound
 	}
 	if err != nil {
@@ -323,7 +312,7 @@ func (onceCmd) NoRetry() bool { return true }
 // and forget again. NOSCRIPT falls back to EVAL, as Script.Run does.
 func (s *Store) forgetOnce(ctx context.Context, rk string, now int64) *redis.Cmd {
 	send := func(name, body string) *redis.Cmd {
-		cmd := redis.NewCmd(ctx, name, body, 1, rk, now, leaseGrace.Milliseconds())
+		cmd := redis.NewCmd(ctx, name, body, 1, rk, now)
 		_ = s.client.Process(ctx, onceCmd{cmd}) // the error is cmd's
 		return cmd
 	}
