@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -245,5 +246,64 @@ func TestSenderThatStopsReadingAReplayDoesNotHoldClose(t *testing.T) {
 		t.Errorf("Close: still waiting after 20s for a replay to a sender that does not read")
 		c.Close()
 		<-closed
+	}
+}
+
+// deadlineWriter is a ResponseWriter that supports write deadlines and
+// reports, at each Write, whether the gateway had registered the write for
+// Close to cut.
+type deadlineWriter struct {
+	*httptest.ResponseRecorder
+	deadlines  []time.Time
+	registered func() bool
+	wasCut     bool
+}
+
+func (w *deadlineWriter) SetWriteDeadline(t time.Time) error {
+	w.deadlines = append(w.deadlines, t)
+	return nil
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	w.wasCut = w.wasCut || w.registered()
+	return w.ResponseRecorder.Write(p)
+}
+
+// TestReplayWriteIsBoundedAboveTheServersBuffer: net/http buffers an answer
+// up to 2 KiB whole and writes it after the handler returned; a larger one
+// is written from the handler, where a sender that pipelines requests and
+// reads no answer blocks it. Those are written under a deadline Close can
+// cut, which is cleared afterwards for the connection's next request.
+func TestReplayWriteIsBoundedAboveTheServersBuffer(t *testing.T) {
+	up := newUpstream(t, nil)
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.DuplicateResponse = Replay
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	rt := h.gw.routes.Load().byName["orders"]
+	for _, tc := range []struct {
+		size      int
+		wantBound bool
+	}{
+		{0, false},
+		{bigReplay, false},
+		{bigReplay + 1, true},
+		{60 << 10, true},
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/hooks/orders", nil)
+		w := &deadlineWriter{ResponseRecorder: httptest.NewRecorder()}
+		w.registered = func() bool {
+			h.gw.writing.mu.Lock()
+			defer h.gw.writing.mu.Unlock()
+			_, ok := h.gw.writing.writers[req]
+			return ok
+		}
+		rec := dedup.Record{State: dedup.StateProcessed, Response: &dedup.Response{Status: 200, Body: bytes.Repeat([]byte("x"), tc.size)}}
+		h.gw.answerDuplicate(w, req, &delivery{rt: rt, clientKey: "k"}, rec)
+		if bound := len(w.deadlines) > 0; bound != tc.wantBound || w.wasCut != tc.wantBound {
+			t.Errorf("a %d-byte replay: got deadlines %v, registered for Close %v; want bound %v", tc.size, w.deadlines, w.wasCut, tc.wantBound)
+		}
+		if n := len(w.deadlines); tc.wantBound && (n != 2 || !w.deadlines[1].IsZero()) {
+			t.Errorf("a %d-byte replay: got deadlines %v, want one and then a cleared one", tc.size, w.deadlines)
+		}
 	}
 }

@@ -521,9 +521,12 @@ func readExactly(r io.Reader, n int) ([]byte, error) {
 }
 
 // bigReplay is the size from which the write of a replayed answer is
-// bounded (see answerDuplicate); a smaller one fits in a connection's socket
-// buffers and never blocks.
-const bigReplay = 64 << 10
+// bounded (see answerDuplicate): net/http buffers a smaller one whole and
+// writes it after the handler returned, so it cannot hold the handler. (A
+// larger one can, even when it fits in the socket's buffers: a sender that
+// pipelines requests on one connection and reads none of the answers fills
+// them.)
+const bigReplay = 2 << 10 // net/http's bufferBeforeChunkingSize
 
 // answerDuplicate answers a duplicate with writeDuplicate. A stored answer
 // over bigReplay is written under a deadline of the body timeout (a sender
