@@ -169,7 +169,17 @@ func (g *Gateway) start(ctx context.Context) error {
 	go g.wait(cmd, logf, done)
 	g.mu.Unlock()
 
-	return g.waitHealthy(ctx, done)
+	err = g.waitHealthy(ctx, done)
+	if err != nil && !errors.Is(err, errExitedAtStart) {
+		// Running but never healthy: stop it, so that a later Start starts
+		// it afresh instead of taking it for a running replica.
+		g.mu.Lock()
+		g.expected = true
+		g.mu.Unlock()
+		_ = cmd.Process.Kill()
+		<-done
+	}
+	return err
 }
 
 func (g *Gateway) wait(cmd *exec.Cmd, logf *os.File, done chan struct{}) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -43,5 +44,35 @@ func TestFirstStartSurvivesATakenPort(t *testing.T) {
 	}
 	if u := g.Unexpected(); len(u) != 0 {
 		t.Errorf("Unexpected: got %q, want nothing for the lost race", u)
+	}
+}
+
+// TestStartThatNeverGetsHealthyStopsTheProcess: a replica that runs but
+// never answers /healthz is stopped when Start gives up, so a later Start
+// starts it again instead of taking it for a running replica.
+func TestStartThatNeverGetsHealthyStopsTheProcess(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "never-healthy")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\nexec sleep 30\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	g, err := NewGateway(bin, dir, "n0", func(addr, admin string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := g.Start(ctx)
+		cancel()
+		if err == nil {
+			t.Fatalf("Start %d of a replica that never gets healthy: got nil, want an error", i+1)
+		}
+		if g.Running() {
+			t.Errorf("after failed Start %d: got Running, want the process stopped", i+1)
+		}
+	}
+	if u := g.Unexpected(); len(u) != 0 {
+		t.Errorf("Unexpected: got %q, want nothing for processes Start stopped itself", u)
 	}
 }
