@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,20 +93,21 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 // gatewaySet are the request headers the gateway sets itself.
 var gatewaySet = []string{HeaderDedupKey, "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
-// deleteLookalikes deletes the headers whose names differ from one the
-// gateway sets only in "_" for "-" (and in case): CGI-style servers (WSGI,
-// PHP, Rack) map both to one HTTP_ variable, so a sender's Dedup_Key or
-// X_Forwarded_For would reach such an application as the gateway's own.
+// deleteLookalikes deletes the headers whose names differ only in "_" for
+// "-" (and in case) from one the gateway sets or from another header of the
+// request: CGI-style servers (WSGI, PHP, Rack) map both to one HTTP_
+// variable, so a sender's Dedup_Key or X_Forwarded_For would reach such an
+// application as the gateway's own, and a Stripe_Signature or
+// Idempotency_Key beside the real one could stand in for the value the
+// gateway checked. A name with "_" that collides with nothing passes.
 func deleteLookalikes(h http.Header) {
 	for k := range h {
 		if strings.IndexByte(k, '_') < 0 {
 			continue
 		}
-		for _, name := range gatewaySet {
-			if len(k) == len(name) && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), name) {
-				delete(h, k)
-				break
-			}
+		hyphens := http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-"))
+		if _, ok := h[hyphens]; ok || slices.Contains(gatewaySet, hyphens) {
+			delete(h, k)
 		}
 	}
 }

@@ -307,7 +307,8 @@ func TestForwardedRequestReachesUpstreamIntact(t *testing.T) {
 		"Dedup-Key: spoofed:key",
 		"Dedup_Key: stripe:evt_victim", // one HTTP_DEDUP_KEY with Dedup-Key in CGI-style servers
 		"X_Forwarded_For: 10.0.0.1",    // and one HTTP_X_FORWARDED_FOR
-		"X-Request_Id: kept",           // a name with "_" that looks like nothing the gateway sets
+		"Stripe_Signature: t=2,v1=def", // beside the real one, which the gateway checked
+		"X-Request_Id: kept",           // a name with "_" that collides with nothing
 		"Connection: X-Hop",
 		"X-Hop: must-not-pass",
 	)
