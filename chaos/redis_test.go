@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"context"
 	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,5 +69,40 @@ func TestRedisKeepsDataAcrossStopStart(t *testing.T) {
 	}
 	if got := redisCmd(t, r.Addr, "GET dedupgw:k"); got != "v1" {
 		t.Errorf("got %q for a key written before the restart, want %q", got, "v1")
+	}
+}
+
+// TestRedisStartThatGivesUpStopsTheServer: a Start that ends before the
+// server answered (its context done) stops the server, so that a later
+// Start starts one afresh instead of taking the first for a running one.
+func TestRedisStartThatGivesUpStopsTheServer(t *testing.T) {
+	needRedis(t)
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	r := &Redis{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), bin: bin, dir: dir, logPath: filepath.Join(dir, "redis.log")}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.Start(ctx); err == nil {
+		t.Fatal("Start with its context done: got nil, want an error")
+	}
+	r.mu.Lock()
+	running := r.cmd != nil
+	r.mu.Unlock()
+	if running {
+		t.Error("after the failed Start: got a server process, want it stopped")
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatalf("a later Start: %v", err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	if got := redisCmd(t, r.Addr, "PING"); got != "+PONG" {
+		t.Errorf("PING after the later Start: got %q, want +PONG", got)
 	}
 }
