@@ -159,27 +159,45 @@ func TestSenderThatStopsReadingDoesNotHoldClose(t *testing.T) {
 	r.Lease = 2 * time.Second
 	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{storeTimeout: 200 * time.Millisecond})
 
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.srv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.(*net.TCPConn).SetReadBuffer(4096)
-	if _, err := io.WriteString(c, "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
-		t.Fatal(err)
-	}
+	c := nonReadingSender(t, h, "k1")
 	<-cut
 	waitFor(t, "the answer to be committed", func() bool {
 		rec, err := h.record("orders", "k1")
 		return err == nil && rec.State == dedup.StateProcessed
 	})
 
+	wantCloseReturns(t, h, c, "after the forward's deadline for a sender that does not read")
+}
+
+// nonReadingSender posts an orders delivery with key to h on a connection
+// with a small receive buffer, and never reads the answer. The connection
+// is closed when the test ends.
+func nonReadingSender(t *testing.T, h *harness, key string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	if _, err := io.WriteString(c, "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: "+key+"\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// wantCloseReturns closes h's gateway and wants it to return while c, a
+// sender that does not read, stays connected. Past 20s (a deadline, not a
+// measurement: it returns in well under a second) it reports what it was
+// still waiting for and closes c to let the test end.
+func wantCloseReturns(t *testing.T, h *harness, c net.Conn, waiting string) {
+	t.Helper()
 	closed := make(chan error, 1)
 	go func() { closed <- h.gw.Close() }()
 	select {
 	case <-closed:
-	case <-time.After(20 * time.Second): // a deadline, not a measurement: ~0.7s expected
-		t.Errorf("Close: still waiting 20s after the forward's deadline for a sender that does not read")
+	case <-time.After(20 * time.Second):
+		t.Errorf("Close: still waiting after 20s %s", waiting)
 		c.Close()
 		<-closed
 	}
@@ -227,26 +245,10 @@ func TestSenderThatStopsReadingAReplayDoesNotHoldClose(t *testing.T) {
 	}
 	replaying.Store(true)
 
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.srv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.(*net.TCPConn).SetReadBuffer(4096)
-	if _, err := io.WriteString(c, "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
-		t.Fatal(err)
-	}
+	c := nonReadingSender(t, h, "k1")
 	<-large
 
-	closed := make(chan error, 1)
-	go func() { closed <- h.gw.Close() }()
-	select {
-	case <-closed:
-	case <-time.After(20 * time.Second): // a deadline, not a measurement: Close cuts the write at once
-		t.Errorf("Close: still waiting after 20s for a replay to a sender that does not read")
-		c.Close()
-		<-closed
-	}
+	wantCloseReturns(t, h, c, "for a replay to a sender that does not read")
 }
 
 // deadlineWriter is a ResponseWriter that supports write deadlines and
