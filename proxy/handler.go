@@ -456,27 +456,17 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64, 
 		closeIfUnread(w, r)
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
+	// Close cuts a body still arriving short, so it does not wait for a
+	// slow sender.
 	rc := http.NewResponseController(w)
-	if rc.SetReadDeadline(start.Add(g.bodyTimeout)) == nil {
-		// Close cuts a body still arriving short, so it does not wait for
-		// a slow sender.
-		if !g.reading.add(r, w) {
-			_ = rc.SetReadDeadline(time.Unix(1, 0)) // closing already
-		}
-		defer func() {
-			g.reading.remove(r)
-			if err != nil {
-				// The body is unfinished: keep the deadline in the past so
-				// the server's discard of the rest fails at once and the
-				// connection closes, instead of a trickling sender holding
-				// it open with no deadline at all.
-				_ = rc.SetReadDeadline(time.Unix(1, 0))
-				return
-			}
-			// Clear the deadline: the server's background read must not
-			// time out (and cancel the request) while the upstream works.
-			_ = rc.SetReadDeadline(time.Time{})
-		}()
+	if g.reading.begin(rc, r, w, start.Add(g.bodyTimeout)) {
+		// An unfinished body keeps its deadline in the past, so the
+		// server's discard of the rest fails at once and the connection
+		// closes, instead of a trickling sender holding it open with no
+		// deadline at all. A finished one clears it: the server's
+		// background read must not time out (and cancel the request) while
+		// the upstream works.
+		defer func() { g.reading.end(rc, r, err != nil) }()
 	}
 	if r.ContentLength > 0 {
 		// The server's body reader stops at Content-Length: read exactly
@@ -535,14 +525,8 @@ const bigReplay = 2 << 10 // net/http's bufferBeforeChunkingSize
 func (g *Gateway) answerDuplicate(w http.ResponseWriter, r *http.Request, d *delivery, rec dedup.Record) int {
 	if d.rt.DuplicateResponse == Replay && rec.Response != nil && len(rec.Response.Body) > bigReplay {
 		rc := http.NewResponseController(w)
-		if rc.SetWriteDeadline(time.Now().Add(g.bodyTimeout)) == nil {
-			if !g.writing.add(r, w) {
-				_ = rc.SetWriteDeadline(time.Unix(1, 0)) // closing already
-			}
-			defer func() {
-				g.writing.remove(r)
-				_ = rc.SetWriteDeadline(time.Time{})
-			}()
+		if g.writing.begin(rc, r, w, time.Now().Add(g.bodyTimeout)) {
+			defer g.writing.end(rc, r, false)
 		}
 	}
 	return writeDuplicate(w, d.rt, d.clientKey, rec)
@@ -557,6 +541,39 @@ type ioCuts struct {
 	writers map[*http.Request]http.ResponseWriter // keyed by request: any ResponseWriter a middleware passes in need not be hashable
 	cut     bool
 	write   bool // the writes are cut, else the reads
+}
+
+// begin sets r's read (or write) deadline through rc, w's controller, and
+// registers it for cutAll; once cutAll ran, the deadline is set in the past
+// at once. It reports false, doing nothing, when w takes no deadlines. The
+// caller then calls end.
+func (b *ioCuts) begin(rc *http.ResponseController, r *http.Request, w http.ResponseWriter, deadline time.Time) bool {
+	if b.set(rc, deadline) != nil {
+		return false
+	}
+	if !b.add(r, w) {
+		_ = b.set(rc, time.Unix(1, 0)) // closing already
+	}
+	return true
+}
+
+// end unregisters r and clears its deadline, or with cut leaves it in the
+// past.
+func (b *ioCuts) end(rc *http.ResponseController, r *http.Request, cut bool) {
+	b.remove(r)
+	if cut {
+		_ = b.set(rc, time.Unix(1, 0))
+		return
+	}
+	_ = b.set(rc, time.Time{})
+}
+
+// set sets rc's read (or write) deadline.
+func (b *ioCuts) set(rc *http.ResponseController, t time.Time) error {
+	if b.write {
+		return rc.SetWriteDeadline(t)
+	}
+	return rc.SetReadDeadline(t)
 }
 
 // add registers r's read or write, through w. It reports false once cutAll
@@ -587,12 +604,7 @@ func (b *ioCuts) cutAll() {
 	defer b.mu.Unlock()
 	b.cut = true
 	for _, w := range b.writers {
-		rc := http.NewResponseController(w)
-		if b.write {
-			_ = rc.SetWriteDeadline(time.Unix(1, 0))
-		} else {
-			_ = rc.SetReadDeadline(time.Unix(1, 0))
-		}
+		_ = b.set(http.NewResponseController(w), time.Unix(1, 0))
 	}
 }
 
