@@ -75,42 +75,42 @@ func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 	}
 
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	// serve registers path's handlers by method and, for any other method,
+	// a 405 problem naming them (a GET handler serves HEAD too): ServeMux
+	// would answer in plain text. A pattern without a method is less
+	// specific than the same path with one, so it catches only the others.
+	var served []string
+	serve := func(path string, byMethod ...methodHandler) {
+		var allow []string
+		for _, m := range byMethod {
+			mux.Handle(m.method+" "+path, m.h)
+			allow = append(allow, m.method)
+			if m.method == http.MethodGet {
+				allow = append(allow, http.MethodHead)
+			}
+		}
+		mux.Handle(path, methodNotAllowed(strings.Join(allow, ", ")))
+		served = append(served, strings.Replace(path, "...", "", 1))
+	}
+	serve("/healthz", methodHandler{http.MethodGet, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, "application/json", map[string]string{"status": "ok"})
-	})
-	mux.HandleFunc("GET /readyz", a.ready)
+	})})
+	serve("/readyz", methodHandler{http.MethodGet, http.HandlerFunc(a.ready)})
 	if gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{
+		serve("/metrics", methodHandler{http.MethodGet, promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{
 			ErrorLog: zap.NewStdLog(a.log),
-		}))
+		})})
 	}
-	mux.Handle("GET /v1/keys/{route}/{key...}", a.auth(http.HandlerFunc(a.getKey)))
-	mux.Handle("DELETE /v1/keys/{route}/{key...}", a.auth(http.HandlerFunc(a.forgetKey)))
-	// ServeMux would answer anything else with a plain-text 404 or 405:
-	// answer with problems, as everywhere else. A pattern without a method
-	// is less specific than the same path with one, so these catch only
-	// the other methods.
-	allowed := map[string]string{
-		"/healthz":                  "GET, HEAD",
-		"/readyz":                   "GET, HEAD",
-		"/v1/keys/{route}/{key...}": "GET, HEAD, DELETE",
-	}
-	if gatherer != nil {
-		allowed["/metrics"] = "GET, HEAD"
-	}
-	for pattern, methods := range allowed {
-		mux.Handle(pattern, methodNotAllowed(methods))
-	}
-	served := "/healthz, /readyz and /v1/keys/{route}/{key}"
-	if gatherer != nil {
-		served = "/healthz, /readyz, /metrics and /v1/keys/{route}/{key}"
-	}
+	serve("/v1/keys/{route}/{key...}",
+		methodHandler{http.MethodGet, a.auth(http.HandlerFunc(a.getKey))},
+		methodHandler{http.MethodDelete, a.auth(http.HandlerFunc(a.forgetKey))})
+	// Anything else is a 404 problem, /v1/keys/{route} included (ServeMux
+	// would redirect it to /v1/keys/{route}/ to reach the {key...} pattern).
+	detail := "the admin API serves " + strings.Join(served[:len(served)-1], ", ") + " and " + served[len(served)-1]
 	notFound := func(w http.ResponseWriter, _ *http.Request) {
-		writeProblem(w, probNotFound.with("", "the admin API serves "+served), 0)
+		writeProblem(w, probNotFound.with("", detail), 0)
 	}
 	mux.HandleFunc("/", notFound)
-	// Without this, ServeMux would redirect /v1/keys/{route} to
-	// /v1/keys/{route}/ to reach the {key...} pattern.
 	mux.HandleFunc("/v1/keys/{route}", notFound)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// ServeMux redirects a path with "//", "." or ".." to its cleaned
@@ -122,6 +122,12 @@ func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// methodHandler is one method's handler of an admin path.
+type methodHandler struct {
+	method string
+	h      http.Handler
 }
 
 // methodNotAllowed answers 405 with an Allow header listing methods.
