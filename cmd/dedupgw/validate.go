@@ -401,9 +401,13 @@ func (f *File) Warnings() []Problem {
 		}
 	}
 	if len(unsigned) > 0 {
+		verb := "verify"
+		if len(unsigned) == 1 {
+			verb = "verifies"
+		}
 		ws = append(ws, Problem{
 			Key: "routes",
-			Msg: fmt.Sprintf("%s %s no signatures (a provider but no secrets:): anyone who can reach the gateway can send a real event's ID first and have the genuine delivery answered as a duplicate", strings.Join(unsigned, ", "), map[bool]string{true: "verifies", false: "verify"}[len(unsigned) == 1]),
+			Msg: fmt.Sprintf("%s %s no signatures (a provider but no secrets:): anyone who can reach the gateway can send a real event's ID first and have the genuine delivery answered as a duplicate", strings.Join(unsigned, ", "), verb),
 		})
 	}
 	return ws
