@@ -413,7 +413,6 @@ const startupPingTimeout = 3 * time.Second
 // goRedisLogger installs go-redis's process-wide logger once.
 var goRedisLogger sync.Once
 
-// openStore opens the configured backend.
 // storeLocation says where cfg keeps the keys, for the start-up line: the
 // bolt file's absolute path (a relative one depends on the working
 // directory, and another directory is another, empty, store), the Redis
@@ -436,6 +435,7 @@ func storeLocation(cfg Store) string {
 	}
 }
 
+// openStore opens the configured backend.
 func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
 	switch cfg.Backend {
 	case "bolt":
