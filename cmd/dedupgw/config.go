@@ -339,6 +339,10 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config %s: %w", path, err)
 	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(text, &doc); err != nil {
+		return nil, fmt.Errorf("read config %s: %w", path, syntaxError(text, err))
+	}
 	v := viper.New()
 	v.SetConfigType("yaml")
 	if err := v.ReadConfig(bytes.NewReader(text)); err != nil {
@@ -350,10 +354,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	var ps Problems
 	// viper matches keys case-insensitively: two spellings of one key in a
 	// mapping would silently merge, one value winning. Name them instead.
-	var doc yaml.Node
-	if yaml.Unmarshal(text, &doc) == nil {
-		caseCollisions(&doc, "", &ps)
-	}
+	caseCollisions(&doc, "", &ps)
 	for key, val := range raw {
 		raw[key] = expandValue(val, key, env, f.unset)
 	}
@@ -390,6 +391,39 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	f.fromEnvNote(ps)
 	f.applyDefaults()
 	return f, ps.errOrNil()
+}
+
+// maxSyntaxScanLines bounds the files syntaxError searches: it parses up to
+// one prefix per line.
+const maxSyntaxScanLines = 2000
+
+// syntaxError returns err, the YAML syntax error of text, naming the line of
+// the mistake. yaml.v3 names the line where the enclosing block or flow
+// collection starts (or the one before): a mis-indented key deep in a route
+// is blamed on "routes:". The mistake is on the last line of the shortest
+// prefix of text that fails with exactly err's message; when no prefix does
+// (the message depends on what follows), or the file has more than
+// maxSyntaxScanLines lines, err is returned as it is.
+func syntaxError(text []byte, err error) error {
+	lines := bytes.SplitAfter(text, []byte("\n"))
+	if len(lines) > maxSyntaxScanLines {
+		return err
+	}
+	var doc yaml.Node
+	for n := 1; n <= len(lines); n++ {
+		perr := yaml.Unmarshal(bytes.Join(lines[:n], nil), &doc)
+		if perr == nil || perr.Error() != err.Error() {
+			continue
+		}
+		msg, _ := strings.CutPrefix(err.Error(), "yaml: ")
+		if after, ok := strings.CutPrefix(msg, "line "); ok {
+			if _, m, ok := strings.Cut(after, ": "); ok {
+				msg = m
+			}
+		}
+		return fmt.Errorf("yaml: line %d: %s", n, msg)
+	}
+	return err
 }
 
 // applyDefaults fills the empty top-level keys with their built-in values.

@@ -753,6 +753,18 @@ func TestLoadErrors(t *testing.T) {
 	}{
 		{"missing file", filepath.Join(t.TempDir(), "nope.yaml"), "read config"},
 		{"yaml syntax", writeConfig(t, "routes: [\n  - name: x\n"), "read config"},
+		// yaml.v3 alone names the line where the enclosing block starts.
+		{"route key indented too little", writeConfig(t, "listen: 127.0.0.1:8080\nroutes:\n  - name: a\n    path: /a\n   window: 1h\n"),
+			"yaml: line 5: did not find expected '-' indicator"},
+		{"store key indented too little", writeConfig(t, "store:\n  backend: bolt\n  bolt:\n    path: x.db\n   sweep_interval: 1m\n"),
+			"yaml: line 5: did not find expected key"},
+		{"tab", writeConfig(t, "store:\n  backend: bolt\n\tbolt: {}\n"), "yaml: line 3: found a tab character"},
+		{"unclosed flow list", writeConfig(t, "routes:\n  - name: a\n    keys: [a,\n      b\n    window: 1h\n"),
+			"yaml: line 4: did not find expected ',' or ']'"},
+		{"a list item after a mapping", writeConfig(t, "listen: :8080\n- name: a\n"), "yaml: line 2: did not find expected key"},
+		// Too long to search: yaml.v3's own line, where routes: is.
+		{"long file", writeConfig(t, strings.Repeat("# comment\n", maxSyntaxScanLines)+"routes:\n  - name: a\n   path: /a\n"),
+			fmt.Sprintf("yaml: line %d: did not find expected '-' indicator", maxSyntaxScanLines+1)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
