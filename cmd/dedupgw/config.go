@@ -901,8 +901,11 @@ func toDuration(raw any) (time.Duration, error) {
 		if x == 0 {
 			return 0, nil
 		}
+		return 0, fmt.Errorf("invalid duration %d (want a number with a unit, e.g. \"%ds\")", x, x)
+	case float64:
+		return 0, fmt.Errorf("invalid duration %v (want a number with a unit, e.g. \"%vs\")", x, x)
 	}
-	return 0, fmt.Errorf("invalid duration %v (want a number with a unit, e.g. \"%vs\")", raw, raw)
+	return 0, fmt.Errorf("want a duration such as \"30s\", got %s", describe(raw))
 }
 
 func toInt(raw any) (int64, error) {
