@@ -209,6 +209,10 @@ type Store struct {
 	// later write was fdatasynced: Ping reports it, so readiness shows a
 	// store that cannot record (a full or failing disk).
 	journalErr atomic.Pointer[journalFailure]
+	// lastProbe is when a Claim last journalled a probe (unix ns on the
+	// store's clock) to find out whether the journal records again; see
+	// recording.
+	lastProbe atomic.Int64
 	// closing closes when Close begins, before it waits for operations:
 	// waits on the writer end with ErrClosed then, so Close cannot hang
 	// behind a writer held by the backlog. stop closes once they are gone.
@@ -515,6 +519,14 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: *disk}, nil
 	}
 
+	// A key claimed now would be forwarded, and its commit could not be
+	// recorded: a copy would be forwarded again once the lease ran out, or
+	// at once after a restart. The claim fails instead, so the route's
+	// on_store_error decides (reject answers 503 and the provider retries).
+	// Only a claim that would be granted fails: a duplicate, an in-flight
+	// key or a conflict is answered as always.
+	notRecording := s.recording(ctx)
+
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next := &lease{
@@ -560,8 +572,47 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 			next.lastStatus, next.lastError = disk.LastStatus, disk.LastError
 		}
 	}
+	if notRecording != nil {
+		return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", notRecording)
+	}
 	s.leases[string(rk)] = next
 	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.token, Record: next.record()}, nil
+}
+
+// probeEvery is how often claims journal a probe while the journal cannot
+// record (see recording): each failed probe costs a journal write, and the
+// writer logs it.
+const probeEvery = 250 * time.Millisecond
+
+// recording returns nil when the journal records: no journal write or
+// fdatasync failed since the last one that succeeded. Otherwise one caller
+// per probeEvery (on the store's clock) journals a probe, a harmless delete,
+// durably, and gets nil once it is synced; the others get the failure at
+// once. Commits clear the failure too, but while claims fail none come, and
+// nothing else would find out that the disk records again.
+func (s *Store) recording(ctx context.Context) error {
+	f := s.journalErr.Load()
+	if f == nil {
+		return nil
+	}
+	now := s.now().UnixNano()
+	last := s.lastProbe.Load()
+	if since := now - last; since >= 0 && since < int64(probeEvery) || !s.lastProbe.CompareAndSwap(last, now) {
+		return fmt.Errorf("commits cannot be recorded: %w", f.err)
+	}
+	return s.probe(ctx)
+}
+
+// probe journals a harmless delete, durably: its fdatasync clears a journal
+// failure. It returns nil when the journal records.
+func (s *Store) probe(ctx context.Context) error {
+	if err := s.writeDurable(ctx, pingKey, nil); err != nil {
+		return fmt.Errorf("commits cannot be recorded: %w", err)
+	}
+	if f := s.journalErr.Load(); f != nil {
+		return fmt.Errorf("commits cannot be recorded: %w", f.err)
+	}
+	return nil
 }
 
 // beginFinish marks token's lease on rk as finishing, or returns ErrNotOwner.
@@ -768,13 +819,10 @@ func (s *Store) Ping(ctx context.Context) error {
 	defer s.leave()
 	if s.journalErr.Load() != nil {
 		// Deliveries may have stopped (readiness took the gateway out), so
-		// nothing else would find out that the disk records again: journal
-		// a harmless delete, durably. Its fdatasync clears the failure.
-		if err := s.writeDurable(ctx, pingKey, nil); err != nil {
-			return fmt.Errorf("boltstore: ping: commits cannot be recorded: %w", err)
-		}
-		if f := s.journalErr.Load(); f != nil {
-			return fmt.Errorf("boltstore: ping: commits cannot be recorded: %w", f.err)
+		// nothing else may find out that the disk records again: probe,
+		// whenever asked (readiness asks every few seconds).
+		if err := s.probe(ctx); err != nil {
+			return fmt.Errorf("boltstore: ping: %w", err)
 		}
 	}
 	err := s.db.View(func(tx *bolt.Tx) error {

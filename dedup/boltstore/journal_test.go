@@ -736,6 +736,16 @@ func TestFailedFdatasyncKeepsAnsweredWrites(t *testing.T) {
 		t.Errorf("Claim after the failed fdatasync: got (%v, %v), want (duplicate, nil)", got.Outcome, err)
 	}
 
+	// New keys are not claimed until the journal records again (see
+	// TestClaimFailsWhileTheJournalCannotRecord): readiness's Ping finds
+	// out.
+	pinged := make(chan error, 1)
+	go func() { pinged <- s.Ping(ctx) }()
+	receive(t, entered, "the probe's fdatasync")
+	result <- nil
+	if err := receive(t, pinged, "Ping"); err != nil {
+		t.Fatalf("Ping once the probe was synced: got %v, want nil", err)
+	}
 	gone := dedup.Key{Namespace: "n", ID: "evt_2"}
 	claimCommitAsync(t, s, gone, entered, result)
 	forgot := forgetAsync(s, gone)
@@ -1224,6 +1234,80 @@ func TestPingReportsAFailingJournal(t *testing.T) {
 	}
 	if err := s.Ping(ctx); err != nil { // no probe needed any more
 		t.Errorf("Ping after recovery: got %v, want nil", err)
+	}
+}
+
+// A claim while the journal cannot record (a full or failing disk) fails
+// instead of granting a key whose commit would be lost, so the route's
+// on_store_error decides and reject holds the event back. Duplicates and
+// in-flight keys are answered as always, and claims find out by themselves
+// that the disk records again, with one probe per probeEvery. (Found by an
+// operator trial: on a full disk every event was forwarded and none
+// recorded, and on_store_error: reject was ignored.)
+func TestClaimFailsWhileTheJournalCannotRecord(t *testing.T) {
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	s, _ := openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1})
+	t.Cleanup(func() { _ = s.Close() })
+	entered, result := heldSync(t, s)
+	key := func(id string) dedup.Key { return dedup.Key{Namespace: "n", ID: id} }
+	claimAsync := func(id string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			res, err := s.Claim(context.Background(), key(id), dedup.ClaimOptions{Lease: time.Minute})
+			if err == nil && res.Outcome != dedup.Claimed {
+				err = fmt.Errorf("outcome %v", res.Outcome)
+			}
+			done <- err
+		}()
+		return done
+	}
+	full := errors.New("no space left on device")
+
+	held := claim(t, s, key("held")) // in flight across the failure
+	claimCommit(t, s, key("done"), time.Hour)
+	receive(t, entered, "the commit's fdatasync")
+	result <- full
+	eventually(t, "the failure noted", func() bool { return s.journalErr.Load() != nil })
+
+	// The first claim probes the journal, in vain.
+	claimed := claimAsync("new")
+	receive(t, entered, "the probe's fdatasync")
+	result <- full
+	if err := receive(t, claimed, "Claim"); err == nil || !strings.Contains(err.Error(), "commits cannot be recorded") {
+		t.Errorf("Claim of a new key while the journal fails: got %v, want a commits-cannot-be-recorded error", err)
+	}
+	// The next ones inside probeEvery fail without a probe (one would hold
+	// them in heldSync).
+	if err := receive(t, claimAsync("new"), "Claim"); err == nil || !errors.Is(err, full) {
+		t.Errorf("Claim again at once: got %v, want the journal's error", err)
+	}
+	for _, tt := range []struct {
+		id   string
+		want dedup.Outcome
+	}{{"done", dedup.Duplicate}, {"held", dedup.InFlight}} {
+		res, err := s.Claim(context.Background(), key(tt.id), dedup.ClaimOptions{Lease: time.Minute})
+		if err != nil || res.Outcome != tt.want {
+			t.Errorf("Claim %s while the journal fails: got (%v, %v), want (%v, nil)", tt.id, res.Outcome, err, tt.want)
+		}
+	}
+
+	// A probe is due again: it is synced, and the claim granted.
+	clk.Advance(probeEvery)
+	claimed = claimAsync("new")
+	receive(t, entered, "the probe's fdatasync")
+	result <- nil
+	if err := receive(t, claimed, "Claim"); err != nil {
+		t.Errorf("Claim once the journal records again: got %v, want claimed", err)
+	}
+	if s.journalErr.Load() != nil {
+		t.Error("journal failure: still noted after a synced probe")
+	}
+	committed := make(chan error, 1)
+	go func() {
+		committed <- s.Commit(context.Background(), key("held"), held.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+	}()
+	if err := receive(t, committed, "Commit"); err != nil {
+		t.Errorf("Commit of the lease held across the failure: got %v, want nil", err)
 	}
 }
 
