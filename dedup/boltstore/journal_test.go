@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -1308,6 +1309,37 @@ func TestClaimFailsWhileTheJournalCannotRecord(t *testing.T) {
 	}()
 	if err := receive(t, committed, "Commit"); err != nil {
 		t.Errorf("Commit of the lease held across the failure: got %v, want nil", err)
+	}
+}
+
+// A journal file that cannot be created gives its number back: on a full
+// disk every write tries a new file, and the names counted up without end
+// (an operator trial saw journal.4065 beside journal.0).
+func TestFailedSegmentGivesItsNumberBack(t *testing.T) {
+	ctx := context.Background()
+	s, path := openTemp(t, Options{CheckpointInterval: -1})
+	t.Cleanup(func() { _ = s.Close() })
+	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_0"}, time.Hour) // in journal.0
+	if err := s.send(ctx, &writeReq{seal: true, durable: true, done: make(chan error, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	// journal.1 cannot be created while a directory has its name.
+	if err := os.Mkdir(slotPath(path, 1), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	res := claim(t, s, dedup.Key{Namespace: "n", ID: "evt_1"})
+	if err := s.Commit(ctx, dedup.Key{Namespace: "n", ID: "evt_1"}, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err == nil {
+		t.Fatal("Commit while journal.1 cannot be created: got nil, want an error")
+	}
+	// The failed attempt removed the directory; the probe creates journal.1.
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	if fi, err := os.Stat(slotPath(path, 1)); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("journal.1: got (%v, %v), want a journal file", fi, err)
+	}
+	if _, err := os.Stat(slotPath(path, 2)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("journal.2: got %v, want it absent (the number 1 given back)", err)
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -377,8 +379,16 @@ func (w *writer) open() error {
 			s.freeSlots = append(s.freeSlots, slot) // try it again next time
 			s.sealedMu.Unlock()
 		} else {
-			// Half created: never reuse it as if it were durable.
-			_ = os.Remove(path)
+			// Half created: never reuse it as if it were durable. Its
+			// number is free again: on a full disk every write tries a
+			// new file, and the names would count up without end.
+			if rerr := os.Remove(path); rerr == nil || errors.Is(rerr, fs.ErrNotExist) {
+				s.sealedMu.Lock()
+				if s.nextSlot == slot+1 {
+					s.nextSlot = slot
+				}
+				s.sealedMu.Unlock()
+			}
 		}
 		return err
 	}
