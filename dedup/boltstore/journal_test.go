@@ -1320,6 +1320,9 @@ func TestFailedSegmentGivesItsNumberBack(t *testing.T) {
 	s, path := openTemp(t, Options{CheckpointInterval: -1})
 	t.Cleanup(func() { _ = s.Close() })
 	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_0"}, time.Hour) // in journal.0
+	// No checkpoint frees journal.0 for reuse meanwhile.
+	s.checkpointMu.Lock()
+	defer s.checkpointMu.Unlock()
 	if err := s.send(ctx, &writeReq{seal: true, durable: true, done: make(chan error, 1)}); err != nil {
 		t.Fatal(err)
 	}
