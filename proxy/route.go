@@ -7,6 +7,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -314,13 +315,13 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 	if r.Upstream == "" {
 		bad("upstream", "is required")
 	} else if u, err := url.Parse(r.Upstream); err != nil {
-		bad("upstream", "%q is not a URL: %v", r.Upstream, err)
+		bad("upstream", "%s is not a URL", RedactURL(r.Upstream))
 	} else if u.Scheme != "http" && u.Scheme != "https" {
-		bad("upstream", "%q must be an http:// or https:// URL", r.Upstream)
+		bad("upstream", "%s must be an http:// or https:// URL", RedactURL(r.Upstream))
 	} else if u.Host == "" {
-		bad("upstream", "%q has no host", r.Upstream)
+		bad("upstream", "%s has no host", RedactURL(r.Upstream))
 	} else if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		bad("upstream", "%q may not carry a query, fragment or user info", r.Upstream)
+		bad("upstream", "%s may not carry a query, fragment or user info", RedactURL(r.Upstream))
 	} else {
 		rt.target = u
 	}
@@ -421,6 +422,28 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 }
 
 // validName reports whether a route name is safe as a metric label value and
+
+// RedactURL returns raw, a configured upstream URL, fit for an error message
+// or a log line: its user info and query, which may hold credentials, read
+// "xxxxx". A value that does not parse is shown only when it holds neither
+// '@' nor '?'.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if strings.ContainsAny(raw, "@?") {
+			return "(not shown: it may hold credentials)"
+		}
+		return strconv.Quote(raw)
+	}
+	if u.User != nil {
+		u.User = url.User("xxxxx")
+	}
+	if u.RawQuery != "" {
+		u.RawQuery = "xxxxx"
+	}
+	return strconv.Quote(u.String())
+}
+
 // as a path segment of the keys API.
 func validName(s string) bool {
 	for _, c := range s {

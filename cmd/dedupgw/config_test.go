@@ -642,7 +642,15 @@ func TestProblems(t *testing.T) {
 			`routes[0].upstream: invalid upstream URL "ftp://x" (want http://host[:port][/path] or https://…)`,
 			`routes[1].upstream: invalid upstream URL "localhost:3000" (want http://host[:port][/path] or https://…)`,
 		}},
-		{"upstream with query", "routes:\n  - name: a\n    path: /a\n    upstream: http://x/?a=b\n    provider: stripe\n", nil, []string{`routes[0].upstream: upstream URL "http://x/?a=b" must not have a query or fragment`}},
+		{"upstream with query", "routes:\n  - name: a\n    path: /a\n    upstream: http://x/?token=s3cret\n    provider: stripe\n", nil, []string{`routes[0].upstream: upstream URL "http://x/?xxxxx" must not have a query or fragment`}},
+		// Listed with the other problems, and the credentials not shown.
+		{"upstream with user info", "routes:\n  - name: a\n    path: /a\n    upstream: http://user:s3cret@x/\n    provider: stripe\n    window: 5\n", nil, []string{
+			`routes[0].window: invalid duration 5 (want a number with a unit, e.g. "5s")`,
+			`routes[0].upstream: upstream URL "http://xxxxx@x/" must not carry user info (the gateway sends no credentials of its own)`,
+		}},
+		{"unparsable upstream with user info", "routes:\n  - name: a\n    path: /a\n    upstream: http://user:s3%zzcret@x/\n    provider: stripe\n", nil, []string{
+			`routes[0].upstream: invalid upstream URL (not shown: it may hold credentials) (want http://host[:port][/path] or https://…)`,
+		}},
 		{"namespace with colon", route("    namespace: a:b\n"), nil, []string{`routes[0].namespace: must not contain ':' (it separates namespace and key), got "a:b"`}},
 		{"unknown provider", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: paypal\n", nil, []string{
 			`routes[0].provider: unknown provider "paypal" (want stripe, shopify, github, standard-webhooks, slack or generic)`,

@@ -204,9 +204,13 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 	if r.Upstream == "" {
 		ps.add(key+".upstream", "%s", f.empty(key+".upstream"))
 	} else if u, err := url.Parse(r.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		ps.add(key+".upstream", "invalid upstream URL %q (want http://host[:port][/path] or https://…)", r.Upstream)
+		ps.add(key+".upstream", "invalid upstream URL %s (want http://host[:port][/path] or https://…)", proxy.RedactURL(r.Upstream))
+	} else if u.User != nil {
+		// The transport would drop it silently, and it would be a secret
+		// in the config's logs.
+		ps.add(key+".upstream", "upstream URL %s must not carry user info (the gateway sends no credentials of its own)", proxy.RedactURL(r.Upstream))
 	} else if u.RawQuery != "" || u.Fragment != "" {
-		ps.add(key+".upstream", "upstream URL %q must not have a query or fragment", r.Upstream)
+		ps.add(key+".upstream", "upstream URL %s must not have a query or fragment", proxy.RedactURL(r.Upstream))
 	}
 	if strings.Contains(r.Namespace, ":") {
 		ps.add(key+".namespace", "must not contain ':' (it separates namespace and key), got %q", r.Namespace)
