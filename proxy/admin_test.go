@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/memstore"
 )
 
 // adminHarness is a gateway plus its admin handler on loopback servers.
@@ -52,6 +54,47 @@ func (a *adminHarness) call(method, path, auth string) (int, http.Header, []byte
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, resp.Header, b
+}
+
+// Readiness logs each failing ping and, once, the recovery, so the log
+// shows when the store came back. (Found by an operator trial: there was
+// no line for it.)
+func TestReadinessLogsTheRecovery(t *testing.T) {
+	ms := memstore.New(memstore.Options{})
+	t.Cleanup(func() { _ = ms.Close() })
+	fs := &flakyStore{Store: ms}
+	gw, _, logs := observedGateway(t, fs, genericRoute("orders", "/hooks/*", "http://127.0.0.1:1"))
+	srv := httptest.NewServer(NewAdmin(gw, fs, AdminOptions{}))
+	t.Cleanup(srv.Close)
+	const failed, back = "not ready: the store failed its ping", "ready again: the store answers its ping"
+	for i, step := range []struct {
+		down bool
+		want int
+		logs []string
+	}{
+		{false, 200, nil},
+		{true, 503, []string{failed}},
+		{true, 503, []string{failed}},
+		{false, 200, []string{back}},
+		{false, 200, nil},
+	} {
+		fs.down.Store(step.down)
+		resp, err := srv.Client().Get(srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != step.want {
+			t.Errorf("probe %d: got %d, want %d", i, resp.StatusCode, step.want)
+		}
+		var got []string
+		for _, e := range logs.TakeAll() {
+			got = append(got, e.Message)
+		}
+		if !slices.Equal(got, step.logs) {
+			t.Errorf("probe %d: got log lines %q, want %q", i, got, step.logs)
+		}
+	}
 }
 
 func TestAdminHealthAndReadiness(t *testing.T) {
