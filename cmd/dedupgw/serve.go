@@ -134,9 +134,16 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		return err
 	}
 	s.store = store
-	defer func() {
+	storeClosed := false
+	closeStore := func() {
+		storeClosed = true
 		if err := store.Close(); err != nil {
 			s.log.Error("closing the store", zap.Error(err))
+		}
+	}
+	defer func() {
+		if !storeClosed {
+			closeStore()
 		}
 	}()
 	// An unreachable store is no reason not to start: Redis may come up
@@ -281,6 +288,7 @@ loop:
 	if err := adminSrv.Shutdown(actx); err != nil {
 		_ = adminSrv.Close()
 	}
+	closeStore() // before the last line, which says all is done
 	s.log.Info("dedupgw stopped", zap.Duration("drained_in", time.Since(start)))
 	return runErr
 }

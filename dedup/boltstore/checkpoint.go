@@ -248,7 +248,7 @@ func (s *Store) replay() (uint64, error) {
 			return 0, fmt.Errorf("replay journal: %w", err)
 		}
 		if len(pending) > 0 {
-			s.log.Info("replayed the journal a crash left", zap.Int("writes", len(pending)))
+			s.log.Info("replayed journal writes the file did not hold yet (left by a crash, or by a final checkpoint that failed)", zap.Int("writes", len(pending)))
 		}
 	}
 	// Every file is checkpointed now: keep a few for reuse, and set a
