@@ -434,10 +434,10 @@ func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored
 	case errors.Is(err, dedup.ErrNotOwner):
 		d.rt.metrics.lostCommit.Inc()
 		d.rt.log.Warn("lease lost before commit: the upstream processed the event, but the claim is gone (its lease lapsed and another delivery took the key, it was forgotten, or the store lost it in a failover), so the event is not recorded and its next copy is forwarded again",
-			keyField(d.clientKey), zap.String("request_id", d.requestID))
+			keyField(d.clientKey), requestIDField(d.requestID))
 	default:
 		d.rt.log.Error("commit failed after the upstream's 2xx: the key stays processing until its lease ends, then a retry is forwarded again",
-			keyField(d.clientKey), zap.String("request_id", d.requestID), zap.Error(err))
+			keyField(d.clientKey), requestIDField(d.requestID), zap.Error(err))
 	}
 }
 
@@ -456,10 +456,10 @@ func (g *Gateway) release(parent context.Context, d *delivery, reason string, st
 	case errors.Is(err, dedup.ErrNotOwner):
 		d.rt.metrics.lostRelease.Inc()
 		d.rt.log.Warn("lease lost before release: the claim is gone (its lease lapsed and another delivery took the key, it was forgotten, or the store lost it in a failover)",
-			keyField(d.clientKey), zap.String("request_id", d.requestID))
+			keyField(d.clientKey), requestIDField(d.requestID))
 	default:
 		d.rt.log.Error("release failed: the key stays processing until its lease ends",
-			keyField(d.clientKey), zap.String("request_id", d.requestID), zap.Error(err))
+			keyField(d.clientKey), requestIDField(d.requestID), zap.Error(err))
 	}
 }
 

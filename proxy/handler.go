@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -139,7 +140,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if v := rt.provider.Verifier; v != nil {
 		if err := v.Verify(r, body); err != nil {
-			rt.log.Warn("signature rejected", zap.String("request_id", d.requestID), zap.Error(err))
+			rt.log.Warn("signature rejected", requestIDField(d.requestID), zap.Error(err))
 			g.reject(w, d, outcomeRejectedSignature, probSignature.with(rt.Name, "the delivery's signature is missing, does not match a configured secret, or its timestamp is outside the tolerance"))
 			return
 		}
@@ -148,7 +149,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, err := rt.provider.Key(r, body)
 	if err != nil || id == "" {
 		if err != nil && !errors.Is(err, providers.ErrNoKey) {
-			rt.log.Debug("key extraction failed", zap.String("request_id", d.requestID), zap.Error(err))
+			rt.log.Debug("key extraction failed", requestIDField(d.requestID), zap.Error(err))
 		}
 		// A body a json: source cannot read is worth saying: on a webhook
 		// route it means the delivery is not deduplicated.
@@ -163,7 +164,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if notJSON {
 			rt.log.Warn("no key: the body is not valid JSON, so the delivery is forwarded without deduplication",
-				zap.String("request_id", d.requestID), zap.Int("body_bytes", len(body)))
+				requestIDField(d.requestID), zap.Int("body_bytes", len(body)))
 		}
 		d.outcome = outcomeUnkeyed
 		g.forward(w, r, d, body, statusUnkeyed)
@@ -370,7 +371,7 @@ func (g *Gateway) get(parent context.Context, d *delivery) (dedup.Record, error)
 // rejectFingerprint answers 422: d's key was first used for another request
 // (on_fingerprint_mismatch: reject).
 func (g *Gateway) rejectFingerprint(w http.ResponseWriter, d *delivery) {
-	d.rt.log.Info("idempotency key reused with a different payload", keyField(d.clientKey), zap.String("request_id", d.requestID))
+	d.rt.log.Info("idempotency key reused with a different payload", keyField(d.clientKey), requestIDField(d.requestID))
 	g.reject(w, d, outcomeRejectedFingerprint, probKeyReused.with(d.rt.Name, "key reused with a different payload; send a new request under a new key"))
 }
 
@@ -379,13 +380,13 @@ func (g *Gateway) rejectFingerprint(w http.ResponseWriter, d *delivery) {
 func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, err error) {
 	d.outcome = outcomeStoreError
 	if d.rt.OnStoreError == Reject {
-		d.rt.log.Warn("store unavailable: delivery rejected", keyField(d.clientKey), zap.String("request_id", d.requestID), zap.Error(err))
+		d.rt.log.Warn("store unavailable: delivery rejected", keyField(d.clientKey), requestIDField(d.requestID), zap.Error(err))
 		d.answer = http.StatusServiceUnavailable
 		setDedupStatus(w.Header(), statusStoreError)
 		writeProblem(w, probStoreError.with(d.rt.Name, "the dedup store is unavailable; retry the delivery"), retryLaterSeconds)
 		return
 	}
-	d.rt.log.Warn("store unavailable: forwarding without deduplication (fail open)", keyField(d.clientKey), zap.String("request_id", d.requestID), zap.Error(err))
+	d.rt.log.Warn("store unavailable: forwarding without deduplication (fail open)", keyField(d.clientKey), requestIDField(d.requestID), zap.Error(err))
 	g.forward(w, r, d, body, statusStoreError)
 }
 
@@ -434,13 +435,13 @@ func (g *Gateway) finish(d *delivery) {
 		fields = append(fields, keyField(d.clientKey))
 	}
 	if d.requestID != "" {
-		fields = append(fields, zap.String("request_id", d.requestID))
+		fields = append(fields, requestIDField(d.requestID))
 	}
-	if d.forwarded {
+	if d.forwarded && d.upstreamStatus != 0 { // 0: no answer, upstream_error says why
 		fields = append(fields, zap.Int("upstream_status", d.upstreamStatus))
-		if d.upstreamErr != "" {
-			fields = append(fields, zap.String("upstream_error", d.upstreamErr))
-		}
+	}
+	if d.forwarded && d.upstreamErr != "" {
+		fields = append(fields, zap.String("upstream_error", d.upstreamErr))
 	}
 	ce.Write(fields...)
 }
@@ -612,18 +613,46 @@ func (b *ioCuts) cutAll() {
 // senders.
 const maxLoggedKey = 256
 
-// clipForLog returns s truncated to maxLoggedKey bytes, marked with "…".
+// clipForLog returns s for a log line: bytes that are not UTF-8 written as
+// \xNN (JSON logs would show each as U+FFFD, and the key could not be found
+// again from the log), truncated after maxLoggedKey bytes of s, marked with
+// "…".
 func clipForLog(s string) string {
-	if len(s) > maxLoggedKey {
-		return s[:maxLoggedKey] + "…"
+	if len(s) <= maxLoggedKey && utf8.ValidString(s) {
+		return s
 	}
-	return s
+	var b strings.Builder
+	for i := 0; i < len(s) && i < maxLoggedKey; {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n <= 1 {
+			fmt.Fprintf(&b, `\x%02X`, s[i])
+			i++
+			continue
+		}
+		if i+n > maxLoggedKey {
+			break
+		}
+		b.WriteString(s[i : i+n])
+		i += n
+	}
+	if len(s) > maxLoggedKey {
+		b.WriteString("…")
+	}
+	return b.String()
 }
 
-// keyField is the log field for a delivery's key, truncated to maxLoggedKey
-// bytes.
+// keyField is the log field for a delivery's key (see clipForLog).
 func keyField(id string) zap.Field {
 	return zap.String("key", clipForLog(id))
+}
+
+// requestIDField is the log field for a delivery's request ID (clipped
+// when read), none when the provider sends none.
+func requestIDField(id string) zap.Field {
+	if id == "" {
+		return zap.Skip()
+	}
+	return zap.String("request_id", id)
 }
 
 // dropConnectionHeaders deletes the headers that h's Connection header

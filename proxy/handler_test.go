@@ -1120,3 +1120,24 @@ func TestReadExactly(t *testing.T) {
 		}
 	})
 }
+
+func TestClipForLog(t *testing.T) {
+	long := strings.Repeat("a", maxLoggedKey)
+	tests := []struct {
+		name, in, want string
+	}{
+		{"plain", "evt_1", "evt_1"},
+		{"UTF-8", "ünï", "ünï"},
+		{"Latin-1", "\xfcn\xef", `\xFCn\xEF`},
+		{"at the bound", long, long},
+		{"over the bound", long + "b", long + "…"},
+		{"a rune across the bound", long[1:] + "ü", long[1:] + "…"},
+		{"an invalid byte over the bound", long + "\xff", long + "…"},
+		{"an invalid byte at the bound", long[1:] + "\xff", long[1:] + `\xFF`},
+	}
+	for _, tt := range tests {
+		if got := clipForLog(tt.in); got != tt.want {
+			t.Errorf("%s: got %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}

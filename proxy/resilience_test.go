@@ -125,7 +125,8 @@ func TestDeliveryLogLine(t *testing.T) {
 	defer mem.Close()
 	gh := genericRoute("github", "/hooks/github", up.URL)
 	gh.Provider = providers.Config{Provider: providers.GitHub, Secrets: []string{"gh-secret-value"}}
-	_, srv, logs := observedGateway(t, mem, genericRoute("orders", "/hooks/orders", up.URL), gh)
+	down := genericRoute("down", "/hooks/down", "http://127.0.0.1:1") // nothing listens
+	_, srv, logs := observedGateway(t, mem, genericRoute("orders", "/hooks/orders", up.URL), gh, down)
 
 	post(t, srv, "/hooks/orders", `{"id":"evt_1","card":"4242424242424242"}`)
 	post(t, srv, "/hooks/orders", `{"id":"evt_1","card":"4242424242424242"}`)
@@ -135,16 +136,29 @@ func TestDeliveryLogLine(t *testing.T) {
 		t.Fatalf("GET: %v", err)
 	}
 	resp.Body.Close()
+	post(t, srv, "/hooks/down", `{"id":"evt_2"}`)
+	post(t, srv, "/hooks/orders", `{}`, "Idempotency-Key: caf\xe9") // Latin-1, not UTF-8
 
 	lines := logs.FilterMessage("delivery").All()
-	if len(lines) != 4 {
-		t.Fatalf("got %d delivery lines, want 4", len(lines))
+	if len(lines) != 6 {
+		t.Fatalf("got %d delivery lines, want 6", len(lines))
 	}
 	want := []map[string]any{
 		{"route": "orders", "key": "evt_1", "outcome": "forwarded", "status": int64(200), "upstream_status": int64(200)},
 		{"route": "orders", "key": "evt_1", "outcome": "duplicate", "status": int64(200)},
 		{"route": "github", "outcome": "rejected_signature", "status": int64(401), "request_id": "d-123"},
 		{"route": "orders", "outcome": "rejected_method", "status": int64(405)},
+		{"route": "down", "key": "evt_2", "outcome": "forwarded", "status": int64(502), "upstream_error": "connection refused"},
+		{"route": "orders", "key": `caf\xE9`, "outcome": "forwarded"},
+	}
+	// Fields without a value are left out.
+	absent := [][]string{{"request_id"}, {"request_id", "upstream_status"}, nil, {"request_id"}, {"request_id", "upstream_status"}, nil}
+	for i, l := range lines {
+		for _, k := range absent[i] {
+			if v, ok := l.ContextMap()[k]; ok {
+				t.Errorf("line %d: got %s=%v, want no such field", i, k, v)
+			}
+		}
 	}
 	for i, l := range lines {
 		if l.Level != zapcore.InfoLevel {
