@@ -621,6 +621,26 @@ routes:
 	}
 }
 
+// validate warns about the environment even when the file has problems: a
+// misspelt or empty variable may be their cause. (Found by an operator
+// trial: the warnings showed only once the file was valid.)
+func TestE2EValidateWarnsAboutTheEnvironmentOfAnInvalidFile(t *testing.T) {
+	bad := gwConfig(t, t.TempDir(), "http://127.0.0.1:3000", "", "    windw: 1h\n")
+	code, _, stderr := runCLI(t, []string{"DEDUPGW_LOG_LEVLE=debug", "DEDUPGW_ADMIN_TOKEN="}, "validate", "--config", bad)
+	if code != 1 {
+		t.Errorf("exit code: got %d, want 1", code)
+	}
+	for _, want := range []string{
+		"routes[0].windw: unknown key",
+		"warning: DEDUPGW_LOG_LEVLE overrides no configuration key",
+		"warning: admin.token: DEDUPGW_ADMIN_TOKEN is set but empty",
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr: got %q, want it to contain %q", stderr, want)
+		}
+	}
+}
+
 func TestE2EKeysCLI(t *testing.T) {
 	const token = "e2e-admin-token"
 	u := newUpstream(t)

@@ -176,21 +176,36 @@ func cmdValidate(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return exitUsage
 	}
-	f, err := loadConfig(path, os.LookupEnv)
-	if err == nil {
+	f, ps, err := checkConfig(path, os.LookupEnv)
+	if err == nil && len(ps) > 0 {
+		nameRoutes(ps, f.Routes)
+		err = ps
+	} else if err == nil {
 		// Build the routes as serve would, so a file that validates also
 		// starts (the proxy checks what the file's schema cannot).
 		err = tryGateway(f)
 	}
 	if err != nil {
 		printConfigError(stderr, path, err)
-		return exitFail
 	}
+	// Warnings about the environment hold whatever the file says, and may
+	// explain a problem (a misspelt or empty DEDUPGW_ADMIN_TOKEN).
 	for _, name := range UnknownEnv(os.Environ()) {
 		fmt.Fprintf(stderr, "dedupgw validate: warning: %s overrides no configuration key and is ignored (misspelt?)\n", name)
 	}
-	for _, w := range f.Warnings() {
+	var ws []Problem
+	switch {
+	case f == nil:
+	case err != nil:
+		ws = f.envWarnings()
+	default:
+		ws = f.Warnings()
+	}
+	for _, w := range ws {
 		fmt.Fprintf(stderr, "dedupgw validate: warning: %s\n", w)
+	}
+	if err != nil {
+		return exitFail
 	}
 	names := make([]string, len(f.Routes))
 	for i, r := range f.Routes {

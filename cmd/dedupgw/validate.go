@@ -377,13 +377,7 @@ func (f *File) unsetNote(key string) string {
 // A DEDUPGW_* variable set to "" is ignored (an unset ${VAR} in a compose
 // file or manifest gives one).
 func (f *File) Warnings() []Problem {
-	var ws []Problem
-	for _, o := range f.emptyEnv {
-		ws = append(ws, Problem{
-			Key: strings.Join(o.path, "."),
-			Msg: fmt.Sprintf("%s is set but empty (or blank), and ignored: the file's value (or the default) applies; unset it or give it a value", o.env),
-		})
-	}
+	ws := f.envWarnings()
 	var unsigned []string // provider routes without secrets
 	for i, r := range f.Routes {
 		p := f.effective(i)
@@ -412,6 +406,20 @@ func (f *File) Warnings() []Problem {
 		ws = append(ws, Problem{
 			Key: "routes",
 			Msg: fmt.Sprintf("%s %s no signatures (a provider but no secrets:): anyone who can reach the gateway can send a real event's ID first and have the genuine delivery answered as a duplicate", strings.Join(unsigned, ", "), verb),
+		})
+	}
+	return ws
+}
+
+// envWarnings returns the warnings about DEDUPGW_* variables set to "".
+// They hold for a file with problems too (an ignored variable may be the
+// cause), so validate gives them either way.
+func (f *File) envWarnings() []Problem {
+	var ws []Problem
+	for _, o := range f.emptyEnv {
+		ws = append(ws, Problem{
+			Key: strings.Join(o.path, "."),
+			Msg: fmt.Sprintf("%s is set but empty (or blank), and ignored: the file's value (or the default) applies; unset it or give it a value", o.env),
 		})
 	}
 	return ws
