@@ -257,7 +257,8 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if r.URL.Query().Get("force") != "true" {
+	force := r.URL.Query().Get("force") == "true"
+	if !force {
 		// Forgetting a key whose delivery is being forwarded right now
 		// would let the next copy through beside it: refuse, unless forced.
 		rec, err := a.store.Get(r.Context(), key)
@@ -277,7 +278,7 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 	case !existed:
 		writeProblem(w, probKeyNotFound.with(rt.Name, "the store has no record of this key"), 0)
 	default:
-		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), keyField(key.ID))
+		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), keyField(key.ID), zap.Bool("force", force))
 		w.WriteHeader(http.StatusNoContent)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupgw/dedupgw/dedup"
 	"github.com/dedupgw/dedupgw/dedup/memstore"
+	"go.uber.org/zap"
 )
 
 // adminHarness is a gateway plus its admin handler on loopback servers.
@@ -253,6 +254,11 @@ func TestAdminKeysAPI(t *testing.T) {
 		}
 		if got, _, body := a.call(http.MethodDelete, keyPath("evt_busy")+"?force=true", bearer); got != http.StatusNoContent {
 			t.Errorf("DELETE ?force=true: got %d %s, want 204", got, body)
+		}
+		// A forced forget shows as such in the log, for audit.
+		lines := a.logs.FilterMessage("keys API: key forgotten").FilterField(zap.String("key", "evt_busy")).All()
+		if len(lines) != 1 || lines[0].ContextMap()["force"] != true {
+			t.Errorf("log of the forced forget: got %v, want one line with force=true", lines)
 		}
 	})
 

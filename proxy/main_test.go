@@ -18,7 +18,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/dedupgw/dedupgw/dedup"
 	"github.com/dedupgw/dedupgw/dedup/memstore"
@@ -92,6 +95,9 @@ type harness struct {
 	srv   *httptest.Server
 	// upstream is set by tests that want h.up().
 	upstream *upstream
+	// logs holds every line the gateway logged (also sent to the test's
+	// log).
+	logs *observer.ObservedLogs
 }
 
 func (h *harness) up() *upstream { return h.upstream }
@@ -127,8 +133,10 @@ func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
 	if ho.store != nil {
 		h.store = ho.store
 	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	h.logs = logs
 	gw, err := New(cfg, h.store, Options{
-		Logger:       zaptest.NewLogger(t),
+		Logger:       zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core)),
 		Registerer:   h.reg,
 		Backend:      "memory",
 		Version:      "test",
