@@ -66,6 +66,10 @@ var (
 	// segment left beside another file (the file deleted to start afresh, or
 	// replaced by a copy) is never replayed into this one.
 	metaJournalKey = []byte("journal-id")
+	// metaRunningKey is present while a Store has the file open: Open
+	// finding it means the last owner did not close it (a crash, kill -9,
+	// power loss or a failed final checkpoint).
+	metaRunningKey = []byte("running")
 )
 
 const schemaVersion = 1
@@ -255,8 +259,17 @@ func Open(path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
 	}
-	var owner journalOwner
-	if err := db.Update(func(tx *bolt.Tx) (err error) { owner, err = initSchema(tx); return err }); err != nil {
+	var (
+		owner   journalOwner
+		unclean bool
+	)
+	if err := db.Update(func(tx *bolt.Tx) (err error) {
+		if owner, err = initSchema(tx); err != nil {
+			return err
+		}
+		unclean = tx.Bucket(bucketMeta).Get(metaRunningKey) != nil
+		return nil
+	}); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
 	}
@@ -294,6 +307,10 @@ func Open(path string, opts Options) (*Store, error) {
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
+	if unclean {
+		// The leases of the deliveries then in flight were in memory only.
+		s.log.Warn("the last run did not close the file (a crash, kill -9, power loss or a failed final checkpoint): deliveries that were in flight then are claimable at once, so their next copies are forwarded")
+	}
 	if s.sweepBatch <= 0 {
 		s.sweepBatch = DefaultSweepBatch
 	}
@@ -301,6 +318,10 @@ func Open(path string, opts Options) (*Store, error) {
 		s.checkpointEvery = DefaultCheckpointInterval
 	}
 	nextSeq, err := s.replay()
+	if err == nil {
+		// Marked only now: an Open that fails leaves the file as it was.
+		err = db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(metaRunningKey, []byte{1}) })
+	}
 	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
@@ -373,6 +394,12 @@ func (s *Store) Close() error {
 	close(s.stop)
 	s.wg.Wait()
 	cerr := s.checkpoint()
+	if cerr == nil {
+		cerr = s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(metaRunningKey) })
+		if cerr != nil {
+			cerr = fmt.Errorf("boltstore: close: %w", cerr)
+		}
+	}
 	if err := s.db.Close(); err != nil {
 		return errors.Join(cerr, fmt.Errorf("boltstore: close: %w", err))
 	}
