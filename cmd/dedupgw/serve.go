@@ -153,6 +153,8 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	if err := store.Ping(pingCtx); err != nil {
 		s.log.Warn("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers",
 			zap.String("backend", f.Store.Backend), zap.Error(err))
+	} else if rs, ok := store.(*redisstore.Store); ok {
+		warnEviction(pingCtx, rs, s.log)
 	}
 	cancel()
 
@@ -417,6 +419,19 @@ func (s *server) reload() {
 
 // startupPingTimeout bounds the store check at start-up.
 const startupPingTimeout = 3 * time.Second
+
+// warnEviction warns when Redis may evict the store's keys: an evicted
+// processed key lets its event's next copy through, silently.
+func warnEviction(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
+	policy, err := rs.MaxmemoryPolicy(ctx)
+	switch {
+	case err != nil:
+		log.Info("could not read Redis's maxmemory-policy (INFO memory); make sure it is noeviction", zap.Error(err))
+	case policy != "noeviction":
+		log.Warn("Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction",
+			zap.String("maxmemory_policy", policy))
+	}
+}
 
 // goRedisLogger installs go-redis's process-wide logger once.
 var goRedisLogger sync.Once

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -236,6 +237,43 @@ routes:
 	}
 	if err := p.stop(); err != nil {
 		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
+// A Redis that may evict the store's keys is named at start-up: each
+// evicted processed key lets a copy through, and nothing else would say so.
+func TestRedisEvictionPolicyIsWarnedAtStartUp(t *testing.T) {
+	const warning = "Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction"
+	for _, tt := range []struct {
+		policy string
+		warns  int
+	}{{"noeviction", 0}, {"allkeys-lru", 1}} {
+		t.Run(tt.policy, func(t *testing.T) {
+			srv := redistest.StartWith(t, "--maxmemory-policy", tt.policy)
+			defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // the server's goroutines stop later, in Cleanup
+			cfg := filepath.Join(t.TempDir(), "config.yaml")
+			writeFileAtomic(t, cfg, fmt.Sprintf(`listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+store:
+  backend: redis
+  redis:
+    addrs: [%q]
+routes:
+  - name: orders
+    path: /hooks/orders
+    upstream: http://127.0.0.1:1
+    keys: ["header:Idempotency-Key"]
+`, srv.Addr()))
+			p := startInProcess(t, cfg)
+			warn := p.logs.FilterMessage(warning).All()
+			if len(warn) != tt.warns || tt.warns > 0 && warn[0].ContextMap()["maxmemory_policy"] != tt.policy {
+				t.Errorf("got start-up warnings %v, want %d naming %s", warn, tt.warns, tt.policy)
+			}
+			if err := p.stop(); err != nil {
+				t.Errorf("run: got %v, want nil", err)
+			}
+		})
 	}
 }
 

@@ -37,6 +37,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -345,6 +347,49 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("redisstore: ping: %w", err)
 	}
 	return nil
+}
+
+// MaxmemoryPolicy returns the maxmemory-policy Redis reports in INFO memory:
+// on a Cluster, the first master's that is not noeviction, if any. Under
+// memory pressure any policy but noeviction deletes keys with a TTL (every
+// key the Store writes has one), and the next copy of an evicted processed
+// event is forwarded again; noeviction makes writes fail instead, which
+// the gateway's on_store_error decides.
+func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
+	if s.closed.Load() {
+		return "", dedup.ErrClosed
+	}
+	var (
+		mu     sync.Mutex // ForEachMaster calls fn concurrently
+		policy string
+	)
+	read := func(ctx context.Context, c redis.Cmdable) error {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return err
+		}
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(line, "maxmemory_policy:"); ok {
+				mu.Lock()
+				defer mu.Unlock()
+				if policy == "" || policy == "noeviction" {
+					policy = strings.TrimSpace(v)
+				}
+				return nil
+			}
+		}
+		return errors.New("INFO memory has no maxmemory_policy")
+	}
+	var err error
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return read(ctx, c) })
+	} else {
+		err = read(ctx, s.client)
+	}
+	if err != nil {
+		return "", fmt.Errorf("redisstore: maxmemory-policy: %w", err)
+	}
+	return policy, nil
 }
 
 // Close implements dedup.Store. Later calls return dedup.ErrClosed. Calls

@@ -16,6 +16,7 @@ import (
 	"github.com/dedupgw/dedupgw/dedup/redisstore"
 	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
 	"github.com/dedupgw/dedupgw/dedup/storetest"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestMain(m *testing.M) {
@@ -230,5 +231,33 @@ func TestACLUser(t *testing.T) {
 				t.Fatalf("Forget: got (%v, %v), want (true, nil)", existed, err)
 			}
 		})
+	}
+}
+
+// MaxmemoryPolicy reports a policy that can evict dedup keys, on a Cluster
+// when any master has one.
+func TestMaxmemoryPolicy(t *testing.T) {
+	ctx := context.Background()
+	lru := redistest.StartWith(t, "--maxmemory-policy", "allkeys-lru")
+	cl := redistest.StartCluster(t, 3)
+	third := redis.NewClient(&redis.Options{Addr: cl.Addrs()[2]})
+	defer third.Close()
+	if err := third.ConfigSet(ctx, "maxmemory-policy", "volatile-ttl").Err(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		addrs []string
+		want  string
+	}{
+		{"default", []string{redistest.Start(t).Addr()}, "noeviction"},
+		{"allkeys-lru", []string{lru.Addr()}, "allkeys-lru"},
+		{"a cluster with one volatile-ttl master", cl.Addrs(), "volatile-ttl"},
+	}
+	for _, tt := range tests {
+		s := newStore(t, redisstore.Config{Addrs: tt.addrs}, nil)
+		if got, err := s.MaxmemoryPolicy(ctx); err != nil || got != tt.want {
+			t.Errorf("%s: got (%q, %v), want (%q, nil)", tt.name, got, err, tt.want)
+		}
 	}
 }
