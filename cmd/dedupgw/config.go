@@ -343,7 +343,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	if err := yaml.Unmarshal(text, &doc); err != nil {
 		return nil, fmt.Errorf("read config %s: %w", path, syntaxError(text, err))
 	}
-	v := viper.New()
+	v := viper.NewWithOptions(viper.KeyDelimiter("\x00")) // "a.b: x" is a key of its own, not a: {b: x}
 	v.SetConfigType("yaml")
 	if err := v.ReadConfig(bytes.NewReader(text)); err != nil {
 		return nil, fmt.Errorf("read config %s: %w", path, err)
@@ -766,7 +766,9 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 			}
 			fv, ok := fields[strings.ToLower(k)]
 			if !ok {
-				if near := nearestKey(strings.ToLower(k), fields); near != "" {
+				if first, _, dotted := strings.Cut(k, "."); dotted && fields[strings.ToLower(first)].IsValid() {
+					ps.add(key, "unknown key: a dotted name is not a path here; nest it under %q", first+":")
+				} else if near := nearestKey(strings.ToLower(k), fields); near != "" {
 					ps.add(key, "unknown key (did you mean %q?)", near)
 				} else {
 					ps.add(key, "unknown key")

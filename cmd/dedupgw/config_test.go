@@ -533,6 +533,13 @@ func TestProblems(t *testing.T) {
 		want []string
 	}{
 		{"unknown top-level key", "lisen: x\n" + minimal, nil, []string{`lisen: unknown key (did you mean "listen"?)`}},
+		// viper would read "store.backend: redis" as store: {backend:
+		// redis}, silently over the file's own store:.
+		{"dotted keys", "store:\n  backend: memory\nstore.backend: redis\ndefaults.window: 2h\n" + route("    signature.header: X-Sig\n"), nil, []string{
+			`defaults.window: unknown key: a dotted name is not a path here; nest it under "defaults:"`,
+			`routes[0].signature.header: unknown key: a dotted name is not a path here; nest it under "signature:"`,
+			`store.backend: unknown key: a dotted name is not a path here; nest it under "store:"`,
+		}},
 		{"unsigned timestamp header, beside another problem", "log:\n  level: loud\n" + route(`    signature:
       timestamp_header: X-Ts
 `), nil, []string{
