@@ -5,13 +5,37 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 )
 
+// The presets, as DESIGN.md and the README list them: each provider's own
+// event (or delivery) ID, nothing else.
+func TestPresetKeys(t *testing.T) {
+	tests := []struct {
+		provider string
+		want     []string
+	}{
+		{Stripe, []string{"json:id"}},
+		{Shopify, []string{"header:X-Shopify-Event-Id", "header:Shopify-Event-Id", "header:X-Shopify-Webhook-Id", "header:Shopify-Webhook-Id"}},
+		{GitHub, []string{"header:X-GitHub-Delivery"}},
+		{StandardWebhooks, []string{"header:webhook-id", "header:svix-id"}},
+		{Slack, []string{"json:event_id"}},
+		{Generic, nil},
+	}
+	for _, tt := range tests {
+		if got := PresetKeys(tt.provider); !slices.Equal(got, tt.want) {
+			t.Errorf("PresetKeys(%q): got %q, want %q", tt.provider, got, tt.want)
+		}
+	}
+}
+
 func TestNewPresets(t *testing.T) {
-	body := []byte(`{"id":"evt_1","event_id":"Ev1"}`)
+	// Shaped like the real events: other IDs beside the event's own (a
+	// Stripe event's object, a Slack event's timestamp) must not key it.
+	body := []byte(`{"id":"evt_1","object":"event","data":{"object":{"id":"cus_123"}},"event_id":"Ev1","event":{"type":"message","event_ts":"1700000000.000100"}}`)
 	tests := []struct {
 		provider string
 		keys     []string
@@ -22,7 +46,7 @@ func TestNewPresets(t *testing.T) {
 		{Stripe, nil, nil, "evt_1", ""},
 		{Shopify, nil, map[string]string{"X-Shopify-Event-Id": "se1", "X-Shopify-Webhook-Id": "sw1"}, "se1", "sw1"},
 		{Shopify, nil, map[string]string{"X-Shopify-Webhook-Id": "sw1"}, "sw1", "sw1"},
-		{GitHub, nil, map[string]string{"X-GitHub-Delivery": "gd1"}, "gd1", "gd1"},
+		{GitHub, nil, map[string]string{"X-GitHub-Hook-Id": "hook7", "X-GitHub-Delivery": "gd1"}, "gd1", "gd1"},
 		{StandardWebhooks, nil, map[string]string{"webhook-id": "msg_1", "svix-id": "msg_2"}, "msg_1", "msg_1"},
 		{StandardWebhooks, nil, map[string]string{"svix-id": "msg_2"}, "msg_2", "msg_2"},
 		{Slack, nil, nil, "Ev1", ""},
