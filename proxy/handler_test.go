@@ -106,6 +106,26 @@ func TestDeliveryTable(t *testing.T) {
 			wantUpstream: 1,
 		},
 		{
+			// A redirect is not success: the provider retries it, and the
+			// retry must reach the app.
+			name: "first delivery, upstream 3xx: key becomes failed, passed on as is",
+			handle: func(w http.ResponseWriter, _ *http.Request, _ int) {
+				w.Header().Set("Location", "/elsewhere")
+				w.WriteHeader(http.StatusFound)
+			},
+			steps: []step{
+				{body: `{"id":"evt_1"}`, wantStatus: 302, wantDedup: "forwarded"},
+				{body: `{"id":"evt_1"}`, wantStatus: 302, wantDedup: "forwarded"},
+			},
+			check: func(t *testing.T, h *harness) {
+				rec, err := h.record("orders", "evt_1")
+				if err != nil || rec.State != dedup.StateFailed || rec.LastStatus != 302 {
+					t.Errorf("record = %+v, %v; want failed with last_status 302", rec, err)
+				}
+			},
+			wantUpstream: 2,
+		},
+		{
 			name:   "retry of a failed key is forwarded again",
 			handle: failThenOK,
 			steps: []step{

@@ -153,6 +153,9 @@ func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
 		handler = ho.wrap(gw)
 	}
 	h.srv = httptest.NewServer(handler)
+	// A provider does not follow a redirect: the test sees the gateway's
+	// own answer.
+	h.srv.Client().CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	t.Cleanup(func() {
 		h.srv.Close()
 		_ = gw.Close()
