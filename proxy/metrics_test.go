@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -184,6 +185,46 @@ func TestMetricsLint(t *testing.T) {
 	for _, forbidden := range []string{"evt_1", "/hooks/"} {
 		if bytes.Contains(body, []byte(forbidden)) {
 			t.Errorf("/metrics: contains %q; labels must come from config or fixed enums", forbidden)
+		}
+	}
+}
+
+// The label values a fresh gateway exports are the contract's, spelt out
+// here rather than through the package's constants: dashboards and alerts
+// (the README's shutdown-releases alert, for one) query them by name.
+func TestMetricLabelValues(t *testing.T) {
+	h, _ := metricsHarness(t)
+	families, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{} // "metric label" → the values seen
+	for _, mf := range families {
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				k := mf.GetName() + " " + lp.GetName()
+				if !slices.Contains(got[k], lp.GetValue()) {
+					got[k] = append(got[k], lp.GetValue())
+				}
+			}
+		}
+	}
+	tests := []struct {
+		metric, label string
+		want          []string
+	}{
+		{"dedupgw_deliveries_total", "outcome", []string{"duplicate", "forwarded", "in_flight", "rejected_body", "rejected_fingerprint", "rejected_key", "rejected_signature", "store_error", "unkeyed"}},
+		{"dedupgw_releases_total", "reason", []string{"shutdown", "timeout", "upstream_error", "upstream_status"}},
+		{"dedupgw_upstream_duration_seconds", "code_class", []string{"2xx", "3xx", "4xx", "5xx", "error"}},
+		{"dedupgw_store_operation_duration_seconds", "op", []string{"claim", "commit", "forget", "get", "ping", "release"}},
+		{"dedupgw_store_errors_total", "op", []string{"claim", "commit", "forget", "get", "ping", "release"}},
+		{"dedupgw_build_info", "version", []string{"test"}},
+		{"dedupgw_build_info", "goversion", []string{runtime.Version()}},
+	}
+	for _, tt := range tests {
+		vals := slices.Sorted(slices.Values(got[tt.metric+" "+tt.label]))
+		if !slices.Equal(vals, tt.want) {
+			t.Errorf("%s{%s}: got %q, want %q", tt.metric, tt.label, vals, tt.want)
 		}
 	}
 }
