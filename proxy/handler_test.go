@@ -199,9 +199,11 @@ func TestDeliveryTable(t *testing.T) {
 				{headers: []string{"Idempotency-Key: " + strings.Repeat("k", 256)}, wantStatus: 400, wantDedup: "rejected", wantCT: problemJSON},
 				{body: `{"id":"caf\u00e9"}`, wantStatus: 400, wantDedup: "rejected"},
 				{body: `{"id":"tab\there"}`, wantStatus: 400, wantDedup: "rejected"},
+				{body: `{"id":"del\u007f"}`, wantStatus: 400, wantDedup: "rejected"},
 				{headers: []string{"Idempotency-Key: " + strings.Repeat("k", 255)}, wantStatus: 200, wantDedup: "forwarded"},
+				{body: `{"id":" edges~"}`, wantStatus: 200, wantDedup: "forwarded"}, // 0x20 and 0x7e
 			},
-			wantUpstream: 1,
+			wantUpstream: 2,
 		},
 		{
 			name: "invalid or stale signature: 401, nothing recorded",
