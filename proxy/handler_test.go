@@ -518,7 +518,7 @@ func TestInFlightWait(t *testing.T) {
 				resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
 				first <- resp
 			}()
-			<-arrived
+			recv(t, arrived, "the first delivery at the upstream")
 			second := make(chan response, 1)
 			go func() {
 				resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
@@ -533,11 +533,11 @@ func TestInFlightWait(t *testing.T) {
 			} else {
 				close(release)
 			}
-			got := <-second
+			got := recv(t, second, "the waiter's answer")
 			if tc.firstStatus == 0 {
 				close(release)
 			}
-			<-first
+			recv(t, first, "the first delivery's answer")
 			if got.Status != tc.wantStatus || got.Header.Get(HeaderDedupStatus) != tc.wantDedup {
 				t.Errorf("waiter: got %d %q, want %d %q", got.Status, got.Header.Get(HeaderDedupStatus), tc.wantStatus, tc.wantDedup)
 			}

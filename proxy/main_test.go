@@ -157,8 +157,11 @@ func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
 	// own answer.
 	h.srv.Client().CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	t.Cleanup(func() {
-		h.srv.Close()
+		// The gateway first: it cancels what still runs (a waiter, a
+		// forward held by the test's upstream), which the server's Close
+		// would wait for, when a test failed half-way.
 		_ = gw.Close()
+		h.srv.Close()
 	})
 	return h
 }
@@ -230,6 +233,20 @@ func (h *harness) try(ctx context.Context, method, path, body string, headers ..
 // record reads a key's record from the store.
 func (h *harness) record(ns, id string) (dedup.Record, error) {
 	return h.store.Get(context.Background(), dedup.Key{Namespace: ns, ID: id})
+}
+
+// recv receives from ch, failing t after 10s (a deadline, not a
+// measurement): a test that breaks fails with what it waited for instead of
+// hanging until go test's timeout.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: nothing within 10s", what)
+		panic("unreachable")
+	}
 }
 
 // waitFor polls cond every millisecond until it holds or 5s passed.
