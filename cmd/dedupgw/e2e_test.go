@@ -812,7 +812,10 @@ func TestE2ESIGTERMDrainsInFlight(t *testing.T) {
 	u.setHandler(func(w http.ResponseWriter, r *http.Request, n int) {
 		if r.Header.Get("Dedup-Key") == "orders:evt_t" && n == 1 {
 			close(arrived)
-			<-release
+			select {
+			case <-release:
+			case <-r.Context().Done(): // the test failed and killed the gateway
+			}
 		}
 		_, _ = io.WriteString(w, "processed")
 	})
@@ -862,7 +865,12 @@ func TestE2ESIGTERMDrainsInFlight(t *testing.T) {
 	}
 	close(release)
 
-	r := <-inflight
+	var r result
+	select {
+	case r = <-inflight:
+	case <-time.After(30 * time.Second):
+		t.Fatal("in-flight delivery: no answer within 30s of its release")
+	}
 	if r.err != nil {
 		t.Fatalf("in-flight delivery: %v", r.err)
 	}
