@@ -421,16 +421,15 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 	return rt, errs
 }
 
-// validName reports whether a route name is safe as a metric label value and
-
 // RedactURL returns raw, a configured upstream URL, fit for an error message
-// or a log line: its user info and query, which may hold credentials, read
-// "xxxxx". A value that does not parse is shown only when it holds neither
-// '@' nor '?'.
+// or a log line: its user info, query and fragment, which may hold
+// credentials, read "xxxxx". A value that does not parse, or holds an '@'
+// that is not user info (a URL without its "http://", "http//user:pw@…"), is
+// not shown when it holds '@', '?' or '#'.
 func RedactURL(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil {
-		if strings.ContainsAny(raw, "@?") {
+	if err != nil || u.Opaque != "" || u.User == nil && strings.Contains(raw, "@") {
+		if strings.ContainsAny(raw, "@?#") {
 			return "(not shown: it may hold credentials)"
 		}
 		return strconv.Quote(raw)
@@ -441,9 +440,13 @@ func RedactURL(raw string) string {
 	if u.RawQuery != "" {
 		u.RawQuery = "xxxxx"
 	}
+	if u.Fragment != "" {
+		u.Fragment, u.RawFragment = "xxxxx", ""
+	}
 	return strconv.Quote(u.String())
 }
 
+// validName reports whether a route name is safe as a metric label value and
 // as a path segment of the keys API.
 func validName(s string) bool {
 	for _, c := range s {

@@ -319,3 +319,24 @@ func TestLenientCheckKeepsOrdinaryPaths(t *testing.T) {
 		}
 	}
 }
+
+func TestRedactURL(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"http://app:3000/hooks", `"http://app:3000/hooks"`},
+		{"http://user:s3cret@app:3000/", `"http://xxxxx@app:3000/"`},
+		{"http://token@app/", `"http://xxxxx@app/"`},
+		{"http://app/?key=s3cret", `"http://app/?xxxxx"`},
+		{"http://app/#s3cret", `"http://app/#xxxxx"`},
+		// Mistyped: the credentials are not user info to url.Parse.
+		{"admin:s3cret@app:3000", "(not shown: it may hold credentials)"},
+		{"http//admin:s3cret@app:3000", "(not shown: it may hold credentials)"},
+		{"http://user:s3%zzcret@app/", "(not shown: it may hold credentials)"},
+		{"localhost:3000", `"localhost:3000"`},
+		{"ftp://x", `"ftp://x"`},
+	}
+	for _, tt := range tests {
+		if got := RedactURL(tt.in); got != tt.want {
+			t.Errorf("RedactURL(%q): got %s, want %s", tt.in, got, tt.want)
+		}
+	}
+}
