@@ -546,16 +546,34 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: *disk}, nil
 	}
 
-	// A key claimed now would be forwarded, and its commit could not be
-	// recorded: a copy would be forwarded again once the lease ran out, or
-	// at once after a restart. The claim fails instead, so the route's
-	// on_store_error decides (reject answers 503 and the provider retries).
-	// Only a claim that would be granted fails: a duplicate, an in-flight
-	// key or a conflict is answered as always.
-	notRecording := s.recording(ctx)
-
 	s.mu.Lock()
+	res, next, err := s.decideClaim(rk, now, opts, gen, disk)
+	if next != nil && s.journalErr.Load() != nil {
+		// A key claimed now would be forwarded, and its commit could not
+		// be recorded: a copy would be forwarded again once the lease ran
+		// out, or at once after a restart. The claim fails instead, so the
+		// route's on_store_error decides (reject answers 503 and the
+		// provider retries). Only a claim that would be granted waits for
+		// the probe; the lock is let go meanwhile, so decide again.
+		s.mu.Unlock()
+		if err := s.recording(ctx); err != nil {
+			return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", err)
+		}
+		s.mu.Lock()
+		res, next, err = s.decideClaim(rk, now, opts, gen, disk)
+	}
 	defer s.mu.Unlock()
+	if err != nil || next == nil {
+		return res, err
+	}
+	s.leases[string(rk)] = next
+	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.token, Record: next.record()}, nil
+}
+
+// decideClaim answers a claim of rk under s.mu: the result when it is not
+// granted, or the lease to grant (not yet stored). disk is the record the
+// fast path read at checkpoint generation gen.
+func (s *Store) decideClaim(rk []byte, now time.Time, opts dedup.ClaimOptions, gen uint64, disk *dedup.Record) (dedup.ClaimResult, *lease, error) {
 	next := &lease{
 		token:       dedup.NewToken(),
 		until:       now.Add(opts.Lease),
@@ -566,44 +584,41 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	}
 	if l := s.leases[string(rk)]; l != nil {
 		if opts.Conflicts(l.fingerprint) {
-			return dedup.ClaimResult{Outcome: dedup.Conflict, Record: l.record()}, nil
+			return dedup.ClaimResult{Outcome: dedup.Conflict, Record: l.record()}, nil, nil
 		}
 		if l.finishing != nil || !now.After(l.until) {
-			return dedup.ClaimResult{Outcome: dedup.InFlight, Record: l.record()}, nil
+			return dedup.ClaimResult{Outcome: dedup.InFlight, Record: l.record()}, nil, nil
 		}
 		next.firstSeen, next.attempts = l.firstSeen, l.attempts+1
 		next.lastStatus, next.lastError = l.lastStatus, l.lastError
-	} else {
-		// Read again under the lock: a commit may have landed since the fast
-		// path (a commit drops its lease only once its write is in the
-		// journal's index). It would be in that index: bbolt itself changes
-		// only by checkpoints (counted) and sweeps (which delete only what
-		// already read as expired), so without a checkpoint since, the
-		// index is all there is to read again.
-		if rec, ok, stale, rerr := s.loadRecentSince(rk, gen); stale {
-			disk, err = s.load(rk)
-		} else if ok {
-			disk, err = rec, rerr
-		}
-		if err != nil {
-			return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", err)
-		}
-		if live(disk, now) {
-			if opts.Conflicts(disk.Fingerprint) {
-				return dedup.ClaimResult{Outcome: dedup.Conflict, Record: *disk}, nil
-			}
-			if disk.State == dedup.StateProcessed {
-				return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: *disk}, nil
-			}
-			next.firstSeen, next.attempts = disk.FirstSeen, disk.Attempts+1
-			next.lastStatus, next.lastError = disk.LastStatus, disk.LastError
-		}
+		return dedup.ClaimResult{}, next, nil
 	}
-	if notRecording != nil {
-		return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", notRecording)
+	// Read again under the lock: a commit may have landed since the fast
+	// path (a commit drops its lease only once its write is in the
+	// journal's index). It would be in that index: bbolt itself changes
+	// only by checkpoints (counted) and sweeps (which delete only what
+	// already read as expired), so without a checkpoint since, the index is
+	// all there is to read again.
+	var err error
+	if rec, ok, stale, rerr := s.loadRecentSince(rk, gen); stale {
+		disk, err = s.load(rk)
+	} else if ok {
+		disk, err = rec, rerr
 	}
-	s.leases[string(rk)] = next
-	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.token, Record: next.record()}, nil
+	if err != nil {
+		return dedup.ClaimResult{}, nil, fmt.Errorf("boltstore: claim: %w", err)
+	}
+	if live(disk, now) {
+		if opts.Conflicts(disk.Fingerprint) {
+			return dedup.ClaimResult{Outcome: dedup.Conflict, Record: *disk}, nil, nil
+		}
+		if disk.State == dedup.StateProcessed {
+			return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: *disk}, nil, nil
+		}
+		next.firstSeen, next.attempts = disk.FirstSeen, disk.Attempts+1
+		next.lastStatus, next.lastError = disk.LastStatus, disk.LastError
+	}
+	return dedup.ClaimResult{}, next, nil
 }
 
 // probeEvery is how often claims journal a probe while the journal cannot

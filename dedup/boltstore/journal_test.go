@@ -1282,14 +1282,37 @@ func TestClaimFailsWhileTheJournalCannotRecord(t *testing.T) {
 	if err := receive(t, claimAsync("new"), "Claim"); err == nil || !errors.Is(err, full) {
 		t.Errorf("Claim again at once: got %v, want the journal's error", err)
 	}
-	for _, tt := range []struct {
-		id   string
-		want dedup.Outcome
-	}{{"done", dedup.Duplicate}, {"held", dedup.InFlight}} {
-		res, err := s.Claim(context.Background(), key(tt.id), dedup.ClaimOptions{Lease: time.Minute})
-		if err != nil || res.Outcome != tt.want {
-			t.Errorf("Claim %s while the journal fails: got (%v, %v), want (%v, nil)", tt.id, res.Outcome, err, tt.want)
+	// Keys not to be granted are answered as always, without a probe even
+	// when one is due (it would hold them in heldSync).
+	type answer struct {
+		outcome dedup.Outcome
+		err     error
+	}
+	for _, due := range []bool{false, true} {
+		if due {
+			clk.Advance(probeEvery)
 		}
+		for _, tt := range []struct {
+			id   string
+			want dedup.Outcome
+		}{{"done", dedup.Duplicate}, {"held", dedup.InFlight}} {
+			answered := make(chan answer, 1)
+			go func() {
+				res, err := s.Claim(context.Background(), key(tt.id), dedup.ClaimOptions{Lease: time.Minute})
+				answered <- answer{res.Outcome, err}
+			}()
+			if got := receive(t, answered, "Claim "+tt.id); got.err != nil || got.outcome != tt.want {
+				t.Errorf("Claim %s while the journal fails (probe due %v): got (%v, %v), want (%v, nil)", tt.id, due, got.outcome, got.err, tt.want)
+			}
+		}
+	}
+	// A clock stepped back does not stop the probes until it catches up.
+	clk.Advance(-time.Hour)
+	claimed = claimAsync("new")
+	receive(t, entered, "the probe's fdatasync after the clock stepped back")
+	result <- full
+	if err := receive(t, claimed, "Claim"); err == nil {
+		t.Error("Claim whose probe failed: got nil, want an error")
 	}
 
 	// A probe is due again: it is synced, and the claim granted.
