@@ -393,35 +393,50 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	return f, ps.errOrNil()
 }
 
-// maxSyntaxScanLines bounds the files syntaxError searches: it parses up to
-// one prefix per line.
-const maxSyntaxScanLines = 2000
+// syntaxError parses up to one prefix per line of a file, from the line
+// yaml.v3 names on: it searches files of at most maxSyntaxScanLines lines
+// and maxSyntaxScanBytes bytes.
+const (
+	maxSyntaxScanLines = 1000
+	maxSyntaxScanBytes = 64 << 10
+)
 
 // syntaxError returns err, the YAML syntax error of text, naming the line of
 // the mistake. yaml.v3 names the line where the enclosing block or flow
 // collection starts (or the one before): a mis-indented key deep in a route
 // is blamed on "routes:". The mistake is on the last line of the shortest
-// prefix of text that fails with exactly err's message; when no prefix does
-// (the message depends on what follows), or the file has more than
-// maxSyntaxScanLines lines, err is returned as it is.
+// prefix of text that fails with exactly err's message, and not above the
+// line yaml.v3 names. When no prefix does (the message depends on what
+// follows), for an unexpected end of the file (an unclosed quote or
+// bracket: a prefix ending inside a valid one fails the same way), or when
+// the file is too large to search, err is returned as it is.
 func syntaxError(text []byte, err error) error {
-	lines := bytes.SplitAfter(text, []byte("\n"))
-	if len(lines) > maxSyntaxScanLines {
+	msg, _ := strings.CutPrefix(err.Error(), "yaml: ")
+	named := 1
+	if after, ok := strings.CutPrefix(msg, "line "); ok {
+		if n, m, ok := strings.Cut(after, ": "); ok {
+			named, _ = strconv.Atoi(n)
+			msg = m
+		}
+	}
+	if msg == "found unexpected end of stream" || len(text) > maxSyntaxScanBytes || bytes.Count(text, []byte("\n")) >= maxSyntaxScanLines {
 		return err
 	}
 	var doc yaml.Node
-	for n := 1; n <= len(lines); n++ {
-		perr := yaml.Unmarshal(bytes.Join(lines[:n], nil), &doc)
-		if perr == nil || perr.Error() != err.Error() {
+	end, n := 0, 0 // text[:end] holds lines 1..n
+	for end < len(text) {
+		next := bytes.IndexByte(text[end:], '\n')
+		if next < 0 {
+			end = len(text)
+		} else {
+			end += next + 1
+		}
+		if n++; n < named-1 {
 			continue
 		}
-		msg, _ := strings.CutPrefix(err.Error(), "yaml: ")
-		if after, ok := strings.CutPrefix(msg, "line "); ok {
-			if _, m, ok := strings.Cut(after, ": "); ok {
-				msg = m
-			}
+		if perr := yaml.Unmarshal(text[:end], &doc); perr != nil && perr.Error() == err.Error() {
+			return fmt.Errorf("yaml: line %d: %s", n, msg)
 		}
-		return fmt.Errorf("yaml: line %d: %s", n, msg)
 	}
 	return err
 }

@@ -780,6 +780,11 @@ func TestLoadErrors(t *testing.T) {
 		{"unclosed flow list", writeConfig(t, "routes:\n  - name: a\n    keys: [a,\n      b\n    window: 1h\n"),
 			"yaml: line 4: did not find expected ',' or ']'"},
 		{"a list item after a mapping", writeConfig(t, "listen: :8080\n- name: a\n"), "yaml: line 2: did not find expected key"},
+		// yaml.v3's own message: a prefix ending inside a valid quoted
+		// string or flow list fails the same way, so none is searched.
+		{"unclosed quote", writeConfig(t, "listen: 'abc\nlog:\n  level: info\n"), "yaml: line 4: found unexpected end of stream"},
+		{"too many bytes to search", writeConfig(t, "# "+strings.Repeat("x", maxSyntaxScanBytes)+"\nroutes:\n  - name: a\n   path: /a\n"),
+			"yaml: line 2: did not find expected '-' indicator"},
 		// Too long to search: yaml.v3's own line, where routes: is.
 		{"long file", writeConfig(t, strings.Repeat("# comment\n", maxSyntaxScanLines)+"routes:\n  - name: a\n   path: /a\n"),
 			fmt.Sprintf("yaml: line %d: did not find expected '-' indicator", maxSyntaxScanLines+1)},
