@@ -637,7 +637,9 @@ func envOverrides() []envOverride {
 }
 
 // caseCollisions reports, for every mapping under n, keys that differ only
-// in case (viper would merge them), naming each by its path as Problems do.
+// in case (viper would merge them), and keys holding a NUL byte (viper's key
+// delimiter here, see Load: it would read one as a path), naming each by
+// its path as Problems do.
 func caseCollisions(n *yaml.Node, path string, ps *Problems) {
 	switch n.Kind {
 	case yaml.DocumentNode:
@@ -655,6 +657,10 @@ func caseCollisions(n *yaml.Node, path string, ps *Problems) {
 			key := k.Value
 			if path != "" {
 				key = path + "." + k.Value
+			}
+			if strings.ContainsRune(k.Value, 0) {
+				ps.add(strings.ReplaceAll(key, "\x00", `\0`), "a key must not hold a NUL byte")
+				continue
 			}
 			lower := strings.ToLower(k.Value)
 			if first, ok := seen[lower]; ok {

@@ -535,6 +535,9 @@ func TestProblems(t *testing.T) {
 		{"unknown top-level key", "lisen: x\n" + minimal, nil, []string{`lisen: unknown key (did you mean "listen"?)`}},
 		// viper would read "store.backend: redis" as store: {backend:
 		// redis}, silently over the file's own store:.
+		{"a key with a NUL byte", "store:\n  backend: memory\n\"store\\0backend\": bolt\n" + minimal, nil, []string{
+			`store\0backend: a key must not hold a NUL byte`,
+		}},
 		{"dotted keys", "store:\n  backend: memory\nstore.backend: redis\ndefaults.window: 2h\n" + route("    signature.header: X-Sig\n"), nil, []string{
 			`defaults.window: unknown key: a dotted name is not a path here; nest it under "defaults:"`,
 			`routes[0].signature.header: unknown key: a dotted name is not a path here; nest it under "signature:"`,
