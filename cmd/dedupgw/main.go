@@ -102,7 +102,9 @@ func configFlag(name string, args []string, stderr io.Writer) (string, bool) {
 
 // loadConfig loads and validates the file at path. The error is Problems when
 // the file was read but is invalid, listing every problem; a problem under
-// routes[N] names its route.
+// routes[N] names its route. The File is nil only when the file could not
+// be read or parsed: with Problems it is returned too, for its environment
+// warnings (see cmdValidate), not to be used otherwise.
 func loadConfig(path string, env func(string) (string, bool)) (*File, error) {
 	f, ps, err := checkConfig(path, env)
 	if err != nil {
@@ -110,7 +112,7 @@ func loadConfig(path string, env func(string) (string, bool)) (*File, error) {
 	}
 	if len(ps) > 0 {
 		nameRoutes(ps, f.Routes)
-		return nil, ps
+		return f, ps
 	}
 	return f, nil
 }
@@ -176,11 +178,8 @@ func cmdValidate(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return exitUsage
 	}
-	f, ps, err := checkConfig(path, os.LookupEnv)
-	if err == nil && len(ps) > 0 {
-		nameRoutes(ps, f.Routes)
-		err = ps
-	} else if err == nil {
+	f, err := loadConfig(path, os.LookupEnv)
+	if err == nil {
 		// Build the routes as serve would, so a file that validates also
 		// starts (the proxy checks what the file's schema cannot).
 		err = tryGateway(f)

@@ -427,6 +427,10 @@ func warnEviction(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
 	switch {
 	case err != nil:
 		log.Info("could not read Redis's maxmemory-policy (INFO memory); make sure it is noeviction", zap.Error(err))
+	case policy == "volatile-ttl":
+		// The README's choice when Redis must evict: the keys nearest their
+		// end go first.
+		log.Info("Redis evicts the dedup keys nearest their end first under memory pressure (maxmemory-policy volatile-ttl): each evicted processed key still lets its next copy through; noeviction avoids it")
 	case policy != "noeviction":
 		log.Warn("Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction",
 			zap.String("maxmemory_policy", policy))

@@ -247,7 +247,7 @@ func TestRedisEvictionPolicyIsWarnedAtStartUp(t *testing.T) {
 	for _, tt := range []struct {
 		policy string
 		warns  int
-	}{{"noeviction", 0}, {"allkeys-lru", 1}} {
+	}{{"noeviction", 0}, {"volatile-ttl", 0}, {"allkeys-lru", 1}} {
 		t.Run(tt.policy, func(t *testing.T) {
 			srv := redistest.StartWith(t, "--maxmemory-policy", tt.policy)
 			defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // the server's goroutines stop later, in Cleanup

@@ -350,7 +350,8 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // MaxmemoryPolicy returns the maxmemory-policy Redis reports in INFO memory:
-// on a Cluster, the first master's that is not noeviction, if any. Under
+// on a Cluster, one that is not noeviction if any master has one (which, when
+// several differ, is not defined). Under
 // memory pressure any policy but noeviction deletes keys with a TTL (every
 // key the Store writes has one), and the next copy of an evicted processed
 // event is forwarded again; noeviction makes writes fail instead, which
