@@ -926,7 +926,9 @@ func toDuration(raw any) (time.Duration, error) {
 		}
 		return 0, fmt.Errorf("invalid duration %d (want a number with a unit, e.g. \"%ds\")", x, x)
 	case float64:
-		return 0, fmt.Errorf("invalid duration %v (want a number with a unit, e.g. \"%vs\")", x, x)
+		if !math.IsInf(x, 0) && !math.IsNaN(x) {
+			return 0, fmt.Errorf("invalid duration %v (want a number with a unit, e.g. \"%vs\")", x, x)
+		}
 	}
 	return 0, fmt.Errorf("want a duration such as \"30s\", got %s", describe(raw))
 }

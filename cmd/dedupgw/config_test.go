@@ -571,6 +571,7 @@ func TestProblems(t *testing.T) {
 		{"duration without unit", route("    window: 60\n"), nil, []string{`routes[0].window: invalid duration 60 (want a number with a unit, e.g. "60s")`}},
 		{"fractional duration without unit", route("    window: 1.5\n"), nil, []string{`routes[0].window: invalid duration 1.5 (want a number with a unit, e.g. "1.5s")`}},
 		{"duration as a list", route("    window: [1, 2]\n"), nil, []string{`routes[0].window: want a duration such as "30s", got a list`}},
+		{"duration as infinity", route("    window: .inf\n"), nil, []string{`routes[0].window: want a duration such as "30s", got +Inf`}},
 		{"duration as a boolean", route("    lease: true\n"), nil, []string{`routes[0].lease: want a duration such as "30s", got true`}},
 		{"bad integer", route("    max_body_bytes: lots\n"), nil, []string{`routes[0].max_body_bytes: invalid integer "lots"`}},
 		{"bad bool", "admin:\n  insecure: maybe\n" + minimal, nil, []string{`admin.insecure: invalid boolean "maybe" (want true or false)`}},
