@@ -309,7 +309,7 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	if unclean {
 		// The leases of the deliveries then in flight were in memory only.
-		s.log.Warn("the last run did not close the file (a crash, kill -9, power loss or a failed final checkpoint): deliveries that were in flight then are claimable at once, so their next copies are forwarded")
+		s.log.Warn("the last run did not close the file (a crash, kill -9, power loss or a failed final checkpoint): deliveries in flight at that moment, if any, are claimable at once, so their next copies are forwarded")
 	}
 	if s.sweepBatch <= 0 {
 		s.sweepBatch = DefaultSweepBatch

@@ -1414,6 +1414,27 @@ func TestOpenNamesAnUncleanStop(t *testing.T) {
 	if n != 0 {
 		t.Errorf("Open after a clean close of the recovered file: got %d unclean-stop warnings, want 0", n)
 	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// An Open that fails (a journal file of an unknown version beside the
+	// file) leaves it as it was: closed cleanly.
+	bad := append([]byte(segmentMagic), 0, 0, 0, 9)
+	if err := os.WriteFile(slotPath(killed, 7), append(bad, make([]byte, 64)...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := Open(killed, Options{SweepInterval: -1}); err == nil {
+		_ = s.Close()
+		t.Fatal("Open beside a version 9 journal file: got nil error, want one")
+	}
+	if err := os.Remove(slotPath(killed, 7)); err != nil {
+		t.Fatal(err)
+	}
+	c, n = open(killed)
+	if n != 0 {
+		t.Errorf("Open after an Open that failed: got %d unclean-stop warnings, want 0", n)
+	}
 	_ = c.Close()
 }
 
