@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"path"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -155,9 +154,6 @@ type admin struct {
 	log      *zap.Logger
 	tokenSum []byte // SHA-256 of the token; nil when /v1 is open
 	anyHost  bool   // see AdminOptions.AnyHost
-	// unready is set while the store fails readiness's ping, so that the
-	// recovery is logged once.
-	unready atomic.Bool
 }
 
 func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
@@ -168,12 +164,12 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
 	if err := a.store.Ping(ctx); err != nil {
-		a.unready.Store(true)
+		a.g.unready.Store(true)
 		a.log.Warn("not ready: the store failed its ping", zap.Error(err))
 		writeProblem(w, probNotReady.with("", "the dedup store failed its ping (unreachable, or on bolt a disk that cannot record); the gateway's log says why"), 0)
 		return
 	}
-	if a.unready.Swap(false) {
+	if a.g.unready.Swap(false) {
 		a.log.Info("ready again: the store answers its ping")
 	}
 	writeJSON(w, http.StatusOK, "application/json", map[string]string{"status": "ready"})

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,7 +66,15 @@ func TestReadinessLogsTheRecovery(t *testing.T) {
 	t.Cleanup(func() { _ = ms.Close() })
 	fs := &flakyStore{Store: ms}
 	gw, _, logs := observedGateway(t, fs, genericRoute("orders", "/hooks/*", "http://127.0.0.1:1"))
-	srv := httptest.NewServer(NewAdmin(gw, fs, AdminOptions{}))
+	// A reload that changes admin.token builds a new admin handler: the
+	// recovery is logged whichever handler sees it.
+	var handler atomic.Pointer[http.Handler]
+	newAdmin := func() {
+		h := NewAdmin(gw, fs, AdminOptions{})
+		handler.Store(&h)
+	}
+	newAdmin()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) }))
 	t.Cleanup(srv.Close)
 	const failed, back = "not ready: the store failed its ping", "ready again: the store answers its ping"
 	for i, step := range []struct {
@@ -75,7 +84,7 @@ func TestReadinessLogsTheRecovery(t *testing.T) {
 	}{
 		{false, 200, nil},
 		{true, 503, []string{failed}},
-		{true, 503, []string{failed}},
+		{true, 503, []string{failed}}, // then a new handler
 		{false, 200, []string{back}},
 		{false, 200, nil},
 	} {
@@ -94,6 +103,9 @@ func TestReadinessLogsTheRecovery(t *testing.T) {
 		}
 		if !slices.Equal(got, step.logs) {
 			t.Errorf("probe %d: got log lines %q, want %q", i, got, step.logs)
+		}
+		if i == 2 {
+			newAdmin()
 		}
 	}
 }

@@ -89,6 +89,10 @@ type Gateway struct {
 	closed bool
 	// draining is set by Drain: /readyz answers 503 from then on.
 	draining atomic.Bool
+	// unready is set while the store fails /readyz's ping, so that the
+	// recovery is logged once. The Gateway keeps it: an admin handler is
+	// rebuilt when a reload changes admin.token.
+	unready atomic.Bool
 	active   sync.WaitGroup // deliveries being served
 	closeMu  sync.Once
 	// reading are the bodies being read, writing the large replayed answers
