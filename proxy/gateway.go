@@ -93,8 +93,8 @@ type Gateway struct {
 	// recovery is logged once. The Gateway keeps it: an admin handler is
 	// rebuilt when a reload changes admin.token.
 	unready atomic.Bool
-	active   sync.WaitGroup // deliveries being served
-	closeMu  sync.Once
+	active  sync.WaitGroup // deliveries being served
+	closeMu sync.Once
 	// reading are the bodies being read, writing the large replayed answers
 	// being written; Close cuts both short.
 	reading, writing ioCuts
