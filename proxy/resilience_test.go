@@ -184,6 +184,34 @@ func TestDeliveryLogLine(t *testing.T) {
 	}
 }
 
+// Every line about a delivery, not only the delivery line, leaves out a
+// request ID the provider did not send. (An operator trial found
+// request_id "" on the store-error lines.)
+func TestLogLinesLeaveOutAnEmptyRequestID(t *testing.T) {
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	defer mem.Close()
+	fs := &flakyStore{Store: mem}
+	fs.down.Store(true)
+	orders := genericRoute("orders", "/hooks/orders", "http://127.0.0.1:1")
+	orders.OnStoreError = Reject
+	gh := genericRoute("github", "/hooks/github", "http://127.0.0.1:1")
+	gh.Provider = providers.Config{Provider: providers.GitHub}
+	gh.OnStoreError = Reject
+	_, srv, logs := observedGateway(t, fs, orders, gh)
+
+	post(t, srv, "/hooks/orders", `{"id":"evt_1"}`)
+	post(t, srv, "/hooks/github", `{}`, "X-GitHub-Delivery: d-9")
+	lines := logs.FilterMessage("store unavailable: delivery rejected").All()
+	if len(lines) != 2 {
+		t.Fatalf("got %d store-unavailable lines, want 2", len(lines))
+	}
+	for i, want := range []any{nil, "d-9"} {
+		if got := lines[i].ContextMap()["request_id"]; got != want {
+			t.Errorf("line %d: got request_id %v, want %v", i, got, want)
+		}
+	}
+}
+
 // TestWaitAcrossReplicas: two gateways share one store; a duplicate reaching
 // replica B while replica A forwards waits for A's result.
 func TestWaitAcrossReplicas(t *testing.T) {
