@@ -423,15 +423,16 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 
 // RedactURL returns raw, a configured upstream URL, fit for an error message
 // or a log line: its user info, query and fragment, which may hold
-// credentials, read "xxxxx". A value that does not parse, or holds an '@'
-// that is not user info (a URL without its "http://", "http//user:pw@…"), is
-// not shown when it holds '@', '?' or '#'.
+// credentials, read "xxxxx". A value that does not parse, is opaque (but
+// for host:port), or holds an '@' that is not user info, is not shown.
 func RedactURL(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil || u.Opaque != "" || u.User == nil && strings.Contains(raw, "@") {
-		if strings.ContainsAny(raw, "@?#") {
-			return "(not shown: it may hold credentials)"
-		}
+	if err != nil || u.Opaque != "" && strings.Trim(u.Opaque, "0123456789") != "" || u.User == nil && strings.Contains(raw, "@") {
+		// A mistyped URL often holds a password where url.Parse sees none
+		// ("http://admin:s3cret", a port): show none of it.
+		return "(not shown: it may hold credentials)"
+	}
+	if u.Opaque != "" { // host:port without a scheme
 		return strconv.Quote(raw)
 	}
 	if u.User != nil {

@@ -332,6 +332,9 @@ func TestRedactURL(t *testing.T) {
 		{"http//admin:s3cret@app:3000", "(not shown: it may hold credentials)"},
 		{"http://user:s3%zzcret@app/", "(not shown: it may hold credentials)"},
 		{"localhost:3000", `"localhost:3000"`},
+		{"http://admin:s3cret", "(not shown: it may hold credentials)"},
+		{"admin:s3cret", "(not shown: it may hold credentials)"},
+		{"http://admin:s3cret\"app:3000/", "(not shown: it may hold credentials)"},
 		{"ftp://x", `"ftp://x"`},
 	}
 	for _, tt := range tests {
