@@ -216,21 +216,7 @@ func TestUnreachableStoreIsReportedAtStartUp(t *testing.T) {
 	closed := httptest.NewServer(http.NotFoundHandler())
 	addr := closed.Listener.Addr().String()
 	closed.Close() // nothing listens there now
-	cfg := filepath.Join(t.TempDir(), "config.yaml")
-	writeFileAtomic(t, cfg, fmt.Sprintf(`listen: 127.0.0.1:0
-admin:
-  listen: 127.0.0.1:0
-store:
-  backend: redis
-  redis:
-    addrs: [%q]
-routes:
-  - name: orders
-    path: /hooks/orders
-    upstream: http://127.0.0.1:1
-    keys: ["header:Idempotency-Key"]
-`, addr))
-	p := startInProcess(t, cfg)
+	p := startInProcess(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{addr}}))
 	warn := p.logs.FilterMessage("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers").All()
 	if len(warn) != 1 || !strings.Contains(fmt.Sprint(warn[0].ContextMap()["error"]), "connection refused") {
 		t.Errorf("got start-up warnings %v, want one naming the connection error", warn)
@@ -251,21 +237,7 @@ func TestRedisEvictionPolicyIsWarnedAtStartUp(t *testing.T) {
 		t.Run(tt.policy, func(t *testing.T) {
 			srv := redistest.StartWith(t, "--maxmemory-policy", tt.policy)
 			defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // the server's goroutines stop later, in Cleanup
-			cfg := filepath.Join(t.TempDir(), "config.yaml")
-			writeFileAtomic(t, cfg, fmt.Sprintf(`listen: 127.0.0.1:0
-admin:
-  listen: 127.0.0.1:0
-store:
-  backend: redis
-  redis:
-    addrs: [%q]
-routes:
-  - name: orders
-    path: /hooks/orders
-    upstream: http://127.0.0.1:1
-    keys: ["header:Idempotency-Key"]
-`, srv.Addr()))
-			p := startInProcess(t, cfg)
+			p := startInProcess(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}))
 			warn := p.logs.FilterMessage(warning).All()
 			if len(warn) != tt.warns || tt.warns > 0 && warn[0].ContextMap()["maxmemory_policy"] != tt.policy {
 				t.Errorf("got start-up warnings %v, want %d naming %s", warn, tt.warns, tt.policy)
