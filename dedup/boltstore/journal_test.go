@@ -1385,6 +1385,17 @@ func TestOpenNamesAnUncleanStop(t *testing.T) {
 		}
 		return s, logs.FilterMessageSnippet(unclean).Len()
 	}
+	// reopen opens path, wants want unclean-stop warnings, and closes it.
+	reopen := func(path string, want int, after string) {
+		t.Helper()
+		s, n := open(path)
+		if n != want {
+			t.Errorf("Open after %s: got %d unclean-stop warnings, want %d", after, n, want)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	path := filepath.Join(t.TempDir(), "dedup.db")
 	s, n := open(path)
 	if n != 0 {
@@ -1395,28 +1406,9 @@ func TestOpenNamesAnUncleanStop(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s, n = open(path)
-	if n != 0 {
-		t.Errorf("Open after Close: got %d unclean-stop warnings, want 0", n)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-
-	c, n := open(killed)
-	if n != 1 {
-		t.Errorf("Open after kill -9: got %d unclean-stop warnings, want 1", n)
-	}
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	c, n = open(killed)
-	if n != 0 {
-		t.Errorf("Open after a clean close of the recovered file: got %d unclean-stop warnings, want 0", n)
-	}
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
+	reopen(path, 0, "Close")
+	reopen(killed, 1, "kill -9")
+	reopen(killed, 0, "a clean close of the recovered file")
 
 	// An Open that fails (a journal file of an unknown version beside the
 	// file) leaves it as it was: closed cleanly.
@@ -1431,11 +1423,7 @@ func TestOpenNamesAnUncleanStop(t *testing.T) {
 	if err := os.Remove(slotPath(killed, 7)); err != nil {
 		t.Fatal(err)
 	}
-	c, n = open(killed)
-	if n != 0 {
-		t.Errorf("Open after an Open that failed: got %d unclean-stop warnings, want 0", n)
-	}
-	_ = c.Close()
+	reopen(killed, 0, "an Open that failed")
 }
 
 // craftedSegment is a segment of testOwner whose entry after the first
