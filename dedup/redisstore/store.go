@@ -335,27 +335,31 @@ func (s *Store) Ping(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
 	}
-	var err error
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return c.Ping(ctx).Err()
-		})
-	} else {
-		err = s.client.Ping(ctx).Err()
-	}
+	err := s.eachMaster(ctx, func(ctx context.Context, c redis.Cmdable) error {
+		return c.Ping(ctx).Err()
+	})
 	if err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
 	}
 	return nil
 }
 
+// eachMaster calls fn with the node, the Sentinel master, or each Cluster
+// master (concurrently), and returns the first error.
+func (s *Store) eachMaster(ctx context.Context, fn func(context.Context, redis.Cmdable) error) error {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return fn(ctx, c) })
+	}
+	return fn(ctx, s.client)
+}
+
 // MaxmemoryPolicy returns the maxmemory-policy Redis reports in INFO memory:
-// on a Cluster, one that is not noeviction if any master has one (which, when
-// several differ, is not defined). Under
-// memory pressure any policy but noeviction deletes keys with a TTL (every
-// key the Store writes has one), and the next copy of an evicted processed
-// event is forwarded again; noeviction makes writes fail instead, which
-// the gateway's on_store_error decides.
+// on a Cluster, one that is not noeviction if any master has one (which,
+// when several differ, is not defined). Under memory pressure any policy but
+// noeviction deletes keys with a TTL (every key the Store writes has one),
+// and the next copy of an evicted processed event is forwarded again;
+// noeviction makes writes fail instead, which the gateway's on_store_error
+// decides.
 func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 	if s.closed.Load() {
 		return "", dedup.ErrClosed
@@ -381,13 +385,7 @@ func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 		}
 		return errors.New("INFO memory has no maxmemory_policy")
 	}
-	var err error
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return read(ctx, c) })
-	} else {
-		err = read(ctx, s.client)
-	}
-	if err != nil {
+	if err := s.eachMaster(ctx, read); err != nil {
 		return "", fmt.Errorf("redisstore: maxmemory-policy: %w", err)
 	}
 	return policy, nil
