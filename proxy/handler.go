@@ -434,9 +434,7 @@ func (g *Gateway) finish(d *delivery) {
 	if d.keyed {
 		fields = append(fields, keyField(d.clientKey))
 	}
-	if d.requestID != "" {
-		fields = append(fields, requestIDField(d.requestID))
-	}
+	fields = append(fields, requestIDField(d.requestID))
 	if d.forwarded && d.upstreamStatus != 0 { // 0: no answer, upstream_error says why
 		fields = append(fields, zap.Int("upstream_status", d.upstreamStatus))
 	}
