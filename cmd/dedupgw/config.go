@@ -393,9 +393,9 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	return f, ps.errOrNil()
 }
 
-// syntaxError parses up to one prefix per line of a file, from the line
-// yaml.v3 names on: it searches files of at most maxSyntaxScanLines lines
-// and maxSyntaxScanBytes bytes.
+// maxSyntaxScanLines and maxSyntaxScanBytes bound the files syntaxError
+// searches: it parses up to one prefix per line, from the line yaml.v3
+// names on.
 const (
 	maxSyntaxScanLines = 1000
 	maxSyntaxScanBytes = 64 << 10
