@@ -229,6 +229,10 @@ type Store struct {
 	// fdatasync; tests replace it before the first write.
 	syncFile func(*os.File) error
 
+	// probed, when set (by tests), runs after a Claim's probe found that
+	// the journal records, before the claim is decided again.
+	probed func()
+
 	// onSweepTx, when set (by measurements), receives how long each sweep
 	// transaction's deletes took, before its commit and fsync.
 	onSweepTx func(time.Duration)
@@ -559,8 +563,17 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		if err := s.recording(ctx); err != nil {
 			return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", err)
 		}
+		if s.probed != nil {
+			s.probed()
+		}
 		s.mu.Lock()
 		res, next, err = s.decideClaim(rk, now, opts, gen, disk)
+		// The journal may have failed again since the probe; a grant now
+		// would be just as unrecordable.
+		if f := s.journalErr.Load(); next != nil && f != nil {
+			s.mu.Unlock()
+			return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: commits cannot be recorded: %w", f.err)
+		}
 	}
 	defer s.mu.Unlock()
 	if err != nil || next == nil {

@@ -1335,6 +1335,57 @@ func TestClaimFailsWhileTheJournalCannotRecord(t *testing.T) {
 	}
 }
 
+// A journal that fails again between a claim's successful probe and its
+// decision fails that claim too: the probe found the disk recording, but the
+// key would be forwarded now, when its commit cannot be recorded.
+func TestClaimFailsWhenTheJournalFailsAfterItsProbe(t *testing.T) {
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	s, _ := openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1})
+	t.Cleanup(func() { _ = s.Close() })
+	entered, result := heldSync(t, s)
+	key := func(id string) dedup.Key { return dedup.Key{Namespace: "n", ID: id} }
+	full := errors.New("no space left on device")
+
+	held := claim(t, s, key("held"))
+	claimCommit(t, s, key("done"), time.Hour)
+	receive(t, entered, "the commit's fdatasync")
+	result <- full
+	eventually(t, "the failure noted", func() bool { return s.journalErr.Load() != nil })
+
+	probed, resume := make(chan struct{}), make(chan struct{})
+	var resumeOnce sync.Once
+	t.Cleanup(func() { resumeOnce.Do(func() { close(resume) }) }) // before Close
+	s.probed = func() {
+		probed <- struct{}{}
+		<-resume
+	}
+	clk.Advance(probeEvery)
+	claimed := make(chan error, 1)
+	go func() {
+		res, err := s.Claim(context.Background(), key("new"), dedup.ClaimOptions{Lease: time.Minute})
+		if err == nil {
+			err = fmt.Errorf("outcome %v", res.Outcome)
+		}
+		claimed <- err
+	}()
+	receive(t, entered, "the probe's fdatasync")
+	result <- nil
+	receive(t, probed, "the probe's end")
+	// Now the disk fails again: the held key's commit cannot be synced.
+	committed := make(chan error, 1)
+	go func() {
+		committed <- s.Commit(context.Background(), key("held"), held.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+	}()
+	receive(t, entered, "the held commit's fdatasync")
+	result <- full
+	receive(t, committed, "Commit") // answered once journaled, synced after
+	eventually(t, "the new failure noted", func() bool { return s.journalErr.Load() != nil })
+	resumeOnce.Do(func() { close(resume) })
+	if err := receive(t, claimed, "Claim"); !errors.Is(err, full) {
+		t.Errorf("Claim of a new key when the journal failed after its probe: got %v, want %v", err, full)
+	}
+}
+
 // A journal file that cannot be created gives its number back: on a full
 // disk every write tries a new file, and the names counted up without end
 // (an operator trial saw journal.4065 beside journal.0).
