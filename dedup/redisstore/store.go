@@ -354,8 +354,8 @@ func (s *Store) eachMaster(ctx context.Context, fn func(context.Context, redis.C
 }
 
 // MaxmemoryPolicy returns the maxmemory-policy Redis reports in INFO memory:
-// on a Cluster, one that is not noeviction if any master has one (which,
-// when several differ, is not defined). Under memory pressure any policy but
+// on a Cluster, the worst among the masters' (any policy that evicts keys
+// regardless of their TTL, then volatile-ttl, then noeviction). Under memory pressure any policy but
 // noeviction deletes keys with a TTL (every key the Store writes has one),
 // and the next copy of an evicted processed event is forwarded again;
 // noeviction makes writes fail instead, which the gateway's on_store_error
@@ -377,8 +377,8 @@ func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 			if v, ok := strings.CutPrefix(line, "maxmemory_policy:"); ok {
 				mu.Lock()
 				defer mu.Unlock()
-				if policy == "" || policy == "noeviction" {
-					policy = strings.TrimSpace(v)
+				if v = strings.TrimSpace(v); policy == "" || evictionRank(v) > evictionRank(policy) {
+					policy = v
 				}
 				return nil
 			}
@@ -389,6 +389,19 @@ func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("redisstore: maxmemory-policy: %w", err)
 	}
 	return policy, nil
+}
+
+// evictionRank orders maxmemory policies by the harm they may do to the
+// Store's keys: none (noeviction), the keys nearest their end
+// (volatile-ttl), any key.
+func evictionRank(policy string) int {
+	switch policy {
+	case "noeviction":
+		return 0
+	case "volatile-ttl":
+		return 1
+	}
+	return 2
 }
 
 // Close implements dedup.Store. Later calls return dedup.ErrClosed. Calls

@@ -260,4 +260,18 @@ func TestMaxmemoryPolicy(t *testing.T) {
 			t.Errorf("%s: got (%q, %v), want (%q, nil)", tt.name, got, err, tt.want)
 		}
 	}
+
+	// With mixed policies the worst is reported, whichever master answers
+	// first (they are read concurrently: ask a few times).
+	first := redis.NewClient(&redis.Options{Addr: cl.Addrs()[0]})
+	defer first.Close()
+	if err := first.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, redisstore.Config{Addrs: cl.Addrs()}, nil)
+	for range 20 {
+		if got, err := s.MaxmemoryPolicy(ctx); err != nil || got != "allkeys-lru" {
+			t.Fatalf("a cluster with a volatile-ttl and an allkeys-lru master: got (%q, %v), want (%q, nil)", got, err, "allkeys-lru")
+		}
+	}
 }
