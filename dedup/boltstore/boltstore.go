@@ -190,6 +190,8 @@ type Store struct {
 	recent   map[string]recentEntry
 	// checkpoints counts checkpoints that moved entries out of recent.
 	checkpoints atomic.Uint64
+	// checkpointFailures counts checkpoints that failed (see Stats).
+	checkpointFailures atomic.Uint64
 
 	// sealed are journal segments waiting for a checkpoint, oldest first.
 	sealedMu     sync.Mutex
@@ -862,6 +864,29 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 		return false, fmt.Errorf("boltstore: forget: %w", err)
 	}
 	return existed, nil
+}
+
+// Stats is a snapshot of a Store's journal, for metrics.
+type Stats struct {
+	// BacklogBytes is the size of the sealed journal files waiting for a
+	// checkpoint. Past MaxBacklogBytes, journal writes (commits) wait for
+	// the checkpointer.
+	BacklogBytes, MaxBacklogBytes int64
+	// CheckpointFailures counts failed checkpoints since Open; each is
+	// retried a second later, and the journal keeps the writes meanwhile.
+	CheckpointFailures uint64
+}
+
+// Stats returns the journal's backlog and checkpoint failures. It is cheap,
+// and answers after Close too.
+func (s *Store) Stats() Stats {
+	s.sealedMu.Lock()
+	defer s.sealedMu.Unlock()
+	return Stats{
+		BacklogBytes:       s.backlog,
+		MaxBacklogBytes:    s.maxBacklog,
+		CheckpointFailures: s.checkpointFailures.Load(),
+	}
 }
 
 // Ping implements dedup.Store: nil when the file can be read and the journal

@@ -28,6 +28,7 @@ func (s *Store) checkpointLoop() {
 		}
 		retry = nil
 		if err := s.checkpoint(); err != nil {
+			s.checkpointFailures.Add(1)
 			s.log.Warn("checkpoint failed; the journal keeps the writes", zap.Error(err))
 			retry = time.After(checkpointRetry)
 		}

@@ -332,6 +332,39 @@ func TestJournalBacklogHoldsWrites(t *testing.T) {
 	}
 }
 
+// Stats shows a checkpointer that cannot write bbolt: the failures count up
+// and the journal's backlog stays.
+func TestStatsShowFailingCheckpoints(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTemp(t, Options{CheckpointInterval: -1, SweepInterval: -1})
+	t.Cleanup(func() { _ = s.Close() }) // its last checkpoint fails too
+	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "a"}, time.Hour)
+	if _, err := s.Sweep(ctx); err != nil { // checkpoints
+		t.Fatal(err)
+	}
+	if got := s.Stats(); got.BacklogBytes != 0 || got.CheckpointFailures != 0 || got.MaxBacklogBytes != maxBacklogBytes {
+		t.Fatalf("Stats after a checkpoint: got %+v, want no backlog, no failures, max %d", got, maxBacklogBytes)
+	}
+
+	kb := dedup.Key{Namespace: "n", ID: "b"}
+	res := claim(t, s, kb)
+	// bbolt refuses every transaction from now on; the journal still
+	// records.
+	if err := s.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(ctx, kb, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	if err := s.send(ctx, &writeReq{seal: true, durable: true, done: make(chan error, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a failed checkpoint counted", func() bool { return s.Stats().CheckpointFailures > 0 })
+	if got := s.Stats(); got.BacklogBytes <= 0 {
+		t.Errorf("Stats while checkpoints fail: got backlog %d bytes, want > 0", got.BacklogBytes)
+	}
+}
+
 // ownerOf returns the owner a segment file's header names.
 func ownerOf(b []byte) journalOwner {
 	return journalOwner{id: binary.BigEndian.Uint64(b[16:])}
