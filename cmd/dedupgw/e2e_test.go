@@ -798,10 +798,16 @@ func TestE2EReloadOnSIGHUP(t *testing.T) {
 	for series, want := range map[string]string{
 		`dedupgw_config_reloads_total{result="success"}`: "1",
 		`dedupgw_config_reloads_total{result="failure"}`: "2",
+		// bolt's own series (the file is bolt), not rebuilt by reloads
+		`dedupgw_bolt_checkpoint_failures_total`:   "0",
+		`dedupgw_bolt_journal_backlog_limit_bytes`: "6.7108864e+07",
 	} {
 		if got := metricValue(t, g, series); got != want {
 			t.Errorf("%s: got %q, want %q", series, got, want)
 		}
+	}
+	if got := metricValue(t, g, "dedupgw_bolt_journal_backlog_bytes"); got == "" {
+		t.Error("dedupgw_bolt_journal_backlog_bytes: got no sample, want one")
 	}
 }
 
