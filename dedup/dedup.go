@@ -43,6 +43,12 @@ var (
 	ErrNotOwner = errors.New("dedup: not the owner of the key")
 	// ErrClosed is returned by operations on a closed Store.
 	ErrClosed = errors.New("dedup: store closed")
+	// ErrNotReplicated is returned (wrapped) by a Store that waits for its
+	// replicas (redisstore with WaitReplicas) when too few acknowledged a
+	// write in time. A Claim that returns it holds nothing: its write was
+	// undone. A Commit that returns it is recorded on the primary only, and
+	// a failover now would lose it.
+	ErrNotReplicated = errors.New("dedup: not acknowledged by enough replicas")
 )
 
 // Key identifies one event within one route namespace. Backends store it as

@@ -93,6 +93,9 @@ type claimCall struct {
 	claim   string // the claim part (body SHA-256, fingerprint)
 	bind    string // the fingerprint field to bind the key to, or ""
 	opts    dedup.ClaimOptions
+	// waitErr is the replicas' verdict on the last command sent for the
+	// claim (see pipeliner.runWaited): nil when enough acknowledged it.
+	waitErr error
 }
 
 // ttlMS is the Redis TTL of a new processing record: the lease plus the grace
@@ -105,7 +108,9 @@ func (c *claimCall) ttlMS() int64 { return c.leaseMS + leaseGrace.Milliseconds()
 func (s *Store) claimFast(ctx context.Context, c *claimCall) (dedup.ClaimResult, bool, error) {
 	leaseUntil := c.now + c.leaseMS
 	value := newRecord(c.now, leaseUntil, c.token, c.claim)
-	old, err := s.pipe.command(ctx, "set", c.key, value, "nx", "get", "px", c.ttlMS()).Result()
+	cmd, waitErr := s.pipe.commandWaited(ctx, "set", c.key, value, "nx", "get", "px", c.ttlMS())
+	c.waitErr = waitErr
+	old, err := cmd.Result()
 	if errors.Is(err, redis.Nil) {
 		// The key was absent: it now holds value. This is the record
 		// decodeRecord(value) returns, built without parsing.
@@ -318,10 +323,12 @@ func (s *Store) fastPathOff(err error) {
 
 // claimScript runs c with claim.lua.
 func (s *Store) claimScript(ctx context.Context, c *claimCall) (dedup.ClaimResult, error) {
-	reply, err := s.pipe.run(ctx, claimScript, c.key,
+	cmd, waitErr := s.pipe.runWaited(ctx, claimScript, c.key,
 		c.now, base36(c.now), base36(c.now+c.leaseMS),
 		c.ttlMS(), c.token, c.claim, c.bind,
-	).Slice()
+	)
+	c.waitErr = waitErr
+	reply, err := cmd.Slice()
 	if err != nil {
 		return dedup.ClaimResult{}, err
 	}

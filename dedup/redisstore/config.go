@@ -3,6 +3,7 @@ package redisstore
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -14,6 +15,7 @@ const (
 	DefaultDialTimeout  = 2 * time.Second
 	DefaultReadTimeout  = time.Second
 	DefaultWriteTimeout = time.Second
+	DefaultWaitTimeout  = 100 * time.Millisecond
 )
 
 // Config is the plain-data description of the Redis deployment, the
@@ -54,6 +56,25 @@ type Config struct {
 	// (see pipeliner), which go-redis sends on its separate pipeline pool,
 	// at most two at once per node; this pool serves the rest (Ping).
 	PoolSize int
+	// WaitReplicas, when positive, makes every claim and commit wait (Redis
+	// WAIT, in the same pipeline) until that many replicas acknowledged it,
+	// for at most WaitTimeout. A claim too few acknowledged is undone and
+	// fails, and a commit fails, both with dedup.ErrNotReplicated: a
+	// Sentinel failover then cannot lose a claim or commit the gateway acted
+	// on without its saying so. Single node or Sentinel only (a Cluster
+	// routes WAIT to no particular shard). Zero means no waiting.
+	WaitReplicas int
+	// WaitTimeout bounds that wait. Zero means DefaultWaitTimeout (100ms);
+	// it must stay below ReadTimeout.
+	WaitTimeout time.Duration
+}
+
+// waitTimeout is WaitTimeout with its default.
+func (c Config) waitTimeout() time.Duration {
+	if c.WaitTimeout == 0 {
+		return DefaultWaitTimeout
+	}
+	return c.WaitTimeout
 }
 
 // validate checks Config before a client is built.
@@ -74,6 +95,19 @@ func (c Config) validate() error {
 	}
 	if c.PoolSize < 0 {
 		return errors.New("redisstore: pool_size: must not be negative")
+	}
+	switch {
+	case c.WaitReplicas < 0:
+		return errors.New("redisstore: wait_replicas: must not be negative")
+	case c.WaitReplicas > 0 && c.mode() == "cluster":
+		return errors.New("redisstore: wait_replicas: a Cluster (several addrs) routes WAIT to no particular shard; use it with a single node or Sentinel")
+	case c.WaitTimeout < 0:
+		return errors.New("redisstore: wait_timeout: must not be negative")
+	case c.WaitTimeout > 0 && c.WaitTimeout < time.Millisecond:
+		return errors.New("redisstore: wait_timeout: must be at least 1ms (WAIT counts milliseconds; 0 would wait for ever)")
+	}
+	if read := c.universalOptions().ReadTimeout; c.WaitReplicas > 0 && read > 0 && c.waitTimeout() >= read {
+		return fmt.Errorf("redisstore: wait_timeout: %s must be below the read timeout (%s), which would cut the wait off", c.waitTimeout(), read)
 	}
 	return nil
 }

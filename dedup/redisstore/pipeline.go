@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -54,6 +55,11 @@ import (
 //     by sending it again whole; the scripts make that safe too. On a
 //     Cluster, go-redis splits a pipeline per node and follows MOVED and ASK
 //     per command; behind Sentinel it follows the current master.
+//   - With replicas to wait for (Config.WaitReplicas), a pipeline holding a
+//     write (anything but GET) ends with WAIT, on the same connection: it
+//     waits until the replicas acknowledged every write before it, and one
+//     WAIT serves the whole batch. Each write's caller learns whether enough
+//     replicas acknowledged it (see runWaited).
 //   - Hooks see one ProcessPipelineHook call per batch, no ProcessHook.
 //   - close refuses new commands (dedup.ErrClosed), lets the workers send
 //     every command already queued and waits until all pipelines, the
@@ -61,6 +67,9 @@ import (
 type pipeliner struct {
 	client   redis.UniversalClient
 	maxBatch int
+	// waitReplicas, when positive, ends each pipeline holding a write with
+	// WAIT waitReplicas waitTimeoutMS.
+	waitReplicas, waitTimeoutMS int64
 
 	mu     sync.Mutex
 	cond   sync.Cond // workers wait for queued commands and a free slot, or closed
@@ -96,7 +105,16 @@ type op struct {
 
 	cmd  *redis.Cmd       // the script's reply
 	str  *redis.StringCmd // the plain command's reply
-	done chan struct{}    // one value when cmd or str is final
+	// waitErr is non-nil when the pipeline's WAIT found too few replicas
+	// acknowledged this write (it wraps dedup.ErrNotReplicated).
+	waitErr error
+	done    chan struct{} // one value when cmd or str is final
+}
+
+// writes reports whether o may write: every script, and every plain command
+// but GET.
+func (o *op) writes() bool {
+	return o.script != nil || len(o.args) == 0 || o.args[0] != "get"
 }
 
 // opPool recycles ops whose callers received their replies. An op whose
@@ -129,9 +147,11 @@ func (o *op) fail(err error) {
 }
 
 // newPipeliner starts inFlight workers sending commands on client in
-// pipelines of at most maxBatch commands.
-func newPipeliner(client redis.UniversalClient, inFlight, maxBatch int) *pipeliner {
-	p := &pipeliner{client: client, maxBatch: max(maxBatch, 1), free: max(inFlight, 1)}
+// pipelines of at most maxBatch commands, each holding a write followed by
+// WAIT waitReplicas when that is positive.
+func newPipeliner(client redis.UniversalClient, inFlight, maxBatch, waitReplicas int, waitTimeout time.Duration) *pipeliner {
+	p := &pipeliner{client: client, maxBatch: max(maxBatch, 1), free: max(inFlight, 1),
+		waitReplicas: int64(waitReplicas), waitTimeoutMS: waitTimeout.Milliseconds()}
 	p.cond.L = &p.mu
 	for range max(inFlight, 1) {
 		p.workers.Go(p.work)
@@ -143,15 +163,23 @@ func newPipeliner(client redis.UniversalClient, inFlight, maxBatch int) *pipelin
 // args...), in the next pipeline. The reply's error is ctx's when ctx ended
 // first and dedup.ErrClosed after close.
 func (p *pipeliner) run(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {
+	cmd, _ := p.runWaited(ctx, script, key, args...)
+	return cmd
+}
+
+// runWaited is run, also returning, when the pipeliner waits for replicas,
+// an error wrapping dedup.ErrNotReplicated if too few acknowledged the
+// pipeline the script travelled in (nil otherwise).
+func (p *pipeliner) runWaited(ctx context.Context, script *redis.Script, key string, args ...any) (*redis.Cmd, error) {
 	o := newOp(ctx, script, key, args)
 	if err := p.do(o); err != nil {
 		cmd := redis.NewCmd(ctx)
 		cmd.SetErr(err)
-		return cmd
+		return cmd, nil
 	}
-	cmd := o.cmd
+	cmd, waitErr := o.cmd, o.waitErr
 	o.recycle()
-	return cmd
+	return cmd, waitErr
 }
 
 // get runs GET key in the next pipeline; errors as for run.
@@ -163,15 +191,22 @@ func (p *pipeliner) get(ctx context.Context, key string) *redis.StringCmd {
 // Cluster routing), whose reply is a string or nil, in the next pipeline;
 // errors as for run. args must not be changed until it returns.
 func (p *pipeliner) command(ctx context.Context, args ...any) *redis.StringCmd {
+	cmd, _ := p.commandWaited(ctx, args...)
+	return cmd
+}
+
+// commandWaited is command, also returning the replicas' verdict as
+// runWaited does.
+func (p *pipeliner) commandWaited(ctx context.Context, args ...any) (*redis.StringCmd, error) {
 	o := newOp(ctx, nil, "", args)
 	if err := p.do(o); err != nil {
 		cmd := redis.NewStringCmd(ctx)
 		cmd.SetErr(err)
-		return cmd
+		return cmd, nil
 	}
-	cmd := o.str
+	cmd, waitErr := o.str, o.waitErr
 	o.recycle()
-	return cmd
+	return cmd, waitErr
 }
 
 // do sends o itself when nothing is queued and a slot is free, else queues o
@@ -324,8 +359,10 @@ func (p *pipeliner) send(batch []*op) {
 			o.cmd = o.script.EvalSha(ctx, pipe, o.key[:], o.args...)
 		}
 	}
+	wait := p.appendWait(ctx, pipe, live)
 	_, err := pipe.Exec(ctx)
 	stampPipelineErr(live, err)
+	p.noteWait(live, wait)
 
 	var again []*op
 	for _, o := range live {
@@ -338,12 +375,46 @@ func (p *pipeliner) send(batch []*op) {
 		for _, o := range again {
 			o.cmd = o.script.Eval(ctx, pipe, o.key[:], o.args...)
 		}
+		wait := p.appendWait(ctx, pipe, again) // maybe another connection
 		_, err = pipe.Exec(ctx)
 		stampPipelineErr(again, err)
+		p.noteWait(again, wait)
 	}
 	signalled = true
 	for _, o := range live {
 		o.done <- struct{}{}
+	}
+}
+
+// appendWait queues WAIT at the end of pipe when p waits for replicas and
+// ops hold a write; it returns WAIT's reply, or nil.
+func (p *pipeliner) appendWait(ctx context.Context, pipe redis.Pipeliner, ops []*op) *redis.IntCmd {
+	if p.waitReplicas <= 0 || !slices.ContainsFunc(ops, (*op).writes) {
+		return nil
+	}
+	cmd := redis.NewIntCmd(ctx, "wait", p.waitReplicas, p.waitTimeoutMS)
+	_ = pipe.Process(ctx, cmd)
+	return cmd
+}
+
+// noteWait gives each write in ops the verdict of its pipeline's WAIT (nil
+// when there was none): an error when WAIT failed or counted too few
+// replicas.
+func (p *pipeliner) noteWait(ops []*op, wait *redis.IntCmd) {
+	if wait == nil {
+		return
+	}
+	var err error
+	switch n, werr := wait.Result(); {
+	case werr != nil:
+		err = fmt.Errorf("%w: WAIT failed: %w", dedup.ErrNotReplicated, werr)
+	case n < p.waitReplicas:
+		err = fmt.Errorf("%w: %d of %d acknowledged within %dms", dedup.ErrNotReplicated, n, p.waitReplicas, p.waitTimeoutMS)
+	}
+	for _, o := range ops {
+		if o.writes() {
+			o.waitErr = err
+		}
 	}
 }
 

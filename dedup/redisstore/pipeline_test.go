@@ -127,7 +127,7 @@ func heldPipeliner(t *testing.T, maxBatch int) (*pipeliner, *gateHook, *redis.Cl
 	t.Cleanup(func() { _ = client.Close() })
 	hook := newGateHook(t)
 	client.AddHook(hook)
-	p := newPipeliner(client, 1, maxBatch)
+	p := newPipeliner(client, 1, maxBatch, 0, 0)
 	t.Cleanup(p.close)
 	first := make(chan *redis.StringCmd, 1)
 	go func() { first <- p.get(context.Background(), "held") }()
@@ -314,7 +314,7 @@ func TestPipelineLoneCommand(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	hook := ctxHook{seen: make(chan any, 10)}
 	client.AddHook(hook)
-	p := newPipeliner(client, defaultInFlight, defaultMaxBatch)
+	p := newPipeliner(client, defaultInFlight, defaultMaxBatch, 0, 0)
 	t.Cleanup(p.close)
 	ctx := context.WithValue(context.Background(), ctxKey{}, "trace-1")
 	if err := p.get(ctx, "absent").Err(); !errors.Is(err, redis.Nil) {
@@ -348,7 +348,7 @@ func TestPipelinePanicFailsCommands(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = client.Close() })
 	client.AddHook(panicHook{})
-	p := newPipeliner(client, defaultInFlight, defaultMaxBatch)
+	p := newPipeliner(client, defaultInFlight, defaultMaxBatch, 0, 0)
 	t.Cleanup(p.close)
 	const n = 8
 	errs := make(chan error, n)
@@ -408,7 +408,7 @@ func TestPipelineCloseWakesWaitingWorker(t *testing.T) {
 		}
 	})
 	client.AddHook(h)
-	p := newPipeliner(client, 2, 128)
+	p := newPipeliner(client, 2, 128, 0, 0)
 	waiting := make(chan struct{}, 1)
 	p.mu.Lock()
 	p.onClosedWait = func() {

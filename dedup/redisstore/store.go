@@ -117,18 +117,28 @@ func New(cfg Config, opts Options) (*Store, error) {
 		return nil, err
 	}
 	client := redis.NewUniversalClient(cfg.universalOptions())
-	s := NewFromClient(client, cfg.KeyPrefix, opts)
+	s := newStore(client, cfg.KeyPrefix, opts, cfg.WaitReplicas, cfg.waitTimeout())
 	s.ownsClient = true
-	s.log.Info("redis store configured",
-		zap.String("mode", cfg.mode()), zap.Strings("addrs", cfg.Addrs),
-		zap.String("key_prefix", s.prefix), zap.Bool("tls", cfg.TLS))
+	fields := []zap.Field{zap.String("mode", cfg.mode()), zap.Strings("addrs", cfg.Addrs),
+		zap.String("key_prefix", s.prefix), zap.Bool("tls", cfg.TLS)}
+	if cfg.WaitReplicas > 0 {
+		fields = append(fields, zap.Int("wait_replicas", cfg.WaitReplicas), zap.Duration("wait_timeout", cfg.waitTimeout()))
+	}
+	s.log.Info("redis store configured", fields...)
 	return s, nil
 }
 
 // NewFromClient returns a Store using client, whose lifetime stays with the
 // caller: Close does not close it, but must be called to stop the Store's
-// pipeline workers. An empty prefix means "dedupgw:".
+// pipeline workers. An empty prefix means "dedupgw:". It waits for no
+// replicas (see Config.WaitReplicas).
 func NewFromClient(client redis.UniversalClient, prefix string, opts Options) *Store {
+	return newStore(client, prefix, opts, 0, 0)
+}
+
+// newStore is NewFromClient, waiting for waitReplicas replicas for at most
+// waitTimeout after each write when waitReplicas is positive.
+func newStore(client redis.UniversalClient, prefix string, opts Options, waitReplicas int, waitTimeout time.Duration) *Store {
 	if prefix == "" {
 		prefix = DefaultKeyPrefix
 	}
@@ -143,7 +153,7 @@ func NewFromClient(client redis.UniversalClient, prefix string, opts Options) *S
 		prefix: prefix,
 		now:    opts.Now,
 		log:    opts.Logger.Named("redisstore"),
-		pipe:   newPipeliner(client, defaultInFlight, defaultMaxBatch),
+		pipe:   newPipeliner(client, defaultInFlight, defaultMaxBatch, waitReplicas, waitTimeout),
 	}
 }
 
@@ -187,13 +197,27 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 			return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 		}
 		if ok {
-			s.held.claimed(c.key, res)
-			return res, nil
+			return s.claimed(ctx, c, res)
 		}
 	}
 	res, err := s.claimScript(ctx, c)
 	if err != nil {
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	return s.claimed(ctx, c, res)
+}
+
+// claimed settles c, answered res. A grant too few replicas acknowledged
+// (see Config.WaitReplicas) is undone and fails: forwarded on it, the event
+// could be forwarded again after a failover. The undo deletes the key if it
+// still holds this claim (it loses a failed record's attempt count); should
+// it not reach Redis, the claim's lease lapses as a crashed forward's does.
+// Other answers wrote nothing, and stand.
+func (s *Store) claimed(ctx context.Context, c *claimCall, res dedup.ClaimResult) (dedup.ClaimResult, error) {
+	if c.waitErr != nil && res.Outcome == dedup.Claimed {
+		now := s.nowMS()
+		_ = s.pipe.run(ctx, releaseScript, c.key, now, c.token, base36(now), base36(now), 0, "").Err()
+		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", c.waitErr)
 	}
 	s.held.claimed(c.key, res)
 	return res, nil
@@ -215,15 +239,19 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	}
 	now := s.nowMS()
 	windowMS := durationMS(opts.Window)
-	n, err := s.pipe.run(ctx, commitScript, rk,
+	cmd, waitErr := s.pipe.runWaited(ctx, commitScript, rk,
 		now, token, base36(now), base36(now+windowMS),
 		windowMS, encodeResult(opts.Status, "", opts.Response),
-	).Int64()
+	)
+	n, err := cmd.Int64()
 	if err != nil {
 		return fmt.Errorf("redisstore: commit: %w", err)
 	}
 	if n != 1 {
 		return dedup.ErrNotOwner
+	}
+	if waitErr != nil {
+		return fmt.Errorf("redisstore: commit: %w", waitErr)
 	}
 	return nil
 }

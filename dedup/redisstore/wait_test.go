@@ -1,0 +1,162 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/redisstore"
+	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+	"github.com/dedupgw/dedupgw/dedup/storetest"
+)
+
+// startReplicated starts a master and one replica of it, and waits until
+// the replica is in sync.
+func startReplicated(t *testing.T) (master, replica *redistest.Server) {
+	t.Helper()
+	// Without the delay a master waits 5s for more replicas before the
+	// first (diskless) sync.
+	master = redistest.StartWith(t, "--repl-diskless-sync-delay", "0")
+	replica = redistest.StartWith(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port()))
+	waitInSync(t, replica)
+	return master, replica
+}
+
+// waitInSync polls replica until its link to the master is up (a deadline,
+// not a measurement).
+func waitInSync(t *testing.T, replica *redistest.Server) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := replica.Client().Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica not in sync within 20s: %v %q", err, info)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval
+	}
+}
+
+// A store waiting for a replica passes the whole contract while the replica
+// acknowledges.
+func TestConformanceWaitingForAReplica(t *testing.T) {
+	master, _ := startReplicated(t)
+	storetest.Run(t, storetest.Harness{
+		New: func(t testing.TB, now dedup.Clock) dedup.Store {
+			return newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1, WaitTimeout: 500 * time.Millisecond}, now)
+		},
+	})
+}
+
+// With WaitReplicas, a claim or commit the replica did not acknowledge fails
+// with ErrNotReplicated (the claim undone, so the key is not held), while
+// answers that wrote nothing stand.
+func TestWaitReplicas(t *testing.T) {
+	ctx := context.Background()
+	master, replica := startReplicated(t)
+	s := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond}, nil)
+	key := func(id string) dedup.Key { return dedup.Key{Namespace: "n", ID: id} }
+	claim := func(id string) (dedup.ClaimResult, error) {
+		return s.Claim(ctx, key(id), dedup.ClaimOptions{Lease: time.Minute})
+	}
+	commit := func(id, token string) error {
+		return s.Commit(ctx, key(id), token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+	}
+
+	// Acknowledged: the replica holds each write as soon as it returns.
+	res, err := claim("done")
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim with the replica up: got (%v, %v), want (claimed, nil)", res.Outcome, err)
+	}
+	if v, err := replica.Client().Get(ctx, s.Key(key("done"))).Result(); err != nil || !strings.HasPrefix(v, "p,") {
+		t.Errorf("replica after Claim returned: got (%q, %v), want the processing record", v, err)
+	}
+	if err := commit("done", res.Token); err != nil {
+		t.Fatalf("Commit with the replica up: got %v, want nil", err)
+	}
+	if v, err := replica.Client().Get(ctx, s.Key(key("done"))).Result(); err != nil || !strings.HasPrefix(v, "d,") {
+		t.Errorf("replica after Commit returned: got (%q, %v), want the processed record", v, err)
+	}
+	held, err := claim("held")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	replica.Stop()
+
+	res, err = claim("new")
+	if !errors.Is(err, dedup.ErrNotReplicated) {
+		t.Errorf("Claim without the replica: got (%v, %v), want ErrNotReplicated", res.Outcome, err)
+	}
+	if err := master.Client().Get(ctx, s.Key(key("new"))).Err(); !errors.Is(err, redis.Nil) {
+		t.Errorf("master after the unacknowledged claim: got %v, want the key undone (redis.Nil)", err)
+	}
+	if res, err := claim("done"); err != nil || res.Outcome != dedup.Duplicate {
+		t.Errorf("Claim of a processed key without the replica: got (%v, %v), want (duplicate, nil)", res.Outcome, err)
+	}
+	if err := commit("held", held.Token); !errors.Is(err, dedup.ErrNotReplicated) {
+		t.Errorf("Commit without the replica: got %v, want ErrNotReplicated", err)
+	}
+	if v, err := master.Client().Get(ctx, s.Key(key("held"))).Result(); err != nil || !strings.HasPrefix(v, "d,") {
+		t.Errorf("master after the unacknowledged commit: got (%q, %v), want the processed record", v, err)
+	}
+
+	replica.Start()
+	waitInSync(t, replica)
+	if res, err := claim("new"); err != nil || res.Outcome != dedup.Claimed {
+		t.Errorf("Claim once the replica is back: got (%v, %v), want (claimed, nil)", res.Outcome, err)
+	}
+}
+
+// WaitReplicas works through Sentinel, whose client follows the master.
+func TestWaitReplicasBehindSentinel(t *testing.T) {
+	ctx := context.Background()
+	st := redistest.StartSentinel(t)
+	s := newStore(t, redisstore.Config{Addrs: []string{st.Sentinel.Addr()}, MasterName: st.MasterName, WaitReplicas: 1}, nil)
+	k := dedup.Key{Namespace: "n", ID: "evt_1"}
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim: got (%v, %v), want (claimed, nil)", res.Outcome, err)
+	}
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+		t.Fatalf("Commit: got %v, want nil", err)
+	}
+	if v, err := st.Replica.Client().Get(ctx, s.Key(k)).Result(); err != nil || !strings.HasPrefix(v, "d,") {
+		t.Errorf("replica after Commit returned: got (%q, %v), want the processed record", v, err)
+	}
+}
+
+func TestWaitReplicasConfig(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  redisstore.Config
+		want string
+	}{
+		{"negative", redisstore.Config{Addrs: []string{"a:1"}, WaitReplicas: -1}, "wait_replicas: must not be negative"},
+		{"cluster", redisstore.Config{Addrs: []string{"a:1", "b:1"}, WaitReplicas: 1}, "wait_replicas: a Cluster"},
+		{"negative timeout", redisstore.Config{Addrs: []string{"a:1"}, WaitReplicas: 1, WaitTimeout: -time.Second}, "wait_timeout: must not be negative"},
+		{"under a millisecond", redisstore.Config{Addrs: []string{"a:1"}, WaitReplicas: 1, WaitTimeout: time.Microsecond}, "wait_timeout: must be at least 1ms"},
+		{"not below the read timeout", redisstore.Config{Addrs: []string{"a:1"}, WaitReplicas: 1, WaitTimeout: time.Second}, "wait_timeout: 1s must be below the read timeout (1s)"},
+	}
+	for _, tt := range tests {
+		_, err := redisstore.New(tt.cfg, redisstore.Options{})
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tt.name, err, tt.want)
+		}
+	}
+	s, err := redisstore.New(redisstore.Config{Addrs: []string{"a:1"}, WaitReplicas: 1, WaitTimeout: time.Second, ReadTimeout: 2 * time.Second}, redisstore.Options{})
+	if err != nil {
+		t.Errorf("a wait below the read timeout: got %v, want nil", err)
+	} else {
+		_ = s.Close()
+	}
+}
