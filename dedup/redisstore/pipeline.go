@@ -103,8 +103,8 @@ type op struct {
 	key    [1]string     // the script's key
 	args   []any         // the script's ARGV, or the plain command
 
-	cmd  *redis.Cmd       // the script's reply
-	str  *redis.StringCmd // the plain command's reply
+	cmd *redis.Cmd       // the script's reply
+	str *redis.StringCmd // the plain command's reply
 	// waitErr is non-nil when the pipeline's WAIT found too few replicas
 	// acknowledged this write (it wraps dedup.ErrNotReplicated).
 	waitErr error
