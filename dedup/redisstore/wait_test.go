@@ -24,26 +24,8 @@ func startReplicated(t *testing.T) (master, replica *redistest.Server) {
 	// first (diskless) sync.
 	master = redistest.StartWith(t, "--repl-diskless-sync-delay", "0")
 	replica = redistest.StartWith(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port()))
-	waitInSync(t, replica)
+	redistest.AwaitReplicas(t, master, 1)
 	return master, replica
-}
-
-// waitInSync polls replica until its link to the master is up (a deadline,
-// not a measurement).
-func waitInSync(t *testing.T, replica *redistest.Server) {
-	t.Helper()
-	ctx := context.Background()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		info, err := replica.Client().Info(ctx, "replication").Result()
-		if err == nil && strings.Contains(info, "master_link_status:up") {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica not in sync within 20s: %v %q", err, info)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval
-	}
 }
 
 // A store waiting for a replica passes the whole contract while the replica
@@ -111,7 +93,7 @@ func TestWaitReplicas(t *testing.T) {
 	}
 
 	replica.Start()
-	waitInSync(t, replica)
+	redistest.AwaitReplicas(t, master, 1)
 	if res, err := claim("new"); err != nil || res.Outcome != dedup.Claimed {
 		t.Errorf("Claim once the replica is back: got (%v, %v), want (claimed, nil)", res.Outcome, err)
 	}

@@ -534,6 +534,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 		}
 		return true, ""
 	})
+	AwaitReplicas(t, master, 1)
 
 	port := freePort(t, false)
 	// A sentinel rewrites its configuration file, so it must have one of its
@@ -568,6 +569,37 @@ func StartSentinel(t testing.TB) *Sentinel {
 		return true, ""
 	})
 	return st
+}
+
+// AwaitReplicas waits until n replicas acknowledge master's writes (WAIT),
+// failing t after startTimeout. After a full sync a master streams writes
+// to a replica only from the replica's first acknowledgement, which Redis
+// sends once a second: until then WAIT counts it out. The probe writes and
+// deletes one key, redistest:replicated, leaving nothing behind.
+func AwaitReplicas(t testing.TB, master *Server, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: master.Addr(), MaxRetries: -1})
+	defer c.Close()
+	var (
+		acked int64
+		err   error
+	)
+	for ctx.Err() == nil {
+		_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, "redistest:replicated", 1, 0)
+			p.Del(ctx, "redistest:replicated")
+			return nil
+		})
+		if err == nil {
+			acked, err = c.Wait(ctx, n, 100*time.Millisecond).Result()
+		}
+		if err == nil && acked >= int64(n) {
+			return
+		}
+	}
+	t.Fatalf("%d replicas acknowledging %s within %v: got %d (%v)", n, master.Addr(), startTimeout, acked, err)
 }
 
 // Failover makes the sentinel promote the replica (SENTINEL FAILOVER) and
