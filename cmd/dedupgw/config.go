@@ -147,6 +147,13 @@ type Redis struct {
 	// PoolSize is the number of connections per node. Zero means the
 	// backend's default.
 	PoolSize int `config:"pool_size"`
+	// WaitReplicas, when positive, makes each claim and commit wait until
+	// that many replicas acknowledged it (Redis WAIT), at most WaitTimeout.
+	// Zero means no waiting. Single node or Sentinel only.
+	WaitReplicas int `config:"wait_replicas"`
+	// WaitTimeout bounds that wait. Zero means the backend's default
+	// (100ms).
+	WaitTimeout time.Duration `config:"wait_timeout"`
 }
 
 // Policy holds the keys that the defaults: block sets for every route and a

@@ -358,6 +358,8 @@ func TestEnvOverrides(t *testing.T) {
 		"DEDUPGW_STORE_REDIS_TLS":           "1",
 		"DEDUPGW_STORE_REDIS_DIAL_TIMEOUT":  "4s",
 		"DEDUPGW_STORE_REDIS_POOL_SIZE":     "9",
+		"DEDUPGW_STORE_REDIS_WAIT_REPLICAS": "2",
+		"DEDUPGW_STORE_REDIS_WAIT_TIMEOUT":  "50ms",
 		"DEDUPGW_DEFAULTS_WINDOW":           "2h",
 		"DEDUPGW_DEFAULTS_ON_STORE_ERROR":   "reject",
 		"DEDUPGW_DEFAULTS_REPLAY_HEADERS":   "Content-Type,Etag",
@@ -397,6 +399,8 @@ store:
 		{"store.redis.tls", f.Store.Redis.TLS, true},
 		{"store.redis.dial_timeout", f.Store.Redis.DialTimeout, 4 * time.Second},
 		{"store.redis.pool_size", f.Store.Redis.PoolSize, 9},
+		{"store.redis.wait_replicas", f.Store.Redis.WaitReplicas, 2},
+		{"store.redis.wait_timeout", f.Store.Redis.WaitTimeout, 50 * time.Millisecond},
 		{"window", r.Window, 2 * time.Hour},
 		{"on_store_error", r.OnStoreError, "reject"},
 		{"replay_headers", r.ReplayHeaders, []string{"Content-Type", "Etag"}},
@@ -592,6 +596,14 @@ func TestProblems(t *testing.T) {
 			"store.redis.dial_timeout: must not be negative, got -1s",
 		}},
 		{"cluster db", "store:\n  backend: redis\n  redis:\n    addrs: [a:1, b:2]\n    db: 1\n" + minimal, nil, []string{"store.redis.db: a Redis Cluster (several addrs) has only db 0"}},
+		{"wait negative", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: -1\n    wait_timeout: -1s\n" + minimal, nil, []string{
+			"store.redis.wait_replicas: must not be negative, got -1",
+			"store.redis.wait_timeout: must not be negative, got -1s",
+		}},
+		{"wait on a cluster", "store:\n  backend: redis\n  redis:\n    addrs: [a:1, b:2]\n    wait_replicas: 1\n" + minimal, nil, []string{"store.redis.wait_replicas: a Redis Cluster (several addrs) routes WAIT to no particular shard; use it with a single node or Sentinel"}},
+		{"wait under a millisecond", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: 1\n    wait_timeout: 500us\n" + minimal, nil, []string{"store.redis.wait_timeout: must be at least 1ms, got 500µs (Redis's WAIT counts milliseconds)"}},
+		{"wait as long as a read", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: 1\n    wait_timeout: 1s\n" + minimal, nil, []string{"store.redis.wait_timeout: 1s must be below store.redis.read_timeout (1s), which would cut the wait off"}},
+		{"wait with a longer read", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: 1\n    wait_timeout: 1s\n    read_timeout: 3s\n" + minimal, nil, nil},
 		{"empty bolt path", "store:\n  bolt:\n    path: ${DB_PATH}\n" + minimal, nil, nil}, // empty means the default
 		{"window zero", "defaults:\n  window: 0s\n" + minimal, nil, []string{"defaults.window: must be greater than 0, got 0s"}},
 		{"lease negative", route("    lease: -1s\n"), nil, []string{

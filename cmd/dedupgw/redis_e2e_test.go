@@ -37,8 +37,9 @@ type redisRoute struct {
 
 // redisStore is the store.redis block of a test configuration.
 type redisStore struct {
-	addrs      []string
-	masterName string
+	addrs        []string
+	masterName   string
+	waitReplicas int
 }
 
 // redisConfig writes, in a new temporary directory, a configuration for
@@ -65,8 +66,9 @@ store:
   redis:
     addrs: [%s]
     master_name: %q
+    wait_replicas: %d
 routes:
-`, strings.Join(addrs, ", "), st.masterName)
+`, strings.Join(addrs, ", "), st.masterName, st.waitReplicas)
 	for _, r := range routes {
 		fmt.Fprintf(&b, `  - name: %s
     path: %s
@@ -660,11 +662,21 @@ func TestRedisCluster(t *testing.T) {
 // old master accepts writes until the sentinel converts it into a replica
 // (seconds later), which drops them. The test waits until the gateway writes
 // to the new master and logs how many deliveries fell into that window.
+//
+// With wait_replicas: 1, no delivery forwarded in that window is lost: each
+// one forwarded is on the new master, the others were refused (503) until
+// the new master has a replica again.
 func TestRedisSentinel(t *testing.T) {
+	for _, wait := range []int{0, 1} {
+		t.Run(fmt.Sprintf("wait_replicas %d", wait), func(t *testing.T) { testSentinelFailover(t, wait) })
+	}
+}
+
+func testSentinelFailover(t *testing.T, waitReplicas int) {
 	st := redistest.StartSentinel(t)
 	mustOwnRedis(t, st.Master, st.Replica)
 	u := newUpstream(t)
-	g := startGateway(t, redisConfig(t, u.URL, redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName},
+	g := startGateway(t, redisConfig(t, u.URL, redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName, waitReplicas: waitReplicas},
 		// Reject on store errors, so a delivery that meets the failover is
 		// never forwarded without deduplication.
 		redisRoute{name: "orders", path: "/hooks/orders", policy: "    on_store_error: reject\n"}))
@@ -693,15 +705,23 @@ func TestRedisSentinel(t *testing.T) {
 
 	// Probe with new events until one is recorded on the new master.
 	var (
-		last   answer
-		probes []string
+		last      answer
+		probes    []string
+		forwarded []string
 	)
-	eventually(t, 15*time.Second, func() bool {
+	// With wait_replicas the new master takes claims only once it has a
+	// replica again: the demoted master, after its full sync (about 15s).
+	patience := 15 * time.Second
+	if waitReplicas > 0 {
+		patience = time.Minute
+	}
+	eventually(t, patience, func() bool {
 		key := fmt.Sprintf("probe_%d", len(probes))
 		probes = append(probes, key)
 		last = deliver(t, url, key, "{}")
 		switch {
 		case last.status == 200 && last.dedup == "forwarded":
+			forwarded = append(forwarded, key)
 			return exists(newMaster, key)
 		case last.status == 503 && last.dedup == "store-error":
 			return false
@@ -717,6 +737,16 @@ func TestRedisSentinel(t *testing.T) {
 	}
 	t.Logf("SENTINEL FAILOVER took %v; the gateway wrote to the new master %v later; %d of %d deliveries before were recorded on the demoted master",
 		failedOver.Sub(failoverStart), time.Since(failedOver), onOld, len(probes)-1)
+	lost := 0
+	for _, p := range forwarded {
+		if !exists(newMaster, p) {
+			lost++
+		}
+	}
+	t.Logf("%d of %d deliveries forwarded in the failover are not on the new master", lost, len(forwarded))
+	if waitReplicas > 0 && lost > 0 {
+		t.Errorf("with wait_replicas %d: got %d forwarded deliveries missing on the new master, want none", waitReplicas, lost)
+	}
 
 	wantAnswer(t, "new event after the failover", deliver(t, url, "evt_s2", "{}"), 200, "forwarded")
 	wantAnswer(t, "its duplicate", deliver(t, url, "evt_s2", "{}"), 200, "duplicate")

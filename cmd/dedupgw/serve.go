@@ -514,6 +514,8 @@ func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
 			ReadTimeout:  r.ReadTimeout,
 			WriteTimeout: r.WriteTimeout,
 			PoolSize:     r.PoolSize,
+			WaitReplicas: r.WaitReplicas,
+			WaitTimeout:  r.WaitTimeout,
 		}, redisstore.Options{Logger: log})
 		if err != nil {
 			return nil, fmt.Errorf("open redis store: %w", err)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dedupgw/dedupgw/dedup/redisstore"
 	"github.com/dedupgw/dedupgw/providers"
 	"github.com/dedupgw/dedupgw/proxy"
 )
@@ -152,8 +153,38 @@ func (f *File) checkStore(ps *Problems) {
 		if s.Redis.DialTimeout < 0 {
 			ps.add("store.redis.dial_timeout", "must not be negative, got %v", s.Redis.DialTimeout)
 		}
+		f.checkWait(ps)
 	default:
 		ps.add("store.backend", "unknown backend %q (want bolt, redis or memory)", s.Backend)
+	}
+}
+
+// checkWait checks store.redis.wait_replicas and wait_timeout, as
+// redisstore.Config does, naming the keys.
+func (f *File) checkWait(ps *Problems) {
+	r := f.Store.Redis
+	if r.WaitReplicas < 0 {
+		ps.add("store.redis.wait_replicas", "must not be negative, got %d", r.WaitReplicas)
+	}
+	if r.WaitReplicas > 0 && len(r.Addrs) > 1 && r.MasterName == "" {
+		ps.add("store.redis.wait_replicas", "a Redis Cluster (several addrs) routes WAIT to no particular shard; use it with a single node or Sentinel")
+	}
+	switch wait := r.WaitTimeout; {
+	case wait < 0:
+		ps.add("store.redis.wait_timeout", "must not be negative, got %v", wait)
+	case wait > 0 && wait < time.Millisecond:
+		ps.add("store.redis.wait_timeout", "must be at least 1ms, got %v (Redis's WAIT counts milliseconds)", wait)
+	case r.WaitReplicas > 0:
+		if wait == 0 {
+			wait = redisstore.DefaultWaitTimeout
+		}
+		read := r.ReadTimeout
+		if read == 0 {
+			read = redisstore.DefaultReadTimeout
+		}
+		if read > 0 && wait >= read {
+			ps.add("store.redis.wait_timeout", "%v must be below store.redis.read_timeout (%v), which would cut the wait off", wait, read)
+		}
 	}
 }
 
