@@ -18,7 +18,7 @@ import (
 
 // startReplicated starts a master and one replica of it, and waits until
 // the replica is in sync.
-func startReplicated(t *testing.T) (master, replica *redistest.Server) {
+func startReplicated(t testing.TB) (master, replica *redistest.Server) {
 	t.Helper()
 	// Without the delay a master waits 5s for more replicas before the
 	// first (diskless) sync.
@@ -35,6 +35,17 @@ func TestConformanceWaitingForAReplica(t *testing.T) {
 	storetest.Run(t, storetest.Harness{
 		New: func(t testing.TB, now dedup.Clock) dedup.Store {
 			return newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1, WaitTimeout: 500 * time.Millisecond}, now)
+		},
+	})
+}
+
+// BenchmarkStoreWaitingForAReplica is BenchmarkStore against a master with
+// one replica, waiting for it: the price of WaitReplicas.
+func BenchmarkStoreWaitingForAReplica(b *testing.B) {
+	master, _ := startReplicated(b)
+	storetest.Bench(b, storetest.Harness{
+		New: func(t testing.TB, now dedup.Clock) dedup.Store {
+			return newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1}, now)
 		},
 	})
 }
