@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"math"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
 
 	"github.com/spf13/viper"
 	yaml "go.yaml.in/yaml/v3"
@@ -416,7 +418,8 @@ const (
 // line yaml.v3 names. When no prefix does (the message depends on what
 // follows), for an unexpected end of the file (an unclosed quote or
 // bracket: a prefix ending inside a valid one fails the same way), or when
-// the file is too large to search, err is returned as it is.
+// the file is too large to search, err is returned as it is. A UTF-16 text
+// is searched in UTF-8, as yaml.v3 reads it.
 func syntaxError(text []byte, err error) error {
 	msg, _ := strings.CutPrefix(err.Error(), "yaml: ")
 	named := 1
@@ -426,7 +429,11 @@ func syntaxError(text []byte, err error) error {
 			msg = m
 		}
 	}
-	if msg == "found unexpected end of stream" || len(text) > maxSyntaxScanBytes || bytes.Count(text, []byte("\n")) >= maxSyntaxScanLines {
+	if msg == "found unexpected end of stream" || len(text) > maxSyntaxScanBytes {
+		return err
+	}
+	text = utf8Text(text)
+	if bytes.Count(text, []byte("\n")) >= maxSyntaxScanLines {
 		return err
 	}
 	var doc yaml.Node
@@ -446,6 +453,26 @@ func syntaxError(text []byte, err error) error {
 		}
 	}
 	return err
+}
+
+// utf8Text returns text in UTF-8: a text that starts with a UTF-16 byte
+// order mark (FF FE or FE FF) decoded, as yaml.v3 decodes it before it
+// scans and numbers the lines, and any other text as it is.
+func utf8Text(text []byte) []byte {
+	var order binary.ByteOrder
+	switch {
+	case bytes.HasPrefix(text, []byte{0xff, 0xfe}):
+		order = binary.LittleEndian
+	case bytes.HasPrefix(text, []byte{0xfe, 0xff}):
+		order = binary.BigEndian
+	default:
+		return text
+	}
+	units := make([]uint16, len(text)/2)
+	for i := range units {
+		units[i] = order.Uint16(text[2*i:])
+	}
+	return []byte(string(utf16.Decode(units))) // the mark becomes UTF-8's, which yaml.v3 skips too
 }
 
 // applyDefaults fills the empty top-level keys with their built-in values.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf16"
 
 	"github.com/dedupgw/dedupgw/providers"
 	"github.com/dedupgw/dedupgw/proxy"
@@ -780,6 +782,9 @@ routes:
 }
 
 func TestLoadErrors(t *testing.T) {
+	// misindented's mistake is on line 5; yaml.v3 alone names line 2, where
+	// routes: starts.
+	const misindented = "listen: 127.0.0.1:8080\nroutes:\n  - name: a\n    path: /a\n   window: 1h\n"
 	tests := []struct {
 		name string
 		path string
@@ -788,7 +793,7 @@ func TestLoadErrors(t *testing.T) {
 		{"missing file", filepath.Join(t.TempDir(), "nope.yaml"), "read config"},
 		{"yaml syntax", writeConfig(t, "routes: [\n  - name: x\n"), "read config"},
 		// yaml.v3 alone names the line where the enclosing block starts.
-		{"route key indented too little", writeConfig(t, "listen: 127.0.0.1:8080\nroutes:\n  - name: a\n    path: /a\n   window: 1h\n"),
+		{"route key indented too little", writeConfig(t, misindented),
 			"yaml: line 5: did not find expected '-' indicator"},
 		{"store key indented too little", writeConfig(t, "store:\n  backend: bolt\n  bolt:\n    path: x.db\n   sweep_interval: 1m\n"),
 			"yaml: line 5: did not find expected key"},
@@ -804,6 +809,13 @@ func TestLoadErrors(t *testing.T) {
 		// Too long to search: yaml.v3's own line, where routes: is.
 		{"long file", writeConfig(t, strings.Repeat("# comment\n", maxSyntaxScanLines)+"routes:\n  - name: a\n   path: /a\n"),
 			fmt.Sprintf("yaml: line %d: did not find expected '-' indicator", maxSyntaxScanLines+1)},
+		// yaml.v3 reads UTF-16 after a byte order mark, and counts the
+		// lines of the UTF-8 it decodes that to. Ċ (U+010A) is 0A 01 in
+		// UTF-16LE: a 0A byte that is no line feed.
+		{"UTF-16LE", writeConfig(t, utf16Text(binary.LittleEndian, "# Ċ\n"+strings.ReplaceAll(misindented, "\n", "\r\n"))),
+			"yaml: line 6: did not find expected '-' indicator"},
+		{"UTF-16BE", writeConfig(t, utf16Text(binary.BigEndian, "# Ċ\n"+strings.ReplaceAll(misindented, "\n", "\r\n"))),
+			"yaml: line 6: did not find expected '-' indicator"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -820,6 +832,16 @@ func TestLoadErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// utf16Text returns s in UTF-16 in byte order order, after a byte order
+// mark.
+func utf16Text(order binary.AppendByteOrder, s string) string {
+	b := order.AppendUint16(nil, 0xfeff)
+	for _, u := range utf16.Encode([]rune(s)) {
+		b = order.AppendUint16(b, u)
+	}
+	return string(b)
 }
 
 func TestProblemsError(t *testing.T) {
