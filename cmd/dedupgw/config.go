@@ -403,8 +403,8 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 }
 
 // maxSyntaxScanLines and maxSyntaxScanBytes bound the files syntaxError
-// searches: it parses up to one prefix per line, from the line yaml.v3
-// names on.
+// searches (lines as lineBreak counts them): it parses up to one prefix per
+// line, from the line yaml.v3 names on.
 const (
 	maxSyntaxScanLines = 1000
 	maxSyntaxScanBytes = 64 << 10
@@ -415,11 +415,13 @@ const (
 // collection starts (or the one before): a mis-indented key deep in a route
 // is blamed on "routes:". The mistake is on the last line of the shortest
 // prefix of text that fails with exactly err's message, and not above the
-// line yaml.v3 names. When no prefix does (the message depends on what
-// follows), for an unexpected end of the file (an unclosed quote or
-// bracket: a prefix ending inside a valid one fails the same way), or when
-// the file is too large to search, err is returned as it is. A UTF-16 text
-// is searched in UTF-8, as yaml.v3 reads it.
+// line yaml.v3 names. Lines end at the line breaks yaml.v3 counts
+// (lineBreak), so the line returned is numbered as yaml.v3 numbers lines.
+// When no prefix does (the message depends on what follows), for an
+// unexpected end of the file (an unclosed quote or bracket: a prefix ending
+// inside a valid one fails the same way), or when the file is too large to
+// search, err is returned as it is. A UTF-16 text is searched in UTF-8, as
+// yaml.v3 reads it.
 func syntaxError(text []byte, err error) error {
 	msg, _ := strings.CutPrefix(err.Error(), "yaml: ")
 	named := 1
@@ -433,26 +435,46 @@ func syntaxError(text []byte, err error) error {
 		return err
 	}
 	text = utf8Text(text)
-	if bytes.Count(text, []byte("\n")) >= maxSyntaxScanLines {
+	var ends []int // text[:ends[n-1]] holds lines 1..n
+	for i := 0; i < len(text); {
+		if w := lineBreak(text[i:]); w > 0 {
+			i += w
+			ends = append(ends, i)
+		} else {
+			i++
+		}
+	}
+	if len(ends) >= maxSyntaxScanLines {
 		return err
 	}
+	if len(ends) == 0 || ends[len(ends)-1] < len(text) {
+		ends = append(ends, len(text)) // the last line, with no line break
+	}
 	var doc yaml.Node
-	end, n := 0, 0 // text[:end] holds lines 1..n
-	for end < len(text) {
-		next := bytes.IndexByte(text[end:], '\n')
-		if next < 0 {
-			end = len(text)
-		} else {
-			end += next + 1
-		}
-		if n++; n < named-1 {
-			continue
-		}
-		if perr := yaml.Unmarshal(text[:end], &doc); perr != nil && perr.Error() == err.Error() {
-			return fmt.Errorf("yaml: line %d: %s", n, msg)
+	for i, end := range ends {
+		if n := i + 1; n >= named-1 {
+			if perr := yaml.Unmarshal(text[:end], &doc); perr != nil && perr.Error() == err.Error() {
+				return fmt.Errorf("yaml: line %d: %s", n, msg)
+			}
 		}
 	}
 	return err
+}
+
+// lineBreak returns the length of the line break text starts with, 0 if it
+// starts with none. The line breaks are those yaml.v3 counts lines by (its
+// scanner's is_break and is_crlf): LF, CR LF (one break), a CR not followed
+// by LF, and NEL (U+0085), LS (U+2028) and PS (U+2029) in UTF-8.
+func lineBreak(text []byte) int {
+	switch {
+	case bytes.HasPrefix(text, []byte("\r\n")), bytes.HasPrefix(text, []byte("\u0085")):
+		return 2
+	case bytes.HasPrefix(text, []byte("\n")), bytes.HasPrefix(text, []byte("\r")):
+		return 1
+	case bytes.HasPrefix(text, []byte("\u2028")), bytes.HasPrefix(text, []byte("\u2029")):
+		return 3
+	}
+	return 0
 }
 
 // utf8Text returns text in UTF-8: a text that starts with a UTF-16 byte

@@ -785,6 +785,7 @@ func TestLoadErrors(t *testing.T) {
 	// misindented's mistake is on line 5; yaml.v3 alone names line 2, where
 	// routes: starts.
 	const misindented = "listen: 127.0.0.1:8080\nroutes:\n  - name: a\n    path: /a\n   window: 1h\n"
+	breaks := func(br string) string { return strings.ReplaceAll(misindented, "\n", br) }
 	tests := []struct {
 		name string
 		path string
@@ -795,6 +796,18 @@ func TestLoadErrors(t *testing.T) {
 		// yaml.v3 alone names the line where the enclosing block starts.
 		{"route key indented too little", writeConfig(t, misindented),
 			"yaml: line 5: did not find expected '-' indicator"},
+		// Lines are counted as yaml.v3 counts them: CR LF is one line
+		// break, and so are a lone CR, NEL, LS and PS.
+		{"CRLF line breaks", writeConfig(t, breaks("\r\n")), "yaml: line 5: did not find expected '-' indicator"},
+		{"lone CR line breaks", writeConfig(t, breaks("\r")), "yaml: line 5: did not find expected '-' indicator"},
+		{"NEL line breaks", writeConfig(t, breaks("\u0085")), "yaml: line 5: did not find expected '-' indicator"},
+		{"LS line breaks", writeConfig(t, breaks("\u2028")), "yaml: line 5: did not find expected '-' indicator"},
+		{"PS line breaks", writeConfig(t, breaks("\u2029")), "yaml: line 5: did not find expected '-' indicator"},
+		{"CRLF in a comment above", writeConfig(t, "# a\r\n# b\n"+misindented), "yaml: line 7: did not find expected '-' indicator"},
+		{"lone CR in a comment above", writeConfig(t, "# a\r# b\n"+misindented), "yaml: line 7: did not find expected '-' indicator"},
+		{"NEL in a comment above", writeConfig(t, "# a\u0085# b\n"+misindented), "yaml: line 7: did not find expected '-' indicator"},
+		{"LS in a comment above", writeConfig(t, "# a\u2028# b\n"+misindented), "yaml: line 7: did not find expected '-' indicator"},
+		{"lone CR in a quoted value above", writeConfig(t, "log:\n  level: 'x\r  y'\n"+misindented), "yaml: line 8: did not find expected '-' indicator"},
 		{"store key indented too little", writeConfig(t, "store:\n  backend: bolt\n  bolt:\n    path: x.db\n   sweep_interval: 1m\n"),
 			"yaml: line 5: did not find expected key"},
 		{"tab", writeConfig(t, "store:\n  backend: bolt\n\tbolt: {}\n"), "yaml: line 3: found a tab character"},
@@ -808,6 +821,8 @@ func TestLoadErrors(t *testing.T) {
 			"yaml: line 2: did not find expected '-' indicator"},
 		// Too long to search: yaml.v3's own line, where routes: is.
 		{"long file", writeConfig(t, strings.Repeat("# comment\n", maxSyntaxScanLines)+"routes:\n  - name: a\n   path: /a\n"),
+			fmt.Sprintf("yaml: line %d: did not find expected '-' indicator", maxSyntaxScanLines+1)},
+		{"long file, lone CRs", writeConfig(t, strings.Repeat("# comment\r", maxSyntaxScanLines)+"routes:\n  - name: a\n   path: /a\n"),
 			fmt.Sprintf("yaml: line %d: did not find expected '-' indicator", maxSyntaxScanLines+1)},
 		// yaml.v3 reads UTF-16 after a byte order mark, and counts the
 		// lines of the UTF-8 it decodes that to. Ċ (U+010A) is 0A 01 in
@@ -831,6 +846,36 @@ func TestLoadErrors(t *testing.T) {
 				t.Errorf("got Problems %v, want a plain error", ps)
 			}
 		})
+	}
+}
+
+func TestLineBreak(t *testing.T) {
+	for _, tt := range []struct {
+		text string
+		want int
+	}{
+		{"\nx", 1},
+		{"\r\nx", 2}, // one line break
+		{"\rx", 1},
+		{"\r", 1},
+		{"\r\r\n", 1}, // a lone CR, then CR LF
+		{"\u0085x", 2},
+		{"\u2028x", 3},
+		{"\u2029x", 3},
+		{"", 0},
+		{"x\n", 0},
+		{"\t", 0},
+		{"\u000b", 0}, // VT
+		{"\u000c", 0}, // FF
+		{"\u0084", 0},
+		{"\u2027", 0},
+		{"\u202a", 0},
+		{"\xc2", 0},
+		{"\xe2\x80", 0},
+	} {
+		if got := lineBreak([]byte(tt.text)); got != tt.want {
+			t.Errorf("lineBreak(%q): got %d, want %d", tt.text, got, tt.want)
+		}
 	}
 }
 
