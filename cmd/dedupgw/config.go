@@ -404,10 +404,17 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 
 // maxSyntaxScanLines and maxSyntaxScanBytes bound the files syntaxError
 // searches (lines as lineBreak counts them): it parses up to one prefix per
-// line, from the line yaml.v3 names on.
+// line, from the line yaml.v3 names on. maxSyntaxScanParsed bounds the
+// bytes of all those prefixes together, which grow with the square of the
+// lines searched (up to 32 MiB within the other two bounds: seconds of
+// parsing, on every reload (SIGHUP) too). A search that would parse more
+// gives up, as for a file past the other two bounds. 4 MiB is four times
+// what a mistake on config.example.yaml's last line takes (1 MB, from
+// routes:).
 const (
-	maxSyntaxScanLines = 1000
-	maxSyntaxScanBytes = 64 << 10
+	maxSyntaxScanLines  = 1000
+	maxSyntaxScanBytes  = 64 << 10
+	maxSyntaxScanParsed = 4 << 20
 )
 
 // syntaxError returns err, the YAML syntax error of text, naming the line of
@@ -420,8 +427,9 @@ const (
 // When no prefix does (the message depends on what follows), for an
 // unexpected end of the file (an unclosed quote or bracket: a prefix ending
 // inside a valid one fails the same way), or when the file is too large to
-// search, err is returned as it is. A UTF-16 text is searched in UTF-8, as
-// yaml.v3 reads it.
+// search (maxSyntaxScanLines, maxSyntaxScanBytes, maxSyntaxScanParsed), err
+// is returned as it is. A UTF-16 text is searched in UTF-8, as yaml.v3
+// reads it.
 func syntaxError(text []byte, err error) error {
 	msg, _ := strings.CutPrefix(err.Error(), "yaml: ")
 	named := 1
@@ -451,8 +459,12 @@ func syntaxError(text []byte, err error) error {
 		ends = append(ends, len(text)) // the last line, with no line break
 	}
 	var doc yaml.Node
+	parsed := 0 // bytes, in all prefixes parsed
 	for i, end := range ends {
 		if n := i + 1; n >= named-1 {
+			if parsed += end; parsed > maxSyntaxScanParsed {
+				return err
+			}
 			if perr := yaml.Unmarshal(text[:end], &doc); perr != nil && perr.Error() == err.Error() {
 				return fmt.Errorf("yaml: line %d: %s", n, msg)
 			}

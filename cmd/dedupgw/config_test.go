@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf16"
+
+	yaml "go.yaml.in/yaml/v3"
 
 	"github.com/dedupgw/dedupgw/providers"
 	"github.com/dedupgw/dedupgw/proxy"
@@ -824,6 +827,11 @@ func TestLoadErrors(t *testing.T) {
 			fmt.Sprintf("yaml: line %d: did not find expected '-' indicator", maxSyntaxScanLines+1)},
 		{"long file, lone CRs", writeConfig(t, strings.Repeat("# comment\r", maxSyntaxScanLines)+"routes:\n  - name: a\n   path: /a\n"),
 			fmt.Sprintf("yaml: line %d: did not find expected '-' indicator", maxSyntaxScanLines+1)},
+		// Inside those bounds, but the search would parse some 30 MiB of
+		// prefixes (comments, quick to parse) to reach the mistake on the
+		// last line: yaml.v3's own line.
+		{"too much to parse", writeConfig(t, string(syntaxErrorWorstCase("  # "+strings.Repeat("c", 60)+"\n"))),
+			"yaml: line 1: did not find expected '-' indicator"},
 		// yaml.v3 reads UTF-16 after a byte order mark, and counts the
 		// lines of the UTF-8 it decodes that to. Ċ (U+010A) is 0A 01 in
 		// UTF-16LE: a 0A byte that is no line feed.
@@ -846,6 +854,29 @@ func TestLoadErrors(t *testing.T) {
 				t.Errorf("got Problems %v, want a plain error", ps)
 			}
 		})
+	}
+}
+
+// TestSyntaxErrorExample: maxSyntaxScanParsed leaves room to search
+// config.example.yaml from routes:, the line yaml.v3 blames a mis-indented
+// key in a route on, to its last line.
+func TestSyntaxErrorExample(t *testing.T) {
+	text, err := os.ReadFile(examplePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(text), "\n")
+	if lines[len(lines)-1] == "" {
+		lines = lines[:len(lines)-1]
+	}
+	last := &lines[len(lines)-1]
+	if !strings.HasPrefix(*last, "    ") {
+		t.Fatalf("the example's last line %q is not a route's key", *last)
+	}
+	*last = (*last)[1:] // the mistake: indented one too little
+	_, err = Load(writeConfig(t, strings.Join(lines, "")), nil)
+	if want := fmt.Sprintf("yaml: line %d: did not find expected '-' indicator", len(lines)); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("got error %v, want one containing %q", err, want)
 	}
 }
 
@@ -876,6 +907,48 @@ func TestLineBreak(t *testing.T) {
 		if got := lineBreak([]byte(tt.text)); got != tt.want {
 			t.Errorf("lineBreak(%q): got %d, want %d", tt.text, got, tt.want)
 		}
+	}
+}
+
+// syntaxErrorWorstCase returns a file as large as syntaxError searches,
+// whose mistake (a route key indented too little) is on its last line while
+// yaml.v3 names line 1: a route, then unit (whole lines, route list items
+// or comments) again and again, then the mistake.
+func syntaxErrorWorstCase(unit string) []byte {
+	const mistake = "   window: 1h\n"
+	text := []byte("routes:\n  - name: a\n")
+	lines, unitLines := 2, strings.Count(unit, "\n")
+	for len(text)+len(unit)+len(mistake) <= maxSyntaxScanBytes && lines+unitLines+1 < maxSyntaxScanLines {
+		text = append(text, unit...)
+		lines += unitLines
+	}
+	return append(text, mistake...)
+}
+
+// BenchmarkSyntaxErrorWorstCase times syntaxError on syntaxErrorWorstCase
+// files, where it would parse a prefix per line: routes (with comments, as
+// in config.example.yaml), and flow lists, among the slowest YAML to parse
+// per byte.
+func BenchmarkSyntaxErrorWorstCase(b *testing.B) {
+	for _, bb := range []struct{ name, unit string }{
+		{"routes", "  - name: orders                          # the route's name, in logs\n" +
+			"    path: /hooks/orders                    # where the gateway listens\n" +
+			"    upstream: http://127.0.0.1:3000        # where deliveries go\n" +
+			"    keys: [\"header:Idempotency-Key\"]      # what makes two deliveries one\n"},
+		{"flow lists", "  - [" + strings.Repeat("a, ", 19) + "a]\n"},
+	} {
+		b.Run(bb.name, func(b *testing.B) {
+			text := syntaxErrorWorstCase(bb.unit)
+			var doc yaml.Node
+			err := yaml.Unmarshal(text, &doc)
+			if err == nil || !strings.HasPrefix(err.Error(), "yaml: line 1: ") {
+				b.Fatalf("got error %v, want one on line 1", err)
+			}
+			b.Logf("%d bytes, %d lines: %v", len(text), bytes.Count(text, []byte("\n")), syntaxError(text, err))
+			for b.Loop() {
+				syntaxError(text, err)
+			}
+		})
 	}
 }
 
