@@ -66,6 +66,11 @@ type Config struct {
 	WaitReplicas int
 	// WaitTimeout bounds that wait. Zero means DefaultWaitTimeout (100ms);
 	// it must stay below ReadTimeout.
+	//
+	// While waiting, go-redis does not retry a command that failed on the
+	// network: a re-sent claim or commit that finds its own write in place
+	// writes nothing, and from Redis 7.2 on WAIT then checks nothing on the
+	// new connection.
 	WaitTimeout time.Duration
 }
 
@@ -156,6 +161,9 @@ func (c Config) universalOptions() *redis.UniversalOptions {
 	}
 	if o.WriteTimeout == 0 {
 		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.WaitReplicas > 0 {
+		o.MaxRetries = -1 // see WaitTimeout
 	}
 	if c.TLS {
 		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}

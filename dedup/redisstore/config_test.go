@@ -62,6 +62,11 @@ func TestConfigDefaults(t *testing.T) {
 		t.Errorf("explicit values: got TLS %v, ReadTimeout %v, DialTimeout %v, PoolSize %d; want TLS set, -1, 1m, 7",
 			o.TLSConfig != nil, o.ReadTimeout, o.DialTimeout, o.PoolSize)
 	}
+	// Waiting for replicas, a re-sent write could find itself in place,
+	// write nothing, and leave WAIT nothing to wait for: no retries.
+	if o = (Config{Addrs: []string{"a:1"}, WaitReplicas: 1}).universalOptions(); o.MaxRetries != -1 {
+		t.Errorf("MaxRetries with WaitReplicas: got %d, want -1 (none)", o.MaxRetries)
+	}
 }
 
 func TestNewPicksClient(t *testing.T) {

@@ -373,6 +373,7 @@ func (p *pipeliner) send(batch []*op) {
 	if len(again) > 0 {
 		pipe = p.client.Pipeline()
 		for _, o := range again {
+			o.waitErr = nil // the EVALSHA wrote nothing: the EVAL's WAIT decides
 			o.cmd = o.script.Eval(ctx, pipe, o.key[:], o.args...)
 		}
 		wait := p.appendWait(ctx, pipe, again) // maybe another connection

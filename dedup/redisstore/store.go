@@ -209,18 +209,32 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 
 // claimed settles c, answered res. A grant too few replicas acknowledged
 // (see Config.WaitReplicas) is undone and fails: forwarded on it, the event
-// could be forwarded again after a failover. The undo deletes the key if it
-// still holds this claim (it loses a failed record's attempt count); should
-// it not reach Redis, the claim's lease lapses as a crashed forward's does.
-// Other answers wrote nothing, and stand.
+// could be forwarded again after a failover. Other answers wrote nothing,
+// and stand.
 func (s *Store) claimed(ctx context.Context, c *claimCall, res dedup.ClaimResult) (dedup.ClaimResult, error) {
 	if c.waitErr != nil && res.Outcome == dedup.Claimed {
-		now := s.nowMS()
-		_ = s.pipe.run(ctx, releaseScript, c.key, now, c.token, base36(now), base36(now), 0, "").Err()
+		if err := s.undoClaim(ctx, c); err != nil {
+			return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w (undoing it failed too, so the key stays in flight until its lease ends: %w)", c.waitErr, err)
+		}
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", c.waitErr)
 	}
 	s.held.claimed(c.key, res)
 	return res, nil
+}
+
+// undoTimeout bounds undoClaim, which runs after the claim's own context
+// may have been spent waiting for replicas.
+const undoTimeout = time.Second
+
+// undoClaim deletes c's key if it still holds c's claim (a taken-over failed
+// record loses its attempt count): release.lua with no retention. It is
+// sent on its own, outside the pipelines, so it waits for no replica, and
+// under its own timeout (undoTimeout), not ctx's deadline.
+func (s *Store) undoClaim(ctx context.Context, c *claimCall) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	now := s.nowMS()
+	return releaseScript.Run(ctx, s.client, []string{c.key}, now, c.token, base36(now), base36(now), 0, "").Err()
 }
 
 // Commit implements dedup.Store. The window is fixed here: later duplicates
@@ -417,6 +431,25 @@ func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("redisstore: maxmemory-policy: %w", err)
 	}
 	return policy, nil
+}
+
+// AcknowledgingReplicas sends WAIT with the Store's WaitReplicas and
+// WaitTimeout (see Config) on its own and returns how many replicas
+// acknowledged: a start-up check that claims can be granted, which also
+// proves the user may send WAIT. It returns 0 and no error for a Store that
+// waits for no replicas.
+func (s *Store) AcknowledgingReplicas(ctx context.Context) (int, error) {
+	if s.closed.Load() {
+		return 0, dedup.ErrClosed
+	}
+	if s.pipe.waitReplicas <= 0 {
+		return 0, nil
+	}
+	n, err := s.client.Do(ctx, "wait", s.pipe.waitReplicas, s.pipe.waitTimeoutMS).Int()
+	if err != nil {
+		return 0, fmt.Errorf("redisstore: WAIT: %w", err)
+	}
+	return n, nil
 }
 
 // evictionRank orders maxmemory policies by the harm they may do to the

@@ -56,7 +56,7 @@ func BenchmarkStoreWaitingForAReplica(b *testing.B) {
 func TestWaitReplicas(t *testing.T) {
 	ctx := context.Background()
 	master, replica := startReplicated(t)
-	s := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond}, nil)
+	s := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond}, nil)
 	key := func(id string) dedup.Key { return dedup.Key{Namespace: "n", ID: id} }
 	claim := func(id string) (dedup.ClaimResult, error) {
 		return s.Claim(ctx, key(id), dedup.ClaimOptions{Lease: time.Minute})
@@ -83,6 +83,14 @@ func TestWaitReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A failed record, which a claim takes over with claim.lua.
+	failed, err := claim("failed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, key("failed"), failed.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500}); err != nil {
+		t.Fatal(err)
+	}
 
 	replica.Stop()
 
@@ -96,8 +104,20 @@ func TestWaitReplicas(t *testing.T) {
 	if res, err := claim("done"); err != nil || res.Outcome != dedup.Duplicate {
 		t.Errorf("Claim of a processed key without the replica: got (%v, %v), want (duplicate, nil)", res.Outcome, err)
 	}
+	res, err = claim("failed")
+	if !errors.Is(err, dedup.ErrNotReplicated) {
+		t.Errorf("Claim taking over a failed record without the replica: got (%v, %v), want ErrNotReplicated", res.Outcome, err)
+	}
+	if err := master.Client().Get(ctx, s.Key(key("failed"))).Err(); !errors.Is(err, redis.Nil) {
+		t.Errorf("master after the unacknowledged takeover: got %v, want the key undone (redis.Nil)", err)
+	}
+	// After a restart or a failover the scripts are gone: the commit is
+	// sent again as EVAL, and waits as well.
+	if err := master.Client().ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if err := commit("held", held.Token); !errors.Is(err, dedup.ErrNotReplicated) {
-		t.Errorf("Commit without the replica: got %v, want ErrNotReplicated", err)
+		t.Errorf("Commit (EVAL after SCRIPT FLUSH) without the replica: got %v, want ErrNotReplicated", err)
 	}
 	if v, err := master.Client().Get(ctx, s.Key(key("held"))).Result(); err != nil || !strings.HasPrefix(v, "d,") {
 		t.Errorf("master after the unacknowledged commit: got (%q, %v), want the processed record", v, err)
@@ -107,6 +127,33 @@ func TestWaitReplicas(t *testing.T) {
 	redistest.AwaitReplicas(t, master, 1)
 	if res, err := claim("new"); err != nil || res.Outcome != dedup.Claimed {
 		t.Errorf("Claim once the replica is back: got (%v, %v), want (claimed, nil)", res.Outcome, err)
+	}
+}
+
+// A claim fails when fewer replicas than WaitReplicas are attached, or when
+// WAIT is refused (an ACL user without +wait), and leaves no key behind.
+func TestWaitReplicasUnmet(t *testing.T) {
+	ctx := context.Background()
+	master, _ := startReplicated(t)
+	if err := master.Client().Do(ctx, "acl", "setuser", "nowait", "on", ">pw", "~*", "+@all", "-wait").Err(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		cfg  redisstore.Config
+	}{
+		{"two replicas wanted, one attached", redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 2}},
+		{"WAIT refused", redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1, Username: "nowait", Password: "pw"}},
+	}
+	for i, tt := range tests {
+		s := newStore(t, tt.cfg, nil)
+		k := dedup.Key{Namespace: "n", ID: strconv.Itoa(i)}
+		if res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); !errors.Is(err, dedup.ErrNotReplicated) {
+			t.Errorf("%s: Claim: got (%v, %v), want ErrNotReplicated", tt.name, res.Outcome, err)
+		}
+		if err := master.Client().Get(ctx, s.Key(k)).Err(); !errors.Is(err, redis.Nil) {
+			t.Errorf("%s: master after the claim: got %v, want the key undone (redis.Nil)", tt.name, err)
+		}
 	}
 }
 
