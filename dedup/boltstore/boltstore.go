@@ -872,8 +872,9 @@ type Stats struct {
 	// checkpoint. Past MaxBacklogBytes, journal writes (commits) wait for
 	// the checkpointer.
 	BacklogBytes, MaxBacklogBytes int64
-	// CheckpointFailures counts failed checkpoints since Open; each is
-	// retried a second later, and the journal keeps the writes meanwhile.
+	// CheckpointFailures counts failed checkpoints since Open (by the
+	// checkpointer, which retries a second later, and by Sweep and Close);
+	// the journal keeps the writes meanwhile.
 	CheckpointFailures uint64
 }
 

@@ -28,7 +28,6 @@ func (s *Store) checkpointLoop() {
 		}
 		retry = nil
 		if err := s.checkpoint(); err != nil {
-			s.checkpointFailures.Add(1)
 			s.log.Warn("checkpoint failed; the journal keeps the writes", zap.Error(err))
 			retry = time.After(checkpointRetry)
 		}
@@ -46,10 +45,15 @@ type checkpointItem struct {
 // in-memory index (unless written again since) and their files are handed
 // back for reuse (or removed, beyond maxFreeSlots).
 // Only the newest write of each key is copied. On error nothing is forgotten
-// and the next checkpoint retries.
-func (s *Store) checkpoint() error {
+// and the next checkpoint retries; the failure is counted (see Stats).
+func (s *Store) checkpoint() (err error) {
 	s.checkpointMu.Lock()
 	defer s.checkpointMu.Unlock()
+	defer func() {
+		if err != nil {
+			s.checkpointFailures.Add(1)
+		}
+	}()
 	s.sealedMu.Lock()
 	segs := slices.Clone(s.sealed)
 	s.sealedMu.Unlock()
@@ -87,7 +91,7 @@ func (s *Store) checkpoint() error {
 	items = slices.CompactFunc(items, func(a, b checkpointItem) bool { return a.key == b.key })
 
 	start := time.Now()
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		for _, it := range items {
 			if err := applyWrite(tx, []byte(it.key), it.val); err != nil {
 				return err

@@ -363,6 +363,14 @@ func TestStatsShowFailingCheckpoints(t *testing.T) {
 	if got := s.Stats(); got.BacklogBytes <= 0 {
 		t.Errorf("Stats while checkpoints fail: got backlog %d bytes, want > 0", got.BacklogBytes)
 	}
+	// A Sweep's checkpoint counts as well.
+	before := s.Stats().CheckpointFailures
+	if _, err := s.Sweep(ctx); err == nil {
+		t.Error("Sweep while bbolt refuses transactions: got nil, want an error")
+	}
+	if got := s.Stats().CheckpointFailures; got <= before {
+		t.Errorf("CheckpointFailures after a failed Sweep: got %d, want more than %d", got, before)
+	}
 }
 
 // ownerOf returns the owner a segment file's header names.
