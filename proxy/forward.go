@@ -436,7 +436,7 @@ func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored
 		d.rt.log.Warn("lease lost before commit: the upstream processed the event, but the claim is gone (its lease lapsed and another delivery took the key, it was forgotten, or the store lost it in a failover), so the event is not recorded and its next copy is forwarded again",
 			keyField(d.clientKey), requestIDField(d.requestID))
 	case errors.Is(err, dedup.ErrNotReplicated):
-		d.rt.log.Warn("commit recorded, but not acknowledged by the store's replicas in time: a failover now would lose it and forward the event's next copy again",
+		d.rt.log.Warn("commit recorded on the store's primary, but its replicas did not confirm it (see error): a failover now would lose it and forward the event's next copy again",
 			keyField(d.clientKey), requestIDField(d.requestID), zap.Error(err))
 	default:
 		d.rt.log.Error("commit failed after the upstream's 2xx: the key stays processing until its lease ends, then a retry is forwarded again",

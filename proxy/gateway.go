@@ -45,7 +45,7 @@ type Options struct {
 	Transport http.RoundTripper
 	// StoreTimeout bounds each store operation (claim, commit, release, get).
 	// Commit and release run under it even after the sender hung up. Zero
-	// means 5s.
+	// means DefaultStoreTimeout.
 	StoreTimeout time.Duration
 	// BodyTimeout bounds reading one delivery's body, so a slow-body sender
 	// is cut off with 408 instead of holding a goroutine. It is applied with
@@ -55,10 +55,11 @@ type Options struct {
 	BodyTimeout time.Duration
 }
 
-const (
-	defaultStoreTimeout = 5 * time.Second
-	defaultBodyTimeout  = 30 * time.Second
-)
+// DefaultStoreTimeout is the StoreTimeout a zero Options gets (serve uses
+// it).
+const DefaultStoreTimeout = 5 * time.Second
+
+const defaultBodyTimeout = 30 * time.Second
 
 // Gateway is the deduplicating reverse proxy. It is an http.Handler; its
 // routes can be swapped with Reload while it serves.
@@ -140,7 +141,7 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 		g.now, g.realClock = time.Now, true
 	}
 	if g.storeTimeout <= 0 {
-		g.storeTimeout = defaultStoreTimeout
+		g.storeTimeout = DefaultStoreTimeout
 	}
 	if g.bodyTimeout <= 0 {
 		g.bodyTimeout = defaultBodyTimeout

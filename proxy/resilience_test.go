@@ -80,7 +80,7 @@ func TestSettleErrors(t *testing.T) {
 	}{
 		{"commit fails after 2xx", 200, errBoom, nil, "commit failed after the upstream's 2xx", zapcore.ErrorLevel, ""},
 		{"commit finds the lease lost", 200, dedup.ErrNotOwner, nil, "lease lost before commit", zapcore.WarnLevel, "commit"},
-		{"commit not acknowledged by replicas", 200, fmt.Errorf("redisstore: commit: %w", dedup.ErrNotReplicated), nil, "commit recorded, but not acknowledged by the store's replicas", zapcore.WarnLevel, ""},
+		{"commit not acknowledged by replicas", 200, fmt.Errorf("redisstore: commit: %w", dedup.ErrNotReplicated), nil, "commit recorded on the store's primary, but its replicas did not confirm it", zapcore.WarnLevel, ""},
 		{"release fails after 5xx", 500, nil, errBoom, "release failed", zapcore.ErrorLevel, ""},
 		{"release finds the lease lost", 500, nil, dedup.ErrNotOwner, "lease lost before release", zapcore.WarnLevel, "release"},
 	}

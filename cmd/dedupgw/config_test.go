@@ -486,6 +486,49 @@ func TestUnsignedProviderRoutesAreNamed(t *testing.T) {
 	}
 }
 
+// TestWaitReplicasWithFailOpenRoutesIsWarned: with wait_replicas, a claim
+// fails whenever too few replicas acknowledge it, and a fail-open route then
+// forwards without deduplication; one warning names those routes.
+func TestWaitReplicasWithFailOpenRoutesIsWarned(t *testing.T) {
+	route := func(name, policy string) string {
+		return fmt.Sprintf("  - name: %s\n    path: /%s\n    upstream: http://127.0.0.1:3000\n    keys: [body]\n%s", name, name, policy)
+	}
+	store := func(wait int) string {
+		return fmt.Sprintf("store:\n  backend: redis\n  redis:\n    addrs: [\"127.0.0.1:6379\"]\n    wait_replicas: %d\n", wait)
+	}
+	tests := []struct {
+		name, text string
+		want       string // "" for no warning
+	}{
+		{"no wait", store(0) + "routes:\n" + route("a", ""), ""},
+		{"all reject", store(1) + "defaults:\n  on_store_error: reject\n" + "routes:\n" + route("a", ""), ""},
+		{"default forward", store(1) + "routes:\n" + route("a", "") + route("b", "    on_store_error: reject\n"),
+			`store.redis.wait_replicas: claims fail while fewer than 1 replicas acknowledge them (a replica down, or after a failover), and then "a" (on_store_error: forward, the default)`},
+		{"a route forwards", store(2) + "defaults:\n  on_store_error: reject\n" + "routes:\n" + route("a", "    on_store_error: forward\n") + route("b", ""),
+			`store.redis.wait_replicas: claims fail while fewer than 2 replicas acknowledge them (a replica down, or after a failover), and then "a" (on_store_error`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, problems := loadText(t, tt.text, nil)
+			if len(problems) != 0 {
+				t.Fatalf("got problems %q, want none", problems)
+			}
+			var got []string
+			for _, w := range f.Warnings() {
+				if w.Key == "store.redis.wait_replicas" {
+					got = append(got, w.String())
+				}
+			}
+			switch {
+			case tt.want == "" && len(got) != 0:
+				t.Errorf("got warnings %q, want none", got)
+			case tt.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tt.want)):
+				t.Errorf("got warnings %q, want one starting %q", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestEnvOverrideNames(t *testing.T) {
 	var names []string
 	for _, o := range envOverrides() {
@@ -608,6 +651,7 @@ func TestProblems(t *testing.T) {
 		{"wait on a cluster", "store:\n  backend: redis\n  redis:\n    addrs: [a:1, b:2]\n    wait_replicas: 1\n" + minimal, nil, []string{"store.redis.wait_replicas: a Redis Cluster (several addrs) routes WAIT to no particular shard; use it with a single node or Sentinel"}},
 		{"wait under a millisecond", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: 1\n    wait_timeout: 500us\n" + minimal, nil, []string{"store.redis.wait_timeout: must be at least 1ms, got 500µs (Redis's WAIT counts milliseconds)"}},
 		{"wait as long as a read", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: 1\n    wait_timeout: 1s\n" + minimal, nil, []string{"store.redis.wait_timeout: 1s must be below store.redis.read_timeout (1s), which would cut the wait off"}},
+		{"wait longer than a store operation", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: 1\n    wait_timeout: 5s\n    read_timeout: -1s\n" + minimal, nil, []string{"store.redis.wait_timeout: 5s must be below the gateway's 5s bound on a store operation, which would cut the wait off"}},
 		{"wait with a longer read", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: 1\n    wait_timeout: 1s\n    read_timeout: 3s\n" + minimal, nil, nil},
 		{"empty bolt path", "store:\n  bolt:\n    path: ${DB_PATH}\n" + minimal, nil, nil}, // empty means the default
 		{"window zero", "defaults:\n  window: 0s\n" + minimal, nil, []string{"defaults.window: must be greater than 0, got 0s"}},

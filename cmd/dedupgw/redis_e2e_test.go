@@ -37,9 +37,10 @@ type redisRoute struct {
 
 // redisStore is the store.redis block of a test configuration.
 type redisStore struct {
-	addrs        []string
-	masterName   string
-	waitReplicas int
+	addrs              []string
+	masterName         string
+	waitReplicas       int
+	username, password string
 }
 
 // redisConfig writes, in a new temporary directory, a configuration for
@@ -67,8 +68,10 @@ store:
     addrs: [%s]
     master_name: %q
     wait_replicas: %d
+    username: %q
+    password: %q
 routes:
-`, strings.Join(addrs, ", "), st.masterName, st.waitReplicas)
+`, strings.Join(addrs, ", "), st.masterName, st.waitReplicas, st.username, st.password)
 	for _, r := range routes {
 		fmt.Fprintf(&b, `  - name: %s
     path: %s

@@ -155,6 +155,7 @@ func (s *server) run(sigs <-chan os.Signal) error {
 			zap.String("backend", f.Store.Backend), zap.Error(err))
 	} else if rs, ok := store.(*redisstore.Store); ok {
 		warnEviction(pingCtx, rs, s.log)
+		warnReplicas(pingCtx, rs, f.Store.Redis.WaitReplicas, s.log)
 	}
 	cancel()
 
@@ -459,6 +460,23 @@ func registerBoltMetrics(reg prometheus.Registerer, bs *boltstore.Store) {
 			Help: "Checkpoints of the journal into the bbolt file that failed (each is retried).",
 		}, func() float64 { return float64(bs.Stats().CheckpointFailures) }),
 	)
+}
+
+// warnReplicas warns when claims cannot be granted now because fewer than
+// want replicas acknowledge writes (store.redis.wait_replicas), or WAIT is
+// refused (an ACL without +wait).
+func warnReplicas(ctx context.Context, rs *redisstore.Store, want int, log *zap.Logger) {
+	if want <= 0 {
+		return
+	}
+	n, err := rs.AcknowledgingReplicas(ctx)
+	switch {
+	case err != nil:
+		log.Warn("Redis refused WAIT, so every claim fails while store.redis.wait_replicas is set (an ACL user needs +wait)", zap.Error(err))
+	case n < want:
+		log.Warn("fewer Redis replicas acknowledge writes than store.redis.wait_replicas asks for: every claim fails until enough do",
+			zap.Int("acknowledging", n), zap.Int("wait_replicas", want))
+	}
 }
 
 // goRedisLogger installs go-redis's process-wide logger once.

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -241,6 +243,57 @@ func TestRedisEvictionPolicyIsWarnedAtStartUp(t *testing.T) {
 			warn := p.logs.FilterMessage(warning).All()
 			if len(warn) != tt.warns || tt.warns > 0 && warn[0].ContextMap()["maxmemory_policy"] != tt.policy {
 				t.Errorf("got start-up warnings %v, want %d naming %s", warn, tt.warns, tt.policy)
+			}
+			if err := p.stop(); err != nil {
+				t.Errorf("run: got %v, want nil", err)
+			}
+		})
+	}
+}
+
+// With wait_replicas, a Redis without enough replicas (every claim would
+// fail) or refusing WAIT is named at start-up.
+func TestMissingReplicasAreWarnedAtStartUp(t *testing.T) {
+	const missing = "fewer Redis replicas acknowledge writes than store.redis.wait_replicas asks for: every claim fails until enough do"
+	const refused = "Redis refused WAIT, so every claim fails while store.redis.wait_replicas is set (an ACL user needs +wait)"
+	master := redistest.StartWith(t, "--repl-diskless-sync-delay", "0")
+	redistest.StartWith(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port())) // its one replica
+	redistest.AwaitReplicas(t, master, 1)
+	ctx := context.Background()
+	if err := master.Client().Do(ctx, "acl", "setuser", "nowait", "on", ">pw", "~*", "+@all", "-wait").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name         string
+		wait         int
+		user         string
+		want         string
+		acknowledged int64
+	}{
+		{"enough", 1, "", "", 0},
+		{"too few", 2, "", missing, 1},
+		{"refused", 1, "nowait", refused, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+			st := redisStore{addrs: []string{master.Addr()}, waitReplicas: tt.wait}
+			if tt.user != "" {
+				st.username, st.password = tt.user, "pw"
+			}
+			cfg := redisConfig(t, "http://127.0.0.1:1", st)
+			p := startInProcess(t, cfg)
+			for _, msg := range []string{missing, refused} {
+				got := p.logs.FilterMessage(msg).All()
+				want := 0
+				if msg == tt.want {
+					want = 1
+				}
+				if len(got) != want {
+					t.Errorf("start-up warnings %q: got %d, want %d", msg, len(got), want)
+				}
+				if msg == missing && want == 1 && got[0].ContextMap()["acknowledging"] != tt.acknowledged {
+					t.Errorf("acknowledging: got %v, want %d", got[0].ContextMap()["acknowledging"], tt.acknowledged)
+				}
 			}
 			if err := p.stop(); err != nil {
 				t.Errorf("run: got %v, want nil", err)

@@ -182,8 +182,11 @@ func (f *File) checkWait(ps *Problems) {
 		if read == 0 {
 			read = redisstore.DefaultReadTimeout
 		}
-		if read > 0 && wait >= read {
+		switch {
+		case read > 0 && wait >= read:
 			ps.add("store.redis.wait_timeout", "%v must be below store.redis.read_timeout (%v), which would cut the wait off", wait, read)
+		case wait >= proxy.DefaultStoreTimeout:
+			ps.add("store.redis.wait_timeout", "%v must be below the gateway's %v bound on a store operation, which would cut the wait off", wait, proxy.DefaultStoreTimeout)
 		}
 	}
 }
@@ -407,11 +410,20 @@ func (f *File) unsetNote(key string) string {
 //
 // A DEDUPGW_* variable set to "" is ignored (an unset ${VAR} in a compose
 // file or manifest gives one).
+//
+// store.redis.wait_replicas makes a claim fail while too few replicas
+// acknowledge it; a route with on_store_error: forward then forwards every
+// delivery without deduplication.
 func (f *File) Warnings() []Problem {
 	ws := f.envWarnings()
 	var unsigned []string // provider routes without secrets
+	var failOpen []string // routes that forward on store errors, when claims wait for replicas
+	waiting := f.Store.Backend == "redis" && f.Store.Redis.WaitReplicas > 0
 	for i, r := range f.Routes {
 		p := f.effective(i)
+		if waiting && p.OnStoreError != nil && *p.OnStoreError == proxy.Forward {
+			failOpen = append(failOpen, strconv.Quote(r.Name))
+		}
 		if p.FailedRetention != nil && *p.FailedRetention > *p.Window {
 			ws = append(ws, Problem{
 				Key: fmt.Sprintf("routes[%d].failed_retention", i),
@@ -437,6 +449,12 @@ func (f *File) Warnings() []Problem {
 		ws = append(ws, Problem{
 			Key: "routes",
 			Msg: fmt.Sprintf("%s %s no signatures (a provider but no secrets:): anyone who can reach the gateway can send a real event's ID first and have the genuine delivery answered as a duplicate", strings.Join(unsigned, ", "), verb),
+		})
+	}
+	if len(failOpen) > 0 {
+		ws = append(ws, Problem{
+			Key: "store.redis.wait_replicas",
+			Msg: fmt.Sprintf("claims fail while fewer than %d replicas acknowledge them (a replica down, or after a failover), and then %s (on_store_error: forward, the default) forward every delivery without deduplication: set on_store_error: reject", f.Store.Redis.WaitReplicas, strings.Join(failOpen, ", ")),
 		})
 	}
 	return ws
