@@ -52,7 +52,8 @@ import (
 //     none), without their values (go-redis hooks do not see them), besides
 //     the client's read and write timeouts.
 //   - go-redis retries a pipeline that failed on a network error (MaxRetries)
-//     by sending it again whole; the scripts make that safe too. On a
+//     by sending it again whole; the scripts make that safe too. (Not while
+//     waiting for replicas: see Config.WaitTimeout.) On a
 //     Cluster, go-redis splits a pipeline per node and follows MOVED and ASK
 //     per command; behind Sentinel it follows the current master.
 //   - With replicas to wait for (Config.WaitReplicas), a pipeline holding a
