@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -10,13 +11,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupgw/dedupgw/dedup/boltstore"
 	"github.com/dedupgw/dedupgw/dedup/memstore"
 )
 
 // TestDashboardQueriesKnownMetrics keeps the Grafana dashboard the Helm chart
 // ships honest: every dedupgw_* series one of its panels queries must be a
-// metric the gateway registers, so a renamed metric cannot leave an empty
-// panel behind.
+// metric the gateway or the bolt store registers, so a renamed metric cannot
+// leave an empty panel behind.
 func TestDashboardQueriesKnownMetrics(t *testing.T) {
 	raw, err := os.ReadFile("../helm/dedupgw/dashboards/dedupgw.json")
 	if err != nil {
@@ -42,6 +44,12 @@ func TestDashboardQueriesKnownMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer gw.Close()
+	bolt, err := boltstore.Open(filepath.Join(t.TempDir(), "dedupgw.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bolt.Close()
+	reg.MustRegister(bolt.Collectors()...)
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

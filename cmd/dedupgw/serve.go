@@ -165,7 +165,7 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	if bs, ok := store.(*boltstore.Store); ok {
-		registerBoltMetrics(s.reg, bs)
+		s.reg.MustRegister(bs.Collectors()...)
 	}
 	gw, err := proxy.New(f.GatewayConfig(), store, proxy.Options{
 		Logger:      s.log,
@@ -439,27 +439,6 @@ func warnEviction(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
 		log.Warn("Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction",
 			zap.String("maxmemory_policy", policy))
 	}
-}
-
-// registerBoltMetrics registers the bolt journal's metrics on reg (the
-// gateway's own are in proxy/metrics.go): a checkpointer that cannot write
-// the bbolt file only logs a warning per retry, while the journal grows until
-// commits wait for it.
-func registerBoltMetrics(reg prometheus.Registerer, bs *boltstore.Store) {
-	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "dedupgw_bolt_journal_backlog_bytes",
-			Help: "Bytes of journal files waiting to be checkpointed into the bbolt file.",
-		}, func() float64 { return float64(bs.Stats().BacklogBytes) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "dedupgw_bolt_journal_backlog_limit_bytes",
-			Help: "The journal backlog past which commits wait for checkpoints.",
-		}, func() float64 { return float64(bs.Stats().MaxBacklogBytes) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "dedupgw_bolt_checkpoint_failures_total",
-			Help: "Checkpoints of the journal into the bbolt file that failed (each is retried).",
-		}, func() float64 { return float64(bs.Stats().CheckpointFailures) }),
-	)
 }
 
 // warnReplicas warns when claims cannot be granted now because fewer than
