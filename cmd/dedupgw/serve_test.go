@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+	bolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -299,6 +300,47 @@ func TestMissingReplicasAreWarnedAtStartUp(t *testing.T) {
 				t.Errorf("run: got %v, want nil", err)
 			}
 		})
+	}
+}
+
+// "dedupgw stopped" is the last line, and means the store is closed: when it
+// is logged, another process may open the bbolt file (a rolling restart on
+// the same volume, say).
+func TestStoppedIsLoggedOnceTheStoreIsClosed(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dir := t.TempDir()
+	cfg, _ := tokenConfig(t, dir, "http://127.0.0.1:1")
+	f, err := loadConfig(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan error, 1)
+	onStopped := zap.Hooks(func(e zapcore.Entry) error {
+		if e.Message == "dedupgw stopped" {
+			// bbolt locks the file with flock: a second open fails
+			// while the store still holds it.
+			db, err := bolt.Open(filepath.Join(dir, "x.db"), 0o600, &bolt.Options{Timeout: 200 * time.Millisecond})
+			if err == nil {
+				err = db.Close()
+			}
+			opened <- err
+		}
+		return nil
+	})
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel)
+	s := &server{path: cfg, log: zap.New(core, onStopped), level: zap.NewAtomicLevel(), file: f}
+	sigs := make(chan os.Signal, 1)
+	sigs <- syscall.SIGTERM // stops it as soon as it has started
+	if err := s.run(sigs); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	select {
+	case err := <-opened:
+		if err != nil {
+			t.Errorf("opening the bbolt file when \"dedupgw stopped\" is logged: got %v, want it free", err)
+		}
+	default:
+		t.Error(`got no "dedupgw stopped" line`)
 	}
 }
 
