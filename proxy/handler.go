@@ -613,17 +613,23 @@ const maxLoggedKey = 256
 
 // clipForLog returns s for a log line: bytes that are not UTF-8 written as
 // \xNN (JSON logs would show each as U+FFFD, and the key could not be found
-// again from the log), truncated after maxLoggedKey bytes of s, marked with
-// "…".
+// again from the log) and a backslash as \\ (so a key holding the text \xE9
+// does not read like one holding the byte), truncated after maxLoggedKey
+// bytes of s, marked with "…".
 func clipForLog(s string) string {
-	if len(s) <= maxLoggedKey && utf8.ValidString(s) {
+	if len(s) <= maxLoggedKey && utf8.ValidString(s) && strings.IndexByte(s, '\\') < 0 {
 		return s
 	}
 	var b strings.Builder
 	for i := 0; i < len(s) && i < maxLoggedKey; {
 		r, n := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && n <= 1 {
+		switch {
+		case r == utf8.RuneError && n <= 1:
 			fmt.Fprintf(&b, `\x%02X`, s[i])
+			i++
+			continue
+		case r == '\\':
+			b.WriteString(`\\`)
 			i++
 			continue
 		}

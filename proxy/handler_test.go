@@ -1151,6 +1151,8 @@ func TestClipForLog(t *testing.T) {
 		{"plain", "evt_1", "evt_1"},
 		{"UTF-8", "ünï", "ünï"},
 		{"Latin-1", "\xfcn\xef", `\xFCn\xEF`},
+		{"the text of an escape", `caf\xE9`, `caf\\xE9`},
+		{"a backslash beside an invalid byte", "a\\\xe9", `a\\\xE9`},
 		{"at the bound", long, long},
 		{"over the bound", long + "b", long + "…"},
 		{"a rune across the bound", long[1:] + "ü", long[1:] + "…"},
