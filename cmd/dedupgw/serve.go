@@ -150,12 +150,17 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	// later, and meanwhile each delivery meets its route's on_store_error
 	// policy. But say so now, not at the first delivery or readiness probe.
 	pingCtx, cancel := context.WithTimeout(context.Background(), startupPingTimeout)
-	if err := store.Ping(pingCtx); err != nil {
+	switch err := store.Ping(pingCtx); {
+	case errors.Is(err, dedup.ErrNotReplicated):
+		s.log.Warn("Redis answers, but claims fail at start-up: fewer replicas acknowledge writes than store.redis.wait_replicas asks for, or WAIT is refused (an ACL user needs +wait); deliveries meet their routes' on_store_error policy until enough do",
+			zap.Error(err))
+	case err != nil:
 		s.log.Warn("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers",
 			zap.String("backend", f.Store.Backend), zap.Error(err))
-	} else if rs, ok := store.(*redisstore.Store); ok {
-		warnEviction(pingCtx, rs, s.log)
-		warnReplicas(pingCtx, rs, f.Store.Redis.WaitReplicas, s.log)
+	default:
+		if rs, ok := store.(*redisstore.Store); ok {
+			warnEviction(pingCtx, rs, s.log)
+		}
 	}
 	cancel()
 
@@ -438,23 +443,6 @@ func warnEviction(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
 	case policy != "noeviction":
 		log.Warn("Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction",
 			zap.String("maxmemory_policy", policy))
-	}
-}
-
-// warnReplicas warns when claims cannot be granted now because fewer than
-// want replicas acknowledge writes (store.redis.wait_replicas), or WAIT is
-// refused (an ACL without +wait).
-func warnReplicas(ctx context.Context, rs *redisstore.Store, want int, log *zap.Logger) {
-	if want <= 0 {
-		return
-	}
-	n, err := rs.AcknowledgingReplicas(ctx)
-	switch {
-	case err != nil:
-		log.Warn("Redis refused WAIT, so every claim fails while store.redis.wait_replicas is set (an ACL user needs +wait)", zap.Error(err))
-	case n < want:
-		log.Warn("fewer Redis replicas acknowledge writes than store.redis.wait_replicas asks for: every claim fails until enough do",
-			zap.Int("acknowledging", n), zap.Int("wait_replicas", want))
 	}
 }
 

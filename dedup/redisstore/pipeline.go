@@ -406,18 +406,24 @@ func (p *pipeliner) noteWait(ops []*op, wait *redis.IntCmd) {
 	if wait == nil {
 		return
 	}
-	var err error
-	switch n, werr := wait.Result(); {
-	case werr != nil:
-		err = fmt.Errorf("%w: WAIT failed: %w", dedup.ErrNotReplicated, werr)
-	case n < p.waitReplicas:
-		err = fmt.Errorf("%w: %d of %d acknowledged within %dms", dedup.ErrNotReplicated, n, p.waitReplicas, p.waitTimeoutMS)
-	}
+	err := p.verdict(wait.Result())
 	for _, o := range ops {
 		if o.writes() {
 			o.waitErr = err
 		}
 	}
+}
+
+// verdict turns WAIT's reply into nil when at least waitReplicas replicas
+// acknowledged, else an error wrapping dedup.ErrNotReplicated.
+func (p *pipeliner) verdict(acked int64, err error) error {
+	switch {
+	case err != nil:
+		return fmt.Errorf("WAIT failed (%w): %w", err, dedup.ErrNotReplicated)
+	case acked < p.waitReplicas:
+		return fmt.Errorf("%w: %d of %d acknowledged within %dms", dedup.ErrNotReplicated, acked, p.waitReplicas, p.waitTimeoutMS)
+	}
+	return nil
 }
 
 // stampPipelineErr makes err, the error Exec returned for ops' pipeline,

@@ -369,7 +369,9 @@ func (s *Store) forgetOnce(ctx context.Context, rk string, now int64) *redis.Cmd
 
 // Ping implements dedup.Store: PING on the node, on the Sentinel master, or
 // on every Cluster master (a Cluster with one master down cannot serve part of
-// the keys, so it is not ready).
+// the keys, so it is not ready). With WaitReplicas it also sends WAIT, and
+// fails (wrapping dedup.ErrNotReplicated) while too few replicas
+// acknowledge or WAIT is refused: every claim would fail.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.closed.Load() {
 		return dedup.ErrClosed
@@ -381,6 +383,9 @@ func (s *Store) Ping(ctx context.Context) error {
 		return c.Ping(ctx).Err()
 	})
 	if err != nil {
+		return fmt.Errorf("redisstore: ping: %w", err)
+	}
+	if err := s.replicated(ctx); err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
 	}
 	return nil
@@ -433,23 +438,17 @@ func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 	return policy, nil
 }
 
-// AcknowledgingReplicas sends WAIT with the Store's WaitReplicas and
-// WaitTimeout (see Config) on its own and returns how many replicas
-// acknowledged: a start-up check that claims can be granted, which also
-// proves the user may send WAIT. It returns 0 and no error for a Store that
-// waits for no replicas.
-func (s *Store) AcknowledgingReplicas(ctx context.Context) (int, error) {
-	if s.closed.Load() {
-		return 0, dedup.ErrClosed
-	}
+// replicated sends WAIT with the Store's WaitReplicas and WaitTimeout (see
+// Config) on its own, and returns an error wrapping dedup.ErrNotReplicated
+// when fewer replicas acknowledged or WAIT failed (an ACL without +wait):
+// claims cannot be granted. It returns nil for a Store that waits for no
+// replicas.
+func (s *Store) replicated(ctx context.Context) error {
 	if s.pipe.waitReplicas <= 0 {
-		return 0, nil
+		return nil
 	}
-	n, err := s.client.Do(ctx, "wait", s.pipe.waitReplicas, s.pipe.waitTimeoutMS).Int()
-	if err != nil {
-		return 0, fmt.Errorf("redisstore: WAIT: %w", err)
-	}
-	return n, nil
+	n, err := s.client.Do(ctx, "wait", s.pipe.waitReplicas, s.pipe.waitTimeoutMS).Int64()
+	return s.pipe.verdict(n, err)
 }
 
 // evictionRank orders maxmemory policies by the harm they may do to the

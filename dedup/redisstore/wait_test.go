@@ -154,6 +154,14 @@ func TestWaitReplicasUnmet(t *testing.T) {
 		if err := master.Client().Get(ctx, s.Key(k)).Err(); !errors.Is(err, redis.Nil) {
 			t.Errorf("%s: master after the claim: got %v, want the key undone (redis.Nil)", tt.name, err)
 		}
+		// Readiness says so: every claim would fail.
+		if err := s.Ping(ctx); !errors.Is(err, dedup.ErrNotReplicated) {
+			t.Errorf("%s: Ping: got %v, want ErrNotReplicated", tt.name, err)
+		}
+	}
+	ok := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1}, nil)
+	if err := ok.Ping(ctx); err != nil {
+		t.Errorf("Ping with the replica acknowledging: got %v, want nil", err)
 	}
 }
 
