@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"go.uber.org/zap"
 )
@@ -14,8 +15,10 @@ import (
 //
 //	redis.SetLogger(redisstore.GoRedisLogger{Logger: log.Named("go-redis")})
 //
-// Lines are logged at Warn: go-redis logs only trouble (failed dials, pool
-// and sentinel events). A nil Logger discards them.
+// Lines are logged at Warn: go-redis logs mostly trouble (failed dials, pool
+// errors). The Sentinel client's news (the master it found or switched to, a
+// sentinel discovered) is logged at Info, since every start and every
+// failover logs it. A nil Logger discards them.
 type GoRedisLogger struct {
 	Logger *zap.Logger
 }
@@ -25,5 +28,21 @@ func (l GoRedisLogger) Printf(_ context.Context, format string, v ...any) {
 	if l.Logger == nil {
 		return
 	}
-	l.Logger.Warn(fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	if sentinelNews(format) {
+		l.Logger.Info(msg)
+		return
+	}
+	l.Logger.Warn(msg)
+}
+
+// sentinelNews reports whether format is one of go-redis's Sentinel lines
+// that report normal events rather than trouble.
+func sentinelNews(format string) bool {
+	for _, p := range []string{"sentinel: selected addr=", "sentinel: new master=", "sentinel: discovered new sentinel="} {
+		if strings.HasPrefix(format, p) {
+			return true
+		}
+	}
+	return false
 }

@@ -28,3 +28,24 @@ func TestGoRedisLogger(t *testing.T) {
 		t.Errorf("level: got %v, want warn", got)
 	}
 }
+
+func TestGoRedisLoggerLevels(t *testing.T) {
+	tests := []struct {
+		format string
+		args   []any
+		want   zapcore.Level
+	}{
+		{"sentinel: selected addr=%s masterAddr=%s", []any{"a:1", "b:2"}, zapcore.InfoLevel},
+		{"sentinel: new master=%q addr=%q", []any{"m", "b:2"}, zapcore.InfoLevel},
+		{"sentinel: discovered new sentinel=%q for master=%q", []any{"c:3", "m"}, zapcore.InfoLevel},
+		{"sentinel: GetMasterAddrByName name=%q failed: %s", []any{"m", "refused"}, zapcore.WarnLevel},
+		{"redis: connection pool: %v", []any{"broken"}, zapcore.WarnLevel},
+	}
+	for _, tt := range tests {
+		core, logs := observer.New(zapcore.DebugLevel)
+		GoRedisLogger{Logger: zap.New(core)}.Printf(context.Background(), tt.format, tt.args...)
+		if got := logs.All(); len(got) != 1 || got[0].Level != tt.want {
+			t.Errorf("%q: got %v, want one %v line", tt.format, got, tt.want)
+		}
+	}
+}
