@@ -135,6 +135,10 @@ type Redis struct {
 	// Username (Redis 6 ACL) and Password authenticate. Empty means none.
 	Username string `config:"username"`
 	Password string `config:"password"`
+	// SentinelUsername and SentinelPassword authenticate to the sentinels
+	// (master_name set). Empty means none.
+	SentinelUsername string `config:"sentinel_username"`
+	SentinelPassword string `config:"sentinel_password"`
 	// DB is the logical database (single node or Sentinel). Zero means 0.
 	DB int `config:"db"`
 	// TLS connects with TLS 1.2+ and the system roots. False means plain TCP.

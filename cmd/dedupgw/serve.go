@@ -488,19 +488,21 @@ func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
 		goRedisLogger.Do(func() { redis.SetLogger(redisstore.GoRedisLogger{Logger: log.Named("go-redis")}) })
 		r := cfg.Redis
 		s, err := redisstore.New(redisstore.Config{
-			Addrs:        r.Addrs,
-			MasterName:   r.MasterName,
-			Username:     r.Username,
-			Password:     r.Password,
-			DB:           r.DB,
-			TLS:          r.TLS,
-			KeyPrefix:    r.KeyPrefix,
-			DialTimeout:  r.DialTimeout,
-			ReadTimeout:  r.ReadTimeout,
-			WriteTimeout: r.WriteTimeout,
-			PoolSize:     r.PoolSize,
-			WaitReplicas: r.WaitReplicas,
-			WaitTimeout:  r.WaitTimeout,
+			Addrs:            r.Addrs,
+			MasterName:       r.MasterName,
+			Username:         r.Username,
+			Password:         r.Password,
+			SentinelUsername: r.SentinelUsername,
+			SentinelPassword: r.SentinelPassword,
+			DB:               r.DB,
+			TLS:              r.TLS,
+			KeyPrefix:        r.KeyPrefix,
+			DialTimeout:      r.DialTimeout,
+			ReadTimeout:      r.ReadTimeout,
+			WriteTimeout:     r.WriteTimeout,
+			PoolSize:         r.PoolSize,
+			WaitReplicas:     r.WaitReplicas,
+			WaitTimeout:      r.WaitTimeout,
 		}, redisstore.Options{Logger: log})
 		if err != nil {
 			return nil, fmt.Errorf("open redis store: %w", err)

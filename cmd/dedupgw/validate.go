@@ -143,6 +143,13 @@ func (f *File) checkStore(ps *Problems) {
 		if s.Redis.DB < 0 {
 			ps.add("store.redis.db", "must not be negative, got %d", s.Redis.DB)
 		}
+		if s.Redis.MasterName == "" {
+			for _, k := range []struct{ key, v string }{{"sentinel_username", s.Redis.SentinelUsername}, {"sentinel_password", s.Redis.SentinelPassword}} {
+				if k.v != "" {
+					ps.add("store.redis."+k.key, "authenticates to the sentinels: set it only with master_name")
+				}
+			}
+		}
 		if s.Redis.DB != 0 && len(s.Redis.Addrs) > 1 && s.Redis.MasterName == "" {
 			ps.add("store.redis.db", "a Redis Cluster (several addrs) has only db 0")
 		}

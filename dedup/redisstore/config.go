@@ -31,10 +31,14 @@ type Config struct {
 	MasterName string
 	// Username and Password authenticate (Redis 6 ACL when Username is set,
 	// the legacy requirepass otherwise). Empty means no authentication. With
-	// Sentinel they authenticate to the master; the sentinels themselves are
-	// reached without.
+	// Sentinel they authenticate to the master (and its replicas).
 	Username string
 	Password string
+	// SentinelUsername and SentinelPassword authenticate to the sentinels
+	// themselves (their requirepass, or an ACL user with SentinelUsername).
+	// Empty means the sentinels are reached without. Sentinel only.
+	SentinelUsername string
+	SentinelPassword string
 	// DB selects the logical database on a single node or Sentinel master.
 	// Zero means database 0. A Cluster has only database 0: a non-zero DB
 	// with several addresses is an error.
@@ -95,6 +99,9 @@ func (c Config) validate() error {
 	if c.DB < 0 {
 		return errors.New("redisstore: db: must not be negative")
 	}
+	if c.MasterName == "" && (c.SentinelUsername != "" || c.SentinelPassword != "") {
+		return errors.New("redisstore: sentinel_username, sentinel_password: set only with master_name (Sentinel)")
+	}
 	if c.MasterName == "" && len(c.Addrs) > 1 && c.DB != 0 {
 		return errors.New("redisstore: db: a cluster (several addrs) has only database 0")
 	}
@@ -134,15 +141,19 @@ func (c Config) mode() string {
 // address a single-node client.
 func (c Config) universalOptions() *redis.UniversalOptions {
 	o := &redis.UniversalOptions{
-		Addrs:        c.Addrs,
-		MasterName:   c.MasterName,
-		Username:     c.Username,
-		Password:     c.Password,
-		DB:           c.DB,
-		DialTimeout:  c.DialTimeout,
-		ReadTimeout:  c.ReadTimeout,
-		WriteTimeout: c.WriteTimeout,
-		PoolSize:     c.PoolSize,
+		Addrs:      c.Addrs,
+		MasterName: c.MasterName,
+		Username:   c.Username,
+		Password:   c.Password,
+		// The sentinels' own credentials; go-redis uses them for Sentinel
+		// only.
+		SentinelUsername: c.SentinelUsername,
+		SentinelPassword: c.SentinelPassword,
+		DB:               c.DB,
+		DialTimeout:      c.DialTimeout,
+		ReadTimeout:      c.ReadTimeout,
+		WriteTimeout:     c.WriteTimeout,
+		PoolSize:         c.PoolSize,
 		// Honour the caller's context deadline (the gateway bounds each store
 		// call), not only the socket timeouts.
 		ContextTimeoutEnabled: true,

@@ -111,6 +111,28 @@ func TestSentinel(t *testing.T) {
 	}
 }
 
+// A sentinel that requires a password is reached with SentinelPassword;
+// without it the store cannot find the master.
+func TestSentinelWithPassword(t *testing.T) {
+	const password = "s3ntinel-pw"
+	st := redistest.StartSentinelWithPassword(t, password)
+	ctx := context.Background()
+	cfg := redisstore.Config{Addrs: []string{st.Sentinel.Addr()}, MasterName: st.MasterName, SentinelPassword: password}
+	s := newStore(t, cfg, nil)
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping via a sentinel with its password: got %v, want nil", err)
+	}
+	k := dedup.Key{Namespace: "stripe", ID: "evt_sentinel_auth"}
+	claimCommit(t, s, k)
+	wantDuplicate(t, s, k)
+
+	cfg.SentinelPassword = ""
+	without := newStore(t, cfg, nil)
+	if err := without.Ping(ctx); err == nil {
+		t.Error("Ping via a sentinel without its password: got nil, want an error")
+	}
+}
+
 // countingHook records the round trips a client makes: one entry per command
 // sent on its own, one per pipeline naming the commands in it
 // ("pipeline[evalsha]").

@@ -57,6 +57,7 @@ type Server struct {
 	port int
 	conf string   // config file passed first (sentinel), or ""
 	args []string // extra arguments after the common ones
+	auth string   // the password the server requires (a sentinel's), or ""
 
 	mu   sync.Mutex
 	proc *process // nil while stopped
@@ -172,7 +173,7 @@ func (s *Server) start() error {
 		close(p.done)
 	}()
 	s.proc = p
-	if err := waitPing(s.Addr(), cmd.Process.Pid, p.done); err != nil {
+	if err := waitPing(s.Addr(), cmd.Process.Pid, s.auth, p.done); err != nil {
 		_ = cmd.Process.Kill() // when it is still running, unanswering
 		<-p.done
 		s.proc = nil
@@ -243,7 +244,7 @@ func (s *Server) logTail() string {
 // there, the process exits (exited) or startTimeout passes. Checking the
 // process ID, not just a PONG, keeps a test from silently using a foreign
 // server that took the port first (ours then fails to bind and exits).
-func waitPing(addr string, pid int, exited <-chan struct{}) error {
+func waitPing(addr string, pid int, auth string, exited <-chan struct{}) error {
 	deadline := time.Now().Add(startTimeout)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -254,7 +255,7 @@ func waitPing(addr string, pid int, exited <-chan struct{}) error {
 			return errors.New("redis-server exited (is the port taken?)")
 		default:
 		}
-		if last = pingPID(addr, pid); last == nil {
+		if last = pingPIDAuth(addr, pid, auth); last == nil {
 			return nil
 		}
 		select {
@@ -271,17 +272,29 @@ func waitPing(addr string, pid int, exited <-chan struct{}) error {
 // pingPID checks over a fresh connection that the server on addr answers, is
 // the process pid (INFO server's process_id) and has finished loading its
 // data (not INFO persistence's loading:1; until then it answers LOADING).
-func pingPID(addr string, pid int) error {
+func pingPID(addr string, pid int) error { return pingPIDAuth(addr, pid, "") }
+
+// pingPIDAuth is pingPID, authenticating first with password auth unless it
+// is "".
+func pingPIDAuth(addr string, pid int, auth string) error {
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(time.Second))
+	r := bufio.NewReader(conn)
+	if auth != "" {
+		if _, err := fmt.Fprintf(conn, "*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n", len(auth), auth); err != nil {
+			return err
+		}
+		if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "+OK" {
+			return fmt.Errorf("AUTH: got %q (%v), want +OK", strings.TrimSpace(line), err)
+		}
+	}
 	if _, err := conn.Write([]byte("INFO server\r\nINFO persistence\r\n")); err != nil {
 		return err
 	}
-	r := bufio.NewReader(conn)
 	server, err := readInfo(r)
 	if err != nil {
 		return err
@@ -505,7 +518,9 @@ type Sentinel struct {
 	Sentinel *Server
 	// MasterName is the name the sentinel monitors the master under.
 	MasterName string
-	t          testing.TB
+	// Password is the sentinel's requirepass, "" for none.
+	Password string
+	t        testing.TB
 }
 
 // MasterName is the master name StartSentinel uses.
@@ -516,13 +531,25 @@ const MasterName = "dedupgw-test"
 // sentinel reports the master and knows the replica.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
+	return startSentinel(t, "")
+}
+
+// StartSentinelWithPassword is StartSentinel with a sentinel that requires
+// password (requirepass in its configuration file).
+func StartSentinelWithPassword(t testing.TB, password string) *Sentinel {
+	t.Helper()
+	return startSentinel(t, password)
+}
+
+func startSentinel(t testing.TB, password string) *Sentinel {
+	t.Helper()
 	// Without the delay a master waits 5s for more replicas before the
 	// first (diskless) sync.
 	master := StartWith(t, "--repl-diskless-sync-delay", "0")
 	replica := StartWith(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port()))
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	st := &Sentinel{Master: master, Replica: replica, MasterName: MasterName, t: t}
+	st := &Sentinel{Master: master, Replica: replica, MasterName: MasterName, Password: password, t: t}
 	// The replica must be attached before the sentinel's first look at the
 	// master (it lists replicas from the master's INFO, then only every 10s).
 	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
@@ -542,6 +569,9 @@ func StartSentinel(t testing.TB) *Sentinel {
 	conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nsentinel monitor %s 127.0.0.1 %d 1\n"+
 		"sentinel down-after-milliseconds %s 5000\nsentinel failover-timeout %s 10000\n",
 		port, MasterName, master.Port(), MasterName, MasterName)
+	if password != "" {
+		conf += fmt.Sprintf("requirepass %q\n", password)
+	}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sentinel.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
@@ -549,12 +579,12 @@ func StartSentinel(t testing.TB) *Sentinel {
 	}
 	// The config file must be the first argument; the common arguments
 	// Start adds after it agree with the file.
-	sent := &Server{t: t, bin: Binary(t), dir: dir, port: port, conf: path, args: []string{"--sentinel"}}
+	sent := &Server{t: t, bin: Binary(t), dir: dir, port: port, conf: path, args: []string{"--sentinel"}, auth: password}
 	t.Cleanup(sent.Stop)
 	sent.Start()
 	st.Sentinel = sent
 
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sent.Addr(), MaxRetries: -1})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sent.Addr(), Password: password, MaxRetries: -1})
 	defer sc.Close()
 	st.waitFor(ctx, "the sentinel to know master and replica", func() (bool, string) {
 		addr, err := sc.GetMasterAddrByName(ctx, MasterName).Result()
@@ -609,7 +639,7 @@ func (st *Sentinel) Failover() {
 	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	sc := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr(), MaxRetries: -1})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr(), Password: st.Password, MaxRetries: -1})
 	defer sc.Close()
 	if err := sc.Failover(ctx, st.MasterName).Err(); err != nil {
 		st.t.Fatalf("SENTINEL FAILOVER %s: %v", st.MasterName, err)

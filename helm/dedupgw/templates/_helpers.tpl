@@ -109,6 +109,10 @@ error never repeats the value. */}}
 {{- if and (eq $backend "redis") $pw (not (regexMatch $ref $pw)) }}
 {{- fail "store.redis.password holds a literal password, which would be written in clear to the ConfigMap. Put the password in the Secret named by existingSecret (e.g. as REDIS_PASSWORD) and set store.redis.password: \"${REDIS_PASSWORD}\"" }}
 {{- end }}
+{{- $spw := .Values.store.redis.sentinel_password | default "" | toString }}
+{{- if and (eq $backend "redis") $spw (not (regexMatch $ref $spw)) }}
+{{- fail "store.redis.sentinel_password holds a literal password, which would be written in clear to the ConfigMap. Put the password in the Secret named by existingSecret (e.g. as SENTINEL_PASSWORD) and set store.redis.sentinel_password: \"${SENTINEL_PASSWORD}\"" }}
+{{- end }}
 {{- range $i, $r := .Values.routes }}
 {{- range $j, $s := get $r "secrets" | default list }}
 {{- if and $s (not (regexMatch $ref (toString $s))) }}
