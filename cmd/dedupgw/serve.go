@@ -150,17 +150,12 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	// later, and meanwhile each delivery meets its route's on_store_error
 	// policy. But say so now, not at the first delivery or readiness probe.
 	pingCtx, cancel := context.WithTimeout(context.Background(), startupPingTimeout)
-	switch err := store.Ping(pingCtx); {
-	case errors.Is(err, dedup.ErrNotReplicated):
-		s.log.Warn("Redis answers, but claims fail at start-up: fewer replicas acknowledge writes than store.redis.wait_replicas asks for, or WAIT is refused (an ACL user needs +wait); deliveries meet their routes' on_store_error policy until enough do",
-			zap.Error(err))
-	case err != nil:
+	if err := store.Ping(pingCtx); err != nil {
 		s.log.Warn("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers",
 			zap.String("backend", f.Store.Backend), zap.Error(err))
-	default:
-		if rs, ok := store.(*redisstore.Store); ok {
-			warnEviction(pingCtx, rs, s.log)
-		}
+	} else if rs, ok := store.(*redisstore.Store); ok {
+		warnEviction(pingCtx, rs, s.log)
+		warnReplicas(pingCtx, rs, s.log)
 	}
 	cancel()
 
@@ -443,6 +438,20 @@ func warnEviction(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
 	case policy != "noeviction":
 		log.Warn("Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction",
 			zap.String("maxmemory_policy", policy))
+	}
+}
+
+// warnReplicas warns when claims fail because fewer replicas acknowledge
+// writes than store.redis.wait_replicas asks for, or WAIT is refused.
+// /readyz does not check it (see redisstore.Store.Ping); each refused claim
+// counts in dedupgw_store_errors_total{op="claim"}.
+func warnReplicas(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
+	switch err := rs.CheckReplicas(ctx); {
+	case errors.Is(err, dedup.ErrNotReplicated):
+		log.Warn("Redis answers, but claims fail at start-up: fewer replicas acknowledge writes than store.redis.wait_replicas asks for, or WAIT is refused (an ACL user needs +wait); deliveries meet their routes' on_store_error policy until enough do",
+			zap.Error(err))
+	case err != nil:
+		log.Info("could not check that Redis replicas acknowledge writes (store.redis.wait_replicas)", zap.Error(err))
 	}
 }
 

@@ -369,9 +369,10 @@ func (s *Store) forgetOnce(ctx context.Context, rk string, now int64) *redis.Cmd
 
 // Ping implements dedup.Store: PING on the node, on the Sentinel master, or
 // on every Cluster master (a Cluster with one master down cannot serve part of
-// the keys, so it is not ready). With WaitReplicas it also sends WAIT, and
-// fails (wrapping dedup.ErrNotReplicated) while too few replicas
-// acknowledge or WAIT is refused: every claim would fail.
+// the keys, so it is not ready). It does not check replicas (see
+// CheckReplicas): they are shared by every gateway, so a readiness that
+// failed with them would take every pod out of service at once, though
+// duplicates are still answered.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.closed.Load() {
 		return dedup.ErrClosed
@@ -383,9 +384,6 @@ func (s *Store) Ping(ctx context.Context) error {
 		return c.Ping(ctx).Err()
 	})
 	if err != nil {
-		return fmt.Errorf("redisstore: ping: %w", err)
-	}
-	if err := s.replicated(ctx); err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
 	}
 	return nil
@@ -438,17 +436,32 @@ func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 	return policy, nil
 }
 
-// replicated sends WAIT with the Store's WaitReplicas and WaitTimeout (see
-// Config) on its own, and returns an error wrapping dedup.ErrNotReplicated
-// when fewer replicas acknowledged or WAIT failed (an ACL without +wait):
-// claims cannot be granted. It returns nil for a Store that waits for no
-// replicas.
-func (s *Store) replicated(ctx context.Context) error {
+// CheckReplicas writes a probe key (<prefix>replicas-probe, gone after a
+// second) and sends WAIT with the Store's WaitReplicas and WaitTimeout (see
+// Config) on the same connection, as a claim does: a WAIT after no write
+// would count even a hung replica. It returns an error wrapping
+// dedup.ErrNotReplicated when fewer replicas acknowledged or WAIT failed
+// (an ACL without +wait): claims would fail. It returns nil at once for a
+// Store that waits for no replicas. A start-up check.
+func (s *Store) CheckReplicas(ctx context.Context) error {
+	if s.closed.Load() {
+		return dedup.ErrClosed
+	}
 	if s.pipe.waitReplicas <= 0 {
 		return nil
 	}
-	n, err := s.client.Do(ctx, "wait", s.pipe.waitReplicas, s.pipe.waitTimeoutMS).Int64()
-	return s.pipe.verdict(n, err)
+	pipe := s.client.Pipeline()
+	set := pipe.Set(ctx, s.prefix+"replicas-probe", "1", time.Second)
+	wait := redis.NewIntCmd(ctx, "wait", s.pipe.waitReplicas, s.pipe.waitTimeoutMS)
+	_ = pipe.Process(ctx, wait)
+	_, _ = pipe.Exec(ctx) // each command carries its own reply
+	if err := set.Err(); err != nil {
+		return fmt.Errorf("redisstore: replicas: %w", err)
+	}
+	if err := s.pipe.verdict(wait.Result()); err != nil {
+		return fmt.Errorf("redisstore: replicas: %w", err)
+	}
+	return nil
 }
 
 // evictionRank orders maxmemory policies by the harm they may do to the

@@ -154,14 +154,31 @@ func TestWaitReplicasUnmet(t *testing.T) {
 		if err := master.Client().Get(ctx, s.Key(k)).Err(); !errors.Is(err, redis.Nil) {
 			t.Errorf("%s: master after the claim: got %v, want the key undone (redis.Nil)", tt.name, err)
 		}
-		// Readiness says so: every claim would fail.
-		if err := s.Ping(ctx); !errors.Is(err, dedup.ErrNotReplicated) {
-			t.Errorf("%s: Ping: got %v, want ErrNotReplicated", tt.name, err)
+		// The start-up check says so; readiness (Ping) does not, since
+		// the replicas are shared by every gateway.
+		if err := s.CheckReplicas(ctx); !errors.Is(err, dedup.ErrNotReplicated) {
+			t.Errorf("%s: CheckReplicas: got %v, want ErrNotReplicated", tt.name, err)
+		}
+		if err := s.Ping(ctx); err != nil {
+			t.Errorf("%s: Ping: got %v, want nil", tt.name, err)
 		}
 	}
 	ok := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1}, nil)
-	if err := ok.Ping(ctx); err != nil {
-		t.Errorf("Ping with the replica acknowledging: got %v, want nil", err)
+	if err := ok.CheckReplicas(ctx); err != nil {
+		t.Errorf("CheckReplicas with the replica acknowledging: got %v, want nil", err)
+	}
+}
+
+// CheckReplicas writes before it waits: a WAIT after no write counts a hung
+// replica, which is still attached, as acknowledging.
+func TestCheckReplicasSeesAHungReplica(t *testing.T) {
+	ctx := context.Background()
+	master, replica := startReplicated(t)
+	s := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1}, nil)
+	replica.Pause()
+	defer replica.Resume()
+	if err := s.CheckReplicas(ctx); !errors.Is(err, dedup.ErrNotReplicated) {
+		t.Errorf("CheckReplicas with the replica hung: got %v, want ErrNotReplicated", err)
 	}
 }
 

@@ -209,6 +209,22 @@ func (s *Server) Shutdown() {
 	s.proc = nil
 }
 
+// Pause freezes the server (SIGSTOP): it keeps its connections open and
+// answers nothing, like a hung process, until Resume. Kill (Stop) still
+// ends it.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume lets a paused server run again (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		_ = s.proc.cmd.Process.Signal(sig)
+	}
+}
+
 // Restart stops the server and starts it again on the same port.
 func (s *Server) Restart() {
 	s.t.Helper()
