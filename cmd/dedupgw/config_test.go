@@ -650,6 +650,9 @@ func TestProblems(t *testing.T) {
 			"store.redis.wait_replicas: must not be negative, got -1",
 			"store.redis.wait_timeout: must not be negative, got -1s",
 		}},
+		{"sentinel username without a password", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    master_name: m\n    sentinel_username: u\n" + minimal, nil, []string{
+			"store.redis.sentinel_username: needs sentinel_password: without one no AUTH is sent to the sentinels",
+		}},
 		{"sentinel credentials without Sentinel", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    sentinel_username: u\n    sentinel_password: p\n" + minimal, nil, []string{
 			"store.redis.sentinel_username: authenticates to the sentinels: set it only with master_name",
 			"store.redis.sentinel_password: authenticates to the sentinels: set it only with master_name",

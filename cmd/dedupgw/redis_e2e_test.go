@@ -41,6 +41,8 @@ type redisStore struct {
 	masterName         string
 	waitReplicas       int
 	username, password string
+	// the sentinels' own credentials
+	sentinelUsername, sentinelPassword string
 }
 
 // redisConfig writes, in a new temporary directory, a configuration for
@@ -70,8 +72,10 @@ store:
     wait_replicas: %d
     username: %q
     password: %q
+    sentinel_username: %q
+    sentinel_password: %q
 routes:
-`, strings.Join(addrs, ", "), st.masterName, st.waitReplicas, st.username, st.password)
+`, strings.Join(addrs, ", "), st.masterName, st.waitReplicas, st.username, st.password, st.sentinelUsername, st.sentinelPassword)
 	for _, r := range routes {
 		fmt.Fprintf(&b, `  - name: %s
     path: %s
@@ -669,6 +673,19 @@ func TestRedisCluster(t *testing.T) {
 // With wait_replicas: 1, no delivery forwarded in that window is lost: each
 // one forwarded is on the new master, the others were refused (503) until
 // the new master has a replica again.
+// TestRedisSentinelCredentials: sentinel_username and sentinel_password
+// reach a sentinel that requires them, from the configuration file on.
+func TestRedisSentinelCredentials(t *testing.T) {
+	st := redistest.StartSentinelWithUser(t, "gw", "s3ntinel-pw")
+	u := newUpstream(t)
+	g := startGateway(t, redisConfig(t, u.URL, redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName,
+		sentinelUsername: "gw", sentinelPassword: "s3ntinel-pw"}))
+	url := g.url("/hooks/orders")
+	wantAnswer(t, "first delivery", deliver(t, url, "evt_auth", "{}"), 200, "forwarded")
+	wantAnswer(t, "duplicate", deliver(t, url, "evt_auth", "{}"), 200, "duplicate")
+	wantHits(t, u, "evt_auth", 1)
+}
+
 func TestRedisSentinel(t *testing.T) {
 	for _, wait := range []int{0, 1} {
 		t.Run(fmt.Sprintf("wait_replicas %d", wait), func(t *testing.T) { testSentinelFailover(t, wait) })

@@ -143,6 +143,9 @@ func (f *File) checkStore(ps *Problems) {
 		if s.Redis.DB < 0 {
 			ps.add("store.redis.db", "must not be negative, got %d", s.Redis.DB)
 		}
+		if s.Redis.SentinelUsername != "" && s.Redis.SentinelPassword == "" {
+			ps.add("store.redis.sentinel_username", "needs sentinel_password: without one no AUTH is sent to the sentinels%s", f.unsetNote("store.redis.sentinel_password"))
+		}
 		if s.Redis.MasterName == "" {
 			for _, k := range []struct{ key, v string }{{"sentinel_username", s.Redis.SentinelUsername}, {"sentinel_password", s.Redis.SentinelPassword}} {
 				if k.v != "" {

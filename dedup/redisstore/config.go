@@ -102,6 +102,9 @@ func (c Config) validate() error {
 	if c.MasterName == "" && (c.SentinelUsername != "" || c.SentinelPassword != "") {
 		return errors.New("redisstore: sentinel_username, sentinel_password: set only with master_name (Sentinel)")
 	}
+	if c.SentinelUsername != "" && c.SentinelPassword == "" {
+		return errors.New("redisstore: sentinel_username: needs sentinel_password (go-redis sends no AUTH without one)")
+	}
 	if c.MasterName == "" && len(c.Addrs) > 1 && c.DB != 0 {
 		return errors.New("redisstore: db: a cluster (several addrs) has only database 0")
 	}

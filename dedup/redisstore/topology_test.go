@@ -133,6 +133,21 @@ func TestSentinelWithPassword(t *testing.T) {
 	}
 }
 
+// A sentinel whose only user is an ACL user is reached with
+// SentinelUsername and SentinelPassword.
+func TestSentinelWithACLUser(t *testing.T) {
+	st := redistest.StartSentinelWithUser(t, "gw", "s3ntinel-pw")
+	ctx := context.Background()
+	cfg := redisstore.Config{Addrs: []string{st.Sentinel.Addr()}, MasterName: st.MasterName, SentinelUsername: "gw", SentinelPassword: "s3ntinel-pw"}
+	if err := newStore(t, cfg, nil).Ping(ctx); err != nil {
+		t.Fatalf("Ping via a sentinel as its ACL user: got %v, want nil", err)
+	}
+	cfg.SentinelUsername = ""
+	if err := newStore(t, cfg, nil).Ping(ctx); err == nil {
+		t.Error("Ping via that sentinel as the default user: got nil, want an error")
+	}
+}
+
 // countingHook records the round trips a client makes: one entry per command
 // sent on its own, one per pipeline naming the commands in it
 // ("pipeline[evalsha]").

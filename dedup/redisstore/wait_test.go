@@ -207,6 +207,7 @@ func TestWaitReplicasConfig(t *testing.T) {
 		want string
 	}{
 		{"negative", redisstore.Config{Addrs: []string{"a:1"}, WaitReplicas: -1}, "wait_replicas: must not be negative"},
+		{"sentinel username without a password", redisstore.Config{Addrs: []string{"a:1"}, MasterName: "m", SentinelUsername: "u"}, "sentinel_username: needs sentinel_password"},
 		{"sentinel password without Sentinel", redisstore.Config{Addrs: []string{"a:1"}, SentinelPassword: "pw"}, "sentinel_username, sentinel_password: set only with master_name"},
 		{"cluster", redisstore.Config{Addrs: []string{"a:1", "b:1"}, WaitReplicas: 1}, "wait_replicas: a Cluster"},
 		{"negative timeout", redisstore.Config{Addrs: []string{"a:1"}, WaitReplicas: 1, WaitTimeout: -time.Second}, "wait_timeout: must not be negative"},

@@ -57,6 +57,7 @@ type Server struct {
 	port int
 	conf string   // config file passed first (sentinel), or ""
 	args []string // extra arguments after the common ones
+	user string   // the ACL user the server requires (a sentinel's), or ""
 	auth string   // the password the server requires (a sentinel's), or ""
 
 	mu   sync.Mutex
@@ -173,7 +174,7 @@ func (s *Server) start() error {
 		close(p.done)
 	}()
 	s.proc = p
-	if err := waitPing(s.Addr(), cmd.Process.Pid, s.auth, p.done); err != nil {
+	if err := waitPing(s.Addr(), cmd.Process.Pid, s.user, s.auth, p.done); err != nil {
 		_ = cmd.Process.Kill() // when it is still running, unanswering
 		<-p.done
 		s.proc = nil
@@ -260,7 +261,7 @@ func (s *Server) logTail() string {
 // there, the process exits (exited) or startTimeout passes. Checking the
 // process ID, not just a PONG, keeps a test from silently using a foreign
 // server that took the port first (ours then fails to bind and exits).
-func waitPing(addr string, pid int, auth string, exited <-chan struct{}) error {
+func waitPing(addr string, pid int, user, auth string, exited <-chan struct{}) error {
 	deadline := time.Now().Add(startTimeout)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -271,7 +272,7 @@ func waitPing(addr string, pid int, auth string, exited <-chan struct{}) error {
 			return errors.New("redis-server exited (is the port taken?)")
 		default:
 		}
-		if last = pingPIDAuth(addr, pid, auth); last == nil {
+		if last = pingPIDAuth(addr, pid, user, auth); last == nil {
 			return nil
 		}
 		select {
@@ -288,11 +289,11 @@ func waitPing(addr string, pid int, auth string, exited <-chan struct{}) error {
 // pingPID checks over a fresh connection that the server on addr answers, is
 // the process pid (INFO server's process_id) and has finished loading its
 // data (not INFO persistence's loading:1; until then it answers LOADING).
-func pingPID(addr string, pid int) error { return pingPIDAuth(addr, pid, "") }
+func pingPID(addr string, pid int) error { return pingPIDAuth(addr, pid, "", "") }
 
-// pingPIDAuth is pingPID, authenticating first with password auth unless it
-// is "".
-func pingPIDAuth(addr string, pid int, auth string) error {
+// pingPIDAuth is pingPID, authenticating first as user (or the default user
+// when user is "") with password auth, unless auth is "".
+func pingPIDAuth(addr string, pid int, user, auth string) error {
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return err
@@ -301,7 +302,13 @@ func pingPIDAuth(addr string, pid int, auth string) error {
 	_ = conn.SetDeadline(time.Now().Add(time.Second))
 	r := bufio.NewReader(conn)
 	if auth != "" {
-		if _, err := fmt.Fprintf(conn, "*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n", len(auth), auth); err != nil {
+		var err error
+		if user != "" {
+			_, err = fmt.Fprintf(conn, "*3\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n", len(user), user, len(auth), auth)
+		} else {
+			_, err = fmt.Fprintf(conn, "*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n", len(auth), auth)
+		}
+		if err != nil {
 			return err
 		}
 		if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "+OK" {
@@ -534,9 +541,10 @@ type Sentinel struct {
 	Sentinel *Server
 	// MasterName is the name the sentinel monitors the master under.
 	MasterName string
-	// Password is the sentinel's requirepass, "" for none.
-	Password string
-	t        testing.TB
+	// Username and Password are the sentinel's ACL user (Username "" for
+	// requirepass), Password "" for none.
+	Username, Password string
+	t                  testing.TB
 }
 
 // MasterName is the master name StartSentinel uses.
@@ -547,17 +555,24 @@ const MasterName = "dedupgw-test"
 // sentinel reports the master and knows the replica.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
-	return startSentinel(t, "")
+	return startSentinel(t, "", "")
 }
 
 // StartSentinelWithPassword is StartSentinel with a sentinel that requires
 // password (requirepass in its configuration file).
 func StartSentinelWithPassword(t testing.TB, password string) *Sentinel {
 	t.Helper()
-	return startSentinel(t, password)
+	return startSentinel(t, "", password)
 }
 
-func startSentinel(t testing.TB, password string) *Sentinel {
+// StartSentinelWithUser is StartSentinel with a sentinel whose only user is
+// the ACL user username with password (the default user is off).
+func StartSentinelWithUser(t testing.TB, username, password string) *Sentinel {
+	t.Helper()
+	return startSentinel(t, username, password)
+}
+
+func startSentinel(t testing.TB, username, password string) *Sentinel {
 	t.Helper()
 	// Without the delay a master waits 5s for more replicas before the
 	// first (diskless) sync.
@@ -565,7 +580,7 @@ func startSentinel(t testing.TB, password string) *Sentinel {
 	replica := StartWith(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port()))
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	st := &Sentinel{Master: master, Replica: replica, MasterName: MasterName, Password: password, t: t}
+	st := &Sentinel{Master: master, Replica: replica, MasterName: MasterName, Username: username, Password: password, t: t}
 	// The replica must be attached before the sentinel's first look at the
 	// master (it lists replicas from the master's INFO, then only every 10s).
 	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
@@ -585,7 +600,10 @@ func startSentinel(t testing.TB, password string) *Sentinel {
 	conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nsentinel monitor %s 127.0.0.1 %d 1\n"+
 		"sentinel down-after-milliseconds %s 5000\nsentinel failover-timeout %s 10000\n",
 		port, MasterName, master.Port(), MasterName, MasterName)
-	if password != "" {
+	switch {
+	case username != "":
+		conf += fmt.Sprintf("user default off\nuser %s on >%s allcommands allkeys allchannels\n", username, password)
+	case password != "":
 		conf += fmt.Sprintf("requirepass %q\n", password)
 	}
 	dir := t.TempDir()
@@ -595,12 +613,12 @@ func startSentinel(t testing.TB, password string) *Sentinel {
 	}
 	// The config file must be the first argument; the common arguments
 	// Start adds after it agree with the file.
-	sent := &Server{t: t, bin: Binary(t), dir: dir, port: port, conf: path, args: []string{"--sentinel"}, auth: password}
+	sent := &Server{t: t, bin: Binary(t), dir: dir, port: port, conf: path, args: []string{"--sentinel"}, user: username, auth: password}
 	t.Cleanup(sent.Stop)
 	sent.Start()
 	st.Sentinel = sent
 
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sent.Addr(), Password: password, MaxRetries: -1})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sent.Addr(), Username: username, Password: password, MaxRetries: -1})
 	defer sc.Close()
 	st.waitFor(ctx, "the sentinel to know master and replica", func() (bool, string) {
 		addr, err := sc.GetMasterAddrByName(ctx, MasterName).Result()
@@ -655,7 +673,7 @@ func (st *Sentinel) Failover() {
 	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	sc := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr(), Password: st.Password, MaxRetries: -1})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr(), Username: st.Username, Password: st.Password, MaxRetries: -1})
 	defer sc.Close()
 	if err := sc.Failover(ctx, st.MasterName).Err(); err != nil {
 		st.t.Fatalf("SENTINEL FAILOVER %s: %v", st.MasterName, err)
