@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,6 +48,29 @@ func BenchmarkStoreWaitingForAReplica(b *testing.B) {
 		New: func(t testing.TB, now dedup.Clock) dedup.Store {
 			return newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1}, now)
 		},
+	})
+}
+
+// BenchmarkClaimWhileTheReplicaHangs claims new keys from 32 goroutines
+// while the only replica is frozen (SIGSTOP): every claim fails after
+// waiting, and the benchmark reports how many the store still turns around.
+func BenchmarkClaimWhileTheReplicaHangs(b *testing.B) {
+	ctx := context.Background()
+	master, replica := startReplicated(b)
+	s := newStore(b, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond}, nil)
+	replica.Pause()
+	defer replica.Resume()
+	var next atomic.Int64
+	b.SetParallelism(16) // 16×GOMAXPROCS: 32 on 2 cores
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			k := dedup.Key{Namespace: "n", ID: strconv.FormatInt(next.Add(1), 10)}
+			if _, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); !errors.Is(err, dedup.ErrNotReplicated) {
+				b.Errorf("Claim with the replica hung: got %v, want ErrNotReplicated", err)
+				return
+			}
+		}
 	})
 }
 
