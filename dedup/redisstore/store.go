@@ -107,6 +107,12 @@ type Store struct {
 	closed     atomic.Bool
 	scriptOnly atomic.Bool // the server refused SET NX GET: claims run claim.lua alone
 	held       heldKeys    // keys this Store claimed and has not finished
+
+	// undos are the claims being undone after an unclear failure (see
+	// undoLater); Close waits for them before it closes the client.
+	undoMu     sync.Mutex
+	undoClosed bool
+	undos      sync.WaitGroup
 }
 
 // New builds a go-redis client from cfg (single node, Cluster or Sentinel;
@@ -194,6 +200,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	if !s.scriptOnly.Load() && !s.held.has(c.key) {
 		res, ok, err := s.claimFast(ctx, c)
 		if err != nil {
+			s.undoIfUnclear(c, err)
 			return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 		}
 		if ok {
@@ -202,9 +209,29 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	}
 	res, err := s.claimScript(ctx, c)
 	if err != nil {
+		s.undoIfUnclear(c, err)
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	return s.claimed(ctx, c, res)
+}
+
+// undoIfUnclear undoes c in the background when its claim failed in a way
+// that leaves open whether Redis applied it (a lost reply, a timeout): a
+// claim applied but never answered would hold the key, in flight, for a
+// lease. Without replicas to wait for, go-redis re-sends the command once
+// first (MaxRetries), and the re-sent claim finds its own lease and wins.
+// The undo is token-guarded, so it cannot remove anyone else's claim.
+func (s *Store) undoIfUnclear(c *claimCall, err error) {
+	var rerr redis.Error
+	if errors.As(err, &rerr) || errors.Is(err, dedup.ErrClosed) {
+		return // Redis answered with an error, or nothing was sent
+	}
+	s.undoMu.Lock()
+	defer s.undoMu.Unlock()
+	if s.undoClosed {
+		return
+	}
+	s.undos.Go(func() { _ = s.undoClaim(context.Background(), c) })
 }
 
 // claimed settles c, answered res. A grant too few replicas acknowledged
@@ -485,6 +512,10 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.pipe.close()
+	s.undoMu.Lock()
+	s.undoClosed = true
+	s.undoMu.Unlock()
+	s.undos.Wait() // each is bounded by undoTimeout
 	if !s.ownsClient {
 		return nil
 	}

@@ -1,10 +1,13 @@
 package redisstore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -249,5 +252,114 @@ func TestWaitReplicasConfig(t *testing.T) {
 		t.Errorf("a wait below the read timeout: got %v, want nil", err)
 	} else {
 		_ = s.Close()
+	}
+}
+
+// cutProxy forwards TCP connections to a Redis server. The first connection
+// that sends a SET is cut as soon as the server starts to answer: the
+// command is applied, and its reply lost. Later connections pass.
+type cutProxy struct {
+	l      net.Listener
+	target string
+	cut    atomic.Bool
+	wg     sync.WaitGroup
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{l: l, target: target}
+	p.wg.Go(p.serve)
+	t.Cleanup(func() { _ = l.Close(); p.wg.Wait() })
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.l.Addr().String() }
+
+func (p *cutProxy) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		p.wg.Go(func() { p.relay(c) })
+	}
+}
+
+func (p *cutProxy) relay(c net.Conn) {
+	defer c.Close()
+	s, err := net.Dial("tcp", p.target)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	var armed atomic.Bool // this connection sent a SET, and none was cut yet
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				if !p.cut.Load() && bytes.Contains(bytes.ToLower(buf[:n]), []byte("\r\nset\r\n")) {
+					armed.Store(true)
+				}
+				if _, werr := s.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				_ = s.Close()
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := s.Read(buf)
+		if n > 0 && armed.Load() && p.cut.CompareAndSwap(false, true) {
+			_ = c.Close() // the reply is lost
+			_ = s.Close()
+			break
+		}
+		if n > 0 {
+			if _, werr := c.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	_ = c.Close()
+	<-done
+}
+
+// A claim whose reply is lost (no retries while waiting for replicas) is
+// undone in the background, so the key is not held in flight for a lease.
+func TestLostClaimReplyIsUndone(t *testing.T) {
+	ctx := context.Background()
+	master, _ := startReplicated(t)
+	proxy := newCutProxy(t, master.Addr())
+	s := newStore(t, redisstore.Config{Addrs: []string{proxy.addr()}, WaitReplicas: 1}, nil)
+	k := dedup.Key{Namespace: "n", ID: "evt_lost"}
+	if res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err == nil {
+		t.Fatalf("Claim whose reply was cut: got (%v, nil), want an error", res.Outcome)
+	}
+	if !proxy.cut.Load() {
+		t.Fatal("the proxy cut nothing")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for master.Client().Exists(ctx, s.Key(k)).Val() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the claim whose reply was lost still holds the key after 5s, want it undone")
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+	if res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.Claimed {
+		t.Errorf("Claim again: got (%v, %v), want (claimed, nil)", res.Outcome, err)
 	}
 }
