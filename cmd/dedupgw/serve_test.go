@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -258,9 +257,7 @@ func TestRedisEvictionPolicyIsWarnedAtStartUp(t *testing.T) {
 // duplicates are still answered.
 func TestMissingReplicasAreWarnedAtStartUp(t *testing.T) {
 	const warning = "Redis answers, but claims fail at start-up: fewer replicas acknowledge writes than store.redis.wait_replicas asks for, or WAIT is refused (an ACL user needs +wait); deliveries meet their routes' on_store_error policy until enough do"
-	master := redistest.StartWith(t, "--repl-diskless-sync-delay", "0")
-	redistest.StartWith(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port())) // its one replica
-	redistest.AwaitReplicas(t, master, 1)
+	master, _ := redistest.StartReplicated(t)
 	ctx := context.Background()
 	if err := master.Client().Do(ctx, "acl", "setuser", "nowait", "on", ">pw", "~*", "+@all", "-wait").Err(); err != nil {
 		t.Fatal(err)

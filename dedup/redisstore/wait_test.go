@@ -20,22 +20,10 @@ import (
 	"github.com/dedupgw/dedupgw/dedup/storetest"
 )
 
-// startReplicated starts a master and one replica of it, and waits until
-// the replica is in sync.
-func startReplicated(t testing.TB) (master, replica *redistest.Server) {
-	t.Helper()
-	// Without the delay a master waits 5s for more replicas before the
-	// first (diskless) sync.
-	master = redistest.StartWith(t, "--repl-diskless-sync-delay", "0")
-	replica = redistest.StartWith(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port()))
-	redistest.AwaitReplicas(t, master, 1)
-	return master, replica
-}
-
 // A store waiting for a replica passes the whole contract while the replica
 // acknowledges.
 func TestConformanceWaitingForAReplica(t *testing.T) {
-	master, _ := startReplicated(t)
+	master, _ := redistest.StartReplicated(t)
 	storetest.Run(t, storetest.Harness{
 		New: func(t testing.TB, now dedup.Clock) dedup.Store {
 			return newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1, WaitTimeout: 500 * time.Millisecond}, now)
@@ -46,7 +34,7 @@ func TestConformanceWaitingForAReplica(t *testing.T) {
 // BenchmarkStoreWaitingForAReplica is BenchmarkStore against a master with
 // one replica, waiting for it: the price of WaitReplicas.
 func BenchmarkStoreWaitingForAReplica(b *testing.B) {
-	master, _ := startReplicated(b)
+	master, _ := redistest.StartReplicated(b)
 	storetest.Bench(b, storetest.Harness{
 		New: func(t testing.TB, now dedup.Clock) dedup.Store {
 			return newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1}, now)
@@ -59,7 +47,7 @@ func BenchmarkStoreWaitingForAReplica(b *testing.B) {
 // waiting, and the benchmark reports how many the store still turns around.
 func BenchmarkClaimWhileTheReplicaHangs(b *testing.B) {
 	ctx := context.Background()
-	master, replica := startReplicated(b)
+	master, replica := redistest.StartReplicated(b)
 	s := newStore(b, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond}, nil)
 	replica.Pause()
 	defer replica.Resume()
@@ -82,7 +70,7 @@ func BenchmarkClaimWhileTheReplicaHangs(b *testing.B) {
 // answers that wrote nothing stand.
 func TestWaitReplicas(t *testing.T) {
 	ctx := context.Background()
-	master, replica := startReplicated(t)
+	master, replica := redistest.StartReplicated(t)
 	s := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond}, nil)
 	key := func(id string) dedup.Key { return dedup.Key{Namespace: "n", ID: id} }
 	claim := func(id string) (dedup.ClaimResult, error) {
@@ -161,7 +149,7 @@ func TestWaitReplicas(t *testing.T) {
 // WAIT is refused (an ACL user without +wait), and leaves no key behind.
 func TestWaitReplicasUnmet(t *testing.T) {
 	ctx := context.Background()
-	master, _ := startReplicated(t)
+	master, _ := redistest.StartReplicated(t)
 	if err := master.Client().Do(ctx, "acl", "setuser", "nowait", "on", ">pw", "~*", "+@all", "-wait").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +188,7 @@ func TestWaitReplicasUnmet(t *testing.T) {
 // replica, which is still attached, as acknowledging.
 func TestCheckReplicasSeesAHungReplica(t *testing.T) {
 	ctx := context.Background()
-	master, replica := startReplicated(t)
+	master, replica := redistest.StartReplicated(t)
 	s := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1}, nil)
 	replica.Pause()
 	defer replica.Resume()
@@ -342,7 +330,7 @@ func (p *cutProxy) relay(c net.Conn) {
 // undone in the background, so the key is not held in flight for a lease.
 func TestLostClaimReplyIsUndone(t *testing.T) {
 	ctx := context.Background()
-	master, _ := startReplicated(t)
+	master, _ := redistest.StartReplicated(t)
 	proxy := newCutProxy(t, master.Addr())
 	s := newStore(t, redisstore.Config{Addrs: []string{proxy.addr()}, WaitReplicas: 1}, nil)
 	k := dedup.Key{Namespace: "n", ID: "evt_lost"}

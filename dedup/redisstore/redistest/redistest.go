@@ -574,25 +574,12 @@ func StartSentinelWithUser(t testing.TB, username, password string) *Sentinel {
 
 func startSentinel(t testing.TB, username, password string) *Sentinel {
 	t.Helper()
-	// Without the delay a master waits 5s for more replicas before the
-	// first (diskless) sync.
-	master := StartWith(t, "--repl-diskless-sync-delay", "0")
-	replica := StartWith(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port()))
+	// The replica must be attached before the sentinel's first look at the
+	// master (it lists replicas from the master's INFO, then only every 10s).
+	master, replica := StartReplicated(t)
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	st := &Sentinel{Master: master, Replica: replica, MasterName: MasterName, Username: username, Password: password, t: t}
-	// The replica must be attached before the sentinel's first look at the
-	// master (it lists replicas from the master's INFO, then only every 10s).
-	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
-	defer rc.Close()
-	st.waitFor(ctx, "the replica in sync", func() (bool, string) {
-		info, err := rc.Info(ctx, "replication").Result()
-		if err != nil || !strings.Contains(info, "master_link_status:up") {
-			return false, fmt.Sprintf("replica INFO replication: %v %q", err, info)
-		}
-		return true, ""
-	})
-	AwaitReplicas(t, master, 1)
 
 	port := freePort(t, false)
 	// A sentinel rewrites its configuration file, so it must have one of its
@@ -633,6 +620,18 @@ func startSentinel(t testing.TB, username, password string) *Sentinel {
 		return true, ""
 	})
 	return st
+}
+
+// StartReplicated starts a master and one replica of it, and waits until the
+// replica acknowledges the master's writes (AwaitReplicas).
+func StartReplicated(t testing.TB) (master, replica *Server) {
+	t.Helper()
+	// Without the delay a master waits 5s for more replicas before the
+	// first (diskless) sync.
+	master = StartWith(t, "--repl-diskless-sync-delay", "0")
+	replica = StartWith(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port()))
+	AwaitReplicas(t, master, 1)
+	return master, replica
 }
 
 // AwaitReplicas waits until n replicas acknowledge master's writes (WAIT),
