@@ -605,7 +605,7 @@ func startSentinel(t testing.TB, username, password string) *Sentinel {
 	sent.Start()
 	st.Sentinel = sent
 
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sent.Addr(), Username: username, Password: password, MaxRetries: -1})
+	sc := st.client()
 	defer sc.Close()
 	st.waitFor(ctx, "the sentinel to know master and replica", func() (bool, string) {
 		addr, err := sc.GetMasterAddrByName(ctx, MasterName).Result()
@@ -620,6 +620,12 @@ func startSentinel(t testing.TB, username, password string) *Sentinel {
 		return true, ""
 	})
 	return st
+}
+
+// client returns a new client of the sentinel, authenticated as st's user;
+// the caller closes it.
+func (st *Sentinel) client() *redis.SentinelClient {
+	return redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr(), Username: st.Username, Password: st.Password, MaxRetries: -1})
 }
 
 // StartReplicated starts a master and one replica of it, and waits until the
@@ -672,7 +678,7 @@ func (st *Sentinel) Failover() {
 	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	sc := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr(), Username: st.Username, Password: st.Password, MaxRetries: -1})
+	sc := st.client()
 	defer sc.Close()
 	if err := sc.Failover(ctx, st.MasterName).Err(); err != nil {
 		st.t.Fatalf("SENTINEL FAILOVER %s: %v", st.MasterName, err)
