@@ -644,7 +644,9 @@ func StartReplicated(t testing.TB) (master, replica *Server) {
 // failing t after startTimeout. After a full sync a master streams writes
 // to a replica only from the replica's first acknowledgement, which Redis
 // sends once a second: until then WAIT counts it out. The probe writes and
-// deletes one key, redistest:replicated, leaving nothing behind.
+// deletes one key, redistest:replicated, leaving nothing behind, and sends
+// WAIT in the same pipeline: WAIT counts the writes of its own connection
+// (from Redis 7.2 on, a connection that wrote nothing counts every replica).
 func AwaitReplicas(t testing.TB, master *Server, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
@@ -656,13 +658,15 @@ func AwaitReplicas(t testing.TB, master *Server, n int) {
 		err   error
 	)
 	for ctx.Err() == nil {
+		var wait *redis.IntCmd
 		_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			p.Set(ctx, "redistest:replicated", 1, 0)
 			p.Del(ctx, "redistest:replicated")
-			return nil
+			wait = redis.NewIntCmd(ctx, "wait", n, 100)
+			return p.Process(ctx, wait)
 		})
 		if err == nil {
-			acked, err = c.Wait(ctx, n, 100*time.Millisecond).Result()
+			acked = wait.Val()
 		}
 		if err == nil && acked >= int64(n) {
 			return
