@@ -394,6 +394,12 @@ func (p *pipeliner) appendWait(ctx context.Context, pipe redis.Pipeliner, ops []
 	if p.waitReplicas <= 0 || !slices.ContainsFunc(ops, (*op).writes) {
 		return nil
 	}
+	return p.queueWait(ctx, pipe)
+}
+
+// queueWait queues WAIT waitReplicas waitTimeoutMS at the end of pipe and
+// returns its reply (see verdict).
+func (p *pipeliner) queueWait(ctx context.Context, pipe redis.Pipeliner) *redis.IntCmd {
 	cmd := redis.NewIntCmd(ctx, "wait", p.waitReplicas, p.waitTimeoutMS)
 	_ = pipe.Process(ctx, cmd)
 	return cmd

@@ -109,7 +109,7 @@ type Store struct {
 	held       heldKeys    // keys this Store claimed and has not finished
 
 	// undos are the claims being undone after an unclear failure (see
-	// undoLater); Close waits for them before it closes the client.
+	// undoIfUnclear); Close waits for them before it closes the client.
 	undoMu     sync.Mutex
 	undoClosed bool
 	undos      sync.WaitGroup
@@ -427,11 +427,11 @@ func (s *Store) eachMaster(ctx context.Context, fn func(context.Context, redis.C
 
 // MaxmemoryPolicy returns the maxmemory-policy Redis reports in INFO memory:
 // on a Cluster, the worst among the masters' (any policy that evicts keys
-// regardless of their TTL, then volatile-ttl, then noeviction). Under memory pressure any policy but
-// noeviction deletes keys with a TTL (every key the Store writes has one),
-// and the next copy of an evicted processed event is forwarded again;
-// noeviction makes writes fail instead, which the gateway's on_store_error
-// decides.
+// regardless of their TTL, then volatile-ttl, then noeviction). Under
+// memory pressure any policy but noeviction deletes keys with a TTL (every
+// key the Store writes has one), and the next copy of an evicted processed
+// event is forwarded again; noeviction makes writes fail instead, which the
+// gateway's on_store_error decides.
 func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 	if s.closed.Load() {
 		return "", dedup.ErrClosed
@@ -479,8 +479,7 @@ func (s *Store) CheckReplicas(ctx context.Context) error {
 	}
 	pipe := s.client.Pipeline()
 	set := pipe.Set(ctx, s.prefix+"replicas-probe", "1", time.Second)
-	wait := redis.NewIntCmd(ctx, "wait", s.pipe.waitReplicas, s.pipe.waitTimeoutMS)
-	_ = pipe.Process(ctx, wait)
+	wait := s.pipe.queueWait(ctx, pipe)
 	_, _ = pipe.Exec(ctx) // each command carries its own reply
 	if err := set.Err(); err != nil {
 		return fmt.Errorf("redisstore: replicas: %w", err)
