@@ -574,7 +574,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		// would be just as unrecordable.
 		if f := s.journalErr.Load(); next != nil && f != nil {
 			s.mu.Unlock()
-			return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: commits cannot be recorded: %w", f.err)
+			return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", unrecordable(f.err))
 		}
 	}
 	defer s.mu.Unlock()
@@ -655,19 +655,25 @@ func (s *Store) recording(ctx context.Context) error {
 	now := s.now().UnixNano()
 	last := s.lastProbe.Load()
 	if since := now - last; since >= 0 && since < int64(probeEvery) || !s.lastProbe.CompareAndSwap(last, now) {
-		return fmt.Errorf("commits cannot be recorded: %w", f.err)
+		return unrecordable(f.err)
 	}
 	return s.probe(ctx)
+}
+
+// unrecordable is the error of an operation refused, or a probe failed,
+// because the journal cannot record: err is the journal's failure.
+func unrecordable(err error) error {
+	return fmt.Errorf("commits cannot be recorded: %w", err)
 }
 
 // probe journals a harmless delete, durably: its fdatasync clears a journal
 // failure. It returns nil when the journal records.
 func (s *Store) probe(ctx context.Context) error {
 	if err := s.writeDurable(ctx, pingKey, nil); err != nil {
-		return fmt.Errorf("commits cannot be recorded: %w", err)
+		return unrecordable(err)
 	}
 	if f := s.journalErr.Load(); f != nil {
-		return fmt.Errorf("commits cannot be recorded: %w", f.err)
+		return unrecordable(f.err)
 	}
 	return nil
 }
