@@ -203,13 +203,7 @@ func TestWaitReplicasBehindSentinel(t *testing.T) {
 	st := redistest.StartSentinel(t)
 	s := newStore(t, redisstore.Config{Addrs: []string{st.Sentinel.Addr()}, MasterName: st.MasterName, WaitReplicas: 1}, nil)
 	k := dedup.Key{Namespace: "n", ID: "evt_1"}
-	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
-	if err != nil || res.Outcome != dedup.Claimed {
-		t.Fatalf("Claim: got (%v, %v), want (claimed, nil)", res.Outcome, err)
-	}
-	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
-		t.Fatalf("Commit: got %v, want nil", err)
-	}
+	claimCommit(t, s, k)
 	if v, err := st.Replica.Client().Get(ctx, s.Key(k)).Result(); err != nil || !strings.HasPrefix(v, "d,") {
 		t.Errorf("replica after Commit returned: got (%q, %v), want the processed record", v, err)
 	}
