@@ -450,6 +450,29 @@ admin:
 	}
 }
 
+// wantWarning loads text, which must have no problems, and checks its
+// warnings under key: none when want is "", else exactly one starting with
+// want.
+func wantWarning(t *testing.T, text, key, want string) {
+	t.Helper()
+	f, problems := loadText(t, text, nil)
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	var got []string
+	for _, w := range f.Warnings() {
+		if w.Key == key {
+			got = append(got, w.String())
+		}
+	}
+	switch {
+	case want == "" && len(got) != 0:
+		t.Errorf("got warnings %q, want none", got)
+	case want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], want)):
+		t.Errorf("got warnings %q, want one starting %q", got, want)
+	}
+}
+
 // TestUnsignedProviderRoutesAreNamed: a provider route without secrets
 // verifies nothing; one warning names every such route.
 func TestUnsignedProviderRoutesAreNamed(t *testing.T) {
@@ -467,24 +490,7 @@ func TestUnsignedProviderRoutesAreNamed(t *testing.T) {
 			`routes: "stripe", "gh" verify no signatures`},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f, problems := loadText(t, "routes:\n"+tt.routes, nil)
-			if len(problems) != 0 {
-				t.Fatalf("got problems %q, want none", problems)
-			}
-			var got []string
-			for _, w := range f.Warnings() {
-				if w.Key == "routes" {
-					got = append(got, w.String())
-				}
-			}
-			switch {
-			case tt.want == "" && len(got) != 0:
-				t.Errorf("got warnings %q, want none", got)
-			case tt.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tt.want)):
-				t.Errorf("got warnings %q, want one starting %q", got, tt.want)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { wantWarning(t, "routes:\n"+tt.routes, "routes", tt.want) })
 	}
 }
 
@@ -510,24 +516,7 @@ func TestWaitReplicasWithFailOpenRoutesIsWarned(t *testing.T) {
 			`store.redis.wait_replicas: claims fail while fewer than 2 replicas acknowledge them (a replica down, or after a failover), and then "a" (on_store_error`},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f, problems := loadText(t, tt.text, nil)
-			if len(problems) != 0 {
-				t.Fatalf("got problems %q, want none", problems)
-			}
-			var got []string
-			for _, w := range f.Warnings() {
-				if w.Key == "store.redis.wait_replicas" {
-					got = append(got, w.String())
-				}
-			}
-			switch {
-			case tt.want == "" && len(got) != 0:
-				t.Errorf("got warnings %q, want none", got)
-			case tt.want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], tt.want)):
-				t.Errorf("got warnings %q, want one starting %q", got, tt.want)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { wantWarning(t, tt.text, "store.redis.wait_replicas", tt.want) })
 	}
 }
 
