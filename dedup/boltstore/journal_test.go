@@ -1279,6 +1279,28 @@ func TestPingReportsAFailingJournal(t *testing.T) {
 	}
 }
 
+// key is the record key of id in namespace "n".
+func key(id string) dedup.Key { return dedup.Key{Namespace: "n", ID: id} }
+
+// failedJournal opens a store on a fake clock whose fdatasync the test
+// holds (heldSync: entered, result), claims key "held" (in flight across
+// the failure), commits key "done", and fails that commit's fdatasync with
+// full, a full disk: the store has noted the journal's failure.
+func failedJournal(t *testing.T) (s *Store, clk *storetest.FakeClock, entered <-chan struct{}, result chan<- error, held dedup.ClaimResult, full error) {
+	t.Helper()
+	clk = storetest.NewFakeClock(storetest.Epoch)
+	s, _ = openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1})
+	t.Cleanup(func() { _ = s.Close() })
+	entered, result = heldSync(t, s)
+	full = errors.New("no space left on device")
+	held = claim(t, s, key("held"))
+	claimCommit(t, s, key("done"), time.Hour)
+	receive(t, entered, "the commit's fdatasync")
+	result <- full
+	eventually(t, "the failure noted", func() bool { return s.journalErr.Load() != nil })
+	return s, clk, entered, result, held, full
+}
+
 // A claim while the journal cannot record (a full or failing disk) fails
 // instead of granting a key whose commit would be lost, so the route's
 // on_store_error decides and reject holds the event back. Duplicates and
@@ -1287,11 +1309,7 @@ func TestPingReportsAFailingJournal(t *testing.T) {
 // operator trial: on a full disk every event was forwarded and none
 // recorded, and on_store_error: reject was ignored.)
 func TestClaimFailsWhileTheJournalCannotRecord(t *testing.T) {
-	clk := storetest.NewFakeClock(storetest.Epoch)
-	s, _ := openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1})
-	t.Cleanup(func() { _ = s.Close() })
-	entered, result := heldSync(t, s)
-	key := func(id string) dedup.Key { return dedup.Key{Namespace: "n", ID: id} }
+	s, clk, entered, result, held, full := failedJournal(t)
 	claimAsync := func(id string) <-chan error {
 		done := make(chan error, 1)
 		go func() {
@@ -1303,13 +1321,6 @@ func TestClaimFailsWhileTheJournalCannotRecord(t *testing.T) {
 		}()
 		return done
 	}
-	full := errors.New("no space left on device")
-
-	held := claim(t, s, key("held")) // in flight across the failure
-	claimCommit(t, s, key("done"), time.Hour)
-	receive(t, entered, "the commit's fdatasync")
-	result <- full
-	eventually(t, "the failure noted", func() bool { return s.journalErr.Load() != nil })
 
 	// The first claim probes the journal, in vain.
 	claimed := claimAsync("new")
@@ -1380,18 +1391,7 @@ func TestClaimFailsWhileTheJournalCannotRecord(t *testing.T) {
 // decision fails that claim too: the probe found the disk recording, but the
 // key would be forwarded now, when its commit cannot be recorded.
 func TestClaimFailsWhenTheJournalFailsAfterItsProbe(t *testing.T) {
-	clk := storetest.NewFakeClock(storetest.Epoch)
-	s, _ := openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1})
-	t.Cleanup(func() { _ = s.Close() })
-	entered, result := heldSync(t, s)
-	key := func(id string) dedup.Key { return dedup.Key{Namespace: "n", ID: id} }
-	full := errors.New("no space left on device")
-
-	held := claim(t, s, key("held"))
-	claimCommit(t, s, key("done"), time.Hour)
-	receive(t, entered, "the commit's fdatasync")
-	result <- full
-	eventually(t, "the failure noted", func() bool { return s.journalErr.Load() != nil })
+	s, clk, entered, result, held, full := failedJournal(t)
 
 	probed, resume := make(chan struct{}), make(chan struct{})
 	var resumeOnce sync.Once
