@@ -72,6 +72,10 @@ func cmdServe(args []string, stderr io.Writer) int {
 	for _, w := range f.Warnings() {
 		log.Warn("configuration likely wrong", zap.String("key", w.Key), zap.String("problem", w.Msg))
 	}
+	if floor := heapFloorFromEnv(os.LookupEnv); floor > 0 {
+		defer startGCFloor(floor)()
+		log.Info("garbage collector paced for a heap floor (GOGC is not set)", zap.Uint64("heap_floor_bytes", floor))
+	}
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
