@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -50,6 +51,7 @@ type options struct {
 	dedupgw     string
 	dedupgwAlt  string
 	logLevel    string
+	bareGOGC    string
 	cpuprofile  string
 	keep        bool
 	args        []string // as given, for the report
@@ -73,6 +75,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.dedupgw, "dedupgw", "", "dedupgw binary to measure (default: go build ./cmd/dedupgw)")
 	fs.StringVar(&o.dedupgwAlt, "dedupgw-alt", "", "a second dedupgw binary: each dedupgw target is also measured with it, as \"<backend> (alt)\", interleaved (A/B test of a change)")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "dedupgw's log.level (info logs every delivery)")
+	fs.StringVar(&o.bareGOGC, "bare-gogc", "", "GOGC for the bare proxy (default: unset, Go's 100); dedupgw paces its own collector unless GOGC is set")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write CPU profiles of the bare proxy and dedupgw (first round of each workload) into this directory; perturbs the numbers")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run's directory (configs, logs, databases)")
 	quick := fs.Bool("quick", false, "a ~30 s run: -duration 1s -warmup 250ms -rounds 1 unless set")
@@ -128,6 +131,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("no targets")
 	case o.rounds < 1:
 		return nil, fmt.Errorf("-rounds %d: want at least 1", o.rounds)
+	case !validGOGC(o.bareGOGC):
+		return nil, fmt.Errorf("-bare-gogc %q: want a percentage or off, as GOGC takes", o.bareGOGC)
 	case o.concurrency < 1:
 		return nil, fmt.Errorf("-concurrency %d: want at least 1", o.concurrency)
 	case o.duration <= 0 || o.warmup < 0 || o.timeout <= 0:
@@ -173,7 +178,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
-	e := &env{dir: dir, self: self, concurrency: o.concurrency, logLevel: o.logLevel, profile: o.cpuprofile != "", dedupgwAlt: o.dedupgwAlt}
+	e := &env{dir: dir, self: self, concurrency: o.concurrency, logLevel: o.logLevel, bareGOGC: o.bareGOGC, profile: o.cpuprofile != "", dedupgwAlt: o.dedupgwAlt}
 	if e.profile {
 		if err := os.MkdirAll(o.cpuprofile, 0o755); err != nil {
 			return fmt.Errorf("make profile directory: %w", err)
@@ -390,4 +395,14 @@ func machine() string {
 func firstLine(err error) string {
 	s, _, _ := strings.Cut(err.Error(), "\n")
 	return s
+}
+
+// validGOGC reports whether v is empty or a value GOGC takes: off or a
+// non-negative percentage.
+func validGOGC(v string) bool {
+	if v == "" || v == "off" {
+		return true
+	}
+	n, err := strconv.Atoi(v)
+	return err == nil && n >= 0
 }

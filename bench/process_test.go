@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -126,5 +128,29 @@ func TestCPUTime(t *testing.T) {
 	}
 	if _, err := cpuTime(-1); err == nil {
 		t.Errorf("got no error for pid -1, want one")
+	}
+}
+
+// TestBareGOGCReachesTheBareProxy checks -bare-gogc is the bare proxy's
+// GOGC, read from its /proc environment.
+func TestBareGOGCReachesTheBareProxy(t *testing.T) {
+	if _, err := os.Stat("/proc/self/environ"); err != nil {
+		t.Skip("no /proc")
+	}
+	ctx := context.Background()
+	e := testEnv(t)
+	e.bareGOGC = "1000"
+	e.upstreamURL = "http://127.0.0.1:1" // never reached: the test sends nothing
+	tg, err := startTarget(ctx, e, TargetBare, nil)
+	if err != nil {
+		t.Fatalf("start bare: %v", err)
+	}
+	defer tg.stop()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(tg.procs[0].cmd.Process.Pid) + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env := strings.Split(string(b), "\x00"); !slices.Contains(env, "GOGC=1000") {
+		t.Errorf("got the bare proxy's environment without GOGC=1000, want it")
 	}
 }

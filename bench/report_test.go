@@ -116,6 +116,9 @@ func TestParseOptions(t *testing.T) {
 		{name: "unknown workload", args: []string{"-workloads", "burst"}, wantErr: `unknown workload "burst"`},
 		{name: "no rounds", args: []string{"-rounds", "0"}, wantErr: "want at least 1"},
 		{name: "stray argument", args: []string{"bolt"}, wantErr: "unexpected arguments"},
+		{name: "bare GOGC", args: []string{"-bare-gogc", "1000"}, duration: 2500 * time.Millisecond, rounds: 3, targets: "upstream,bare,nginx,memory,bolt,redis"},
+		{name: "bare GOGC off", args: []string{"-bare-gogc", "off"}, duration: 2500 * time.Millisecond, rounds: 3, targets: "upstream,bare,nginx,memory,bolt,redis"},
+		{name: "bare GOGC not a percentage", args: []string{"-bare-gogc", "fast"}, wantErr: `-bare-gogc "fast"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

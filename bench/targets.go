@@ -117,6 +117,7 @@ type env struct {
 	upstreamURL  string // base URL of the upstream app
 	concurrency  int
 	logLevel     string // dedupgw's log.level
+	bareGOGC     string // GOGC for the bare proxy, "" for none
 	profile      bool   // targets serve pprof (see pprofEnv)
 }
 
@@ -188,6 +189,9 @@ func startBare(ctx context.Context, e *env, t *target) error {
 	env, err := t.pprofEnv(e, true)
 	if err != nil {
 		return err
+	}
+	if e.bareGOGC != "" {
+		env = append(env, "GOGC="+e.bareGOGC)
 	}
 	c, err := startChild(ctx, e.dir, "bare", env, e.self, roleBareProxy,
 		"-listen", addr, "-upstream", e.upstreamURL, "-max-idle", strconv.Itoa(e.concurrency*2))
