@@ -15,8 +15,8 @@ import (
 // collected some 18 times a second in the load benchmark, and the collector,
 // and the scavenger returning freed pages to the kernel only to fault them
 // back in, cost CPU and tail latency. With this floor the benchmark's
-// deliveries cost 13–20 µs less CPU on bolt and Redis (README,
-// Performance). 64 MiB is a quarter of the Helm chart's default memory
+// first deliveries cost 20–24 µs less CPU on bolt and 4–26 µs less on Redis
+// (README, Performance). 64 MiB is a quarter of the Helm chart's default memory
 // limit, and GOMEMLIMIT, which the chart sets, still applies: the runtime
 // collects when the limit nears, floor or not.
 const defaultHeapFloor = 64 << 20
