@@ -311,6 +311,26 @@ func TestGoMemLimit(t *testing.T) {
 	}
 }
 
+// TestEnvValuesAreStrings checks that env values given as numbers or
+// booleans (--set env[0].value=200 for GOGC) render as the strings
+// Kubernetes requires, and that valueFrom entries pass through: decodeStrict
+// decodes into the Kubernetes types, which refuse a number.
+func TestEnvValuesAreStrings(t *testing.T) {
+	r := decodeStrict(t, render(t, "dedupgw", "a", "ns",
+		"--set", "env[0].name=GOGC", "--set", "env[0].value=200",
+		"--set", "env[1].name=FLAG", "--set", "env[1].value=true",
+		"--set", "env[2].name=POD", "--set", "env[2].valueFrom.fieldRef.fieldPath=metadata.name"))
+	c := container(t, r.Deployments["a-dedupgw"].Spec.Template.Spec, "dedupgw")
+	for name, want := range map[string]string{"GOGC": "200", "FLAG": "true"} {
+		if e := env(c, name); e == nil || e.Value != want {
+			t.Errorf("%s: got %+v, want the string %q", name, e, want)
+		}
+	}
+	if e := env(c, "POD"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.name" {
+		t.Errorf("POD: got %+v, want valueFrom.fieldRef metadata.name", e)
+	}
+}
+
 // TestPVCResourcePolicy checks that the bolt PVC survives `helm uninstall`
 // by default, and that the policy can be switched off.
 func TestPVCResourcePolicy(t *testing.T) {

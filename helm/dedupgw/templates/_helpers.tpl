@@ -391,8 +391,12 @@ containers. Standalone and sidecar use the same container.
     - name: GOMEMLIMIT
       value: {{ include "dedupgw.goMemLimit" $memLimit | quote }}
     {{- end }}
-    {{- with .Values.env }}
-    {{- toYaml . | nindent 4 }}
+    {{- range .Values.env }}
+    {{- /* Kubernetes takes only strings as values: --set env[0].value=200
+    (GOGC) parses as a number, and the API server would refuse the pod. */}}
+    {{- $e := deepCopy . }}
+    {{- if hasKey $e "value" }}{{ $_ := set $e "value" (toString $e.value) }}{{ end }}
+    - {{ toYaml $e | nindent 6 | trim }}
     {{- end }}
   {{- end }}
   {{- if or .Values.existingSecret .Values.envFrom }}
