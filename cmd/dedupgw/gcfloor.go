@@ -8,32 +8,39 @@ import (
 )
 
 // defaultHeapFloor is how far the heap may grow past what the last
-// collection kept before the next one starts, unless GOGC is set.
+// collection kept before the next one starts, unless GOGC is set or
+// GOMEMLIMIT is small (see heapFloor).
 //
-// The gateway's live heap is small (about 10 MiB under load) and short-lived
+// The gateway's live heap is small (5–10 MiB under load) and short-lived
 // garbage is most of what it allocates: with Go's default GOGC=100 it
-// collected some 18 times a second in the load benchmark, and the collector,
-// and the scavenger returning freed pages to the kernel only to fault them
-// back in, cost CPU and tail latency. With this floor the benchmark's
-// first deliveries cost 20–24 µs less CPU on bolt and 4–26 µs less on Redis
-// (README, Performance). 64 MiB is a quarter of the Helm chart's default memory
-// limit, and GOMEMLIMIT, which the chart sets, still applies: the runtime
-// collects when the limit nears, floor or not.
+// collected some 18 times a second under load, and the collector, and the
+// scavenger returning freed pages to the kernel only to fault them back in,
+// cost CPU and tail latency. With this floor the benchmark's first
+// deliveries cost 20–24 µs less CPU on bolt and 4–26 µs less on Redis
+// (README, Performance).
 const defaultHeapFloor = 64 << 20
+
+// memLimitShare is the part of a GOMEMLIMIT the floor may take: the rest is
+// the live heap, the runtime's own memory, and room to collect in before the
+// limit forces collections that the floor meant to spare.
+const memLimitShare = 4
 
 // gcFloor paces the garbage collector by a fixed amount of new heap instead
 // of by the live heap as GOGC=100 does: after every collection it sets GOGC
 // so that the next heap goal is the live heap plus floor (floor itself while
 // the heap is nearly empty, see percentFor), or twice the live heap once
-// that is more. Memory is so bounded by live + max(live, floor), plus the
-// runtime's usual overshoot.
+// that is more. In a steady state the heap is so bounded by
+// live + max(live, floor).
 //
-// It tunes after each cycle, not on a timer, so a live heap that grows
-// quickly still meets a goal at most floor past the last one measured.
 // The hook is a cleanup attached to an object that only the hook holds:
 // each collection frees it, and the cleanup (run by the runtime's cleanup
 // goroutine) tunes and attaches the next one. After stop, the last one
-// armed runs once more and returns.
+// armed runs once more and returns. The runtime runs cleanups once a
+// cycle's sweeping is done, which a busy process defers: after a sudden
+// rise of the live heap, a collection or two may still run at the previous
+// GOGC, whose goal can reach GOGC/100 (at most 16 for the default floor)
+// times the new live heap. GOMEMLIMIT, which the Helm chart sets, bounds
+// that.
 type gcFloor struct {
 	floor uint64
 
@@ -47,14 +54,18 @@ type gcFloor struct {
 // objects may outlive a cycle.
 type gcSentinel struct{ _ *byte }
 
-// heapFloorFromEnv returns the floor serve uses: defaultHeapFloor, or 0
-// (no tuning) when GOGC is set, since the operator then chose the
-// collector's pace. (The runtime reads an empty GOGC as 100, unset.)
-func heapFloorFromEnv(lookup func(string) (string, bool)) uint64 {
+// heapFloor returns the floor serve uses, from the GOGC variable (lookup)
+// and the runtime's memory limit (debug.SetMemoryLimit(-1): GOMEMLIMIT, or
+// math.MaxInt64 when unset): 0 (no pacing) when GOGC is set, since the
+// operator then chose the collector's pace (the runtime reads an empty GOGC
+// as unset); else defaultHeapFloor, at most a quarter of the memory limit,
+// so that a small container (the Helm chart sets GOMEMLIMIT from its
+// memory limit) keeps room.
+func heapFloor(lookup func(string) (string, bool), memLimit int64) uint64 {
 	if v, _ := lookup("GOGC"); v != "" {
 		return 0
 	}
-	return defaultHeapFloor
+	return min(defaultHeapFloor, uint64(max(memLimit, 0))/memLimitShare)
 }
 
 // startGCFloor starts tuning GOGC for floor and returns the function that
@@ -106,7 +117,9 @@ func (g *gcFloor) scaled() uint64 {
 }
 
 // heapMinimum is the runtime's smallest heap goal at GOGC=100, which it
-// scales by GOGC/100 (runtime/mgcpacer.go, defaultHeapMinimum).
+// scales by GOGC/100 (runtime/mgcpacer.go, defaultHeapMinimum; 512 KiB
+// with GOEXPERIMENT=heapminimum512kib, which would only make the goal of a
+// nearly empty heap smaller than floor).
 const heapMinimum = 4 << 20
 
 // percentFor returns the GOGC that puts the heap goal floor past the live

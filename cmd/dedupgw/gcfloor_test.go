@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"math"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -32,20 +34,26 @@ func TestPercentFor(t *testing.T) {
 	}
 }
 
-func TestHeapFloorFromEnv(t *testing.T) {
+func TestHeapFloor(t *testing.T) {
+	const mib = 1 << 20
 	tests := []struct {
-		name string
-		env  map[string]string
-		want uint64
+		name     string
+		env      map[string]string
+		memLimit int64
+		want     uint64
 	}{
-		{"GOGC unset", nil, defaultHeapFloor},
-		{"GOGC empty, which the runtime reads as unset", map[string]string{"GOGC": ""}, defaultHeapFloor},
-		{"GOGC set: the operator chose", map[string]string{"GOGC": "200"}, 0},
-		{"GOGC=off", map[string]string{"GOGC": "off"}, 0},
+		{"GOGC and GOMEMLIMIT unset", nil, math.MaxInt64, defaultHeapFloor},
+		{"GOGC empty, which the runtime reads as unset", map[string]string{"GOGC": ""}, math.MaxInt64, defaultHeapFloor},
+		{"GOGC set: the operator chose", map[string]string{"GOGC": "200"}, math.MaxInt64, 0},
+		{"GOGC=off", map[string]string{"GOGC": "off"}, math.MaxInt64, 0},
+		{"the chart's GOMEMLIMIT for 256Mi: a quarter of it", nil, 241591910, 241591910 / 4},
+		{"the sidecar example's GOMEMLIMIT for 128Mi", nil, 115 * mib, 115 * mib / 4},
+		{"a large GOMEMLIMIT", nil, 4096 * mib, defaultHeapFloor},
+		{"GOGC set and a small GOMEMLIMIT", map[string]string{"GOGC": "100"}, 100 * mib, 0},
 	}
 	for _, tt := range tests {
 		lookup := func(k string) (string, bool) { v, ok := tt.env[k]; return v, ok }
-		if got := heapFloorFromEnv(lookup); got != tt.want {
+		if got := heapFloor(lookup, tt.memLimit); got != tt.want {
 			t.Errorf("%s: got floor %d, want %d", tt.name, got, tt.want)
 		}
 	}
@@ -58,28 +66,54 @@ func readGC() (percent, goal, live uint64) {
 	return s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64()
 }
 
-// TestGCFloorPacesTheCollector runs real collections: after one, the next
-// heap goal is at least the floor (the test binary's live heap is far
-// smaller), and at most the floor past the live heap; after stop, GOGC is
-// back to 100 and a late hook changes nothing.
-func TestGCFloorPacesTheCollector(t *testing.T) {
-	const floor = 48 << 20
-	defer debug.SetGCPercent(100)
-	stop := startGCFloor(floor)
-	defer stop()
-
+// waitGC runs collections until ok accepts the runtime's GOGC, heap goal
+// and live heap (the cleanup that tunes runs on its own goroutine after a
+// collection), or fails after 10s.
+func waitGC(t *testing.T, what string, ok func(percent, goal, live uint64) bool) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		runtime.GC() // frees the sentinel; its cleanup tunes and arms the next
 		percent, goal, live := readGC()
-		if percent > 100 && goal >= floor && goal <= live+floor {
-			break
+		if ok(percent, goal, live) {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after collections for 10s: got GOGC %d, heap goal %d for live heap %d, want GOGC > 100 and a goal of at least %d, at most that past the live heap", percent, goal, live, floor)
+			t.Fatalf("%s: after collections for 10s, got GOGC %d, heap goal %d for live heap %d", what, percent, goal, live)
 		}
 		time.Sleep(10 * time.Millisecond) // let the cleanup goroutine run
 	}
+}
+
+// TestGCFloorPacesTheCollector runs real collections and follows the live
+// heap: nearly empty, the goal is the floor; with 24 MiB more live, GOGC
+// falls so that the goal is the floor past it (each collection re-tunes);
+// once that is garbage, back to the floor. After stop, GOGC is 100 and a
+// late hook changes nothing.
+func TestGCFloorPacesTheCollector(t *testing.T) {
+	const floor = 48 << 20
+	defer debug.SetGCPercent(debug.SetGCPercent(100)) // restore what the test binary had
+	stop := startGCFloor(floor)
+	defer stop()
+
+	floorPastLive := func(goal, live uint64) bool {
+		// percentFor rounds up: at most 1 % of the scaled memory more.
+		return goal >= live+floor && goal <= live+floor+floor/16
+	}
+	waitGC(t, "nearly empty heap: want the goal at the floor", func(percent, goal, live uint64) bool {
+		return live < 8<<20 && percent > 100 && goal >= floor && goal <= live+floor
+	})
+	ballast := make([][]byte, 24)
+	for i := range ballast {
+		ballast[i] = make([]byte, 1<<20)
+	}
+	waitGC(t, "24 MiB more live: want the goal the floor past it", func(percent, goal, live uint64) bool {
+		return live > 24<<20 && percent < 400 && floorPastLive(goal, live)
+	})
+	runtime.KeepAlive(ballast)
+	waitGC(t, "the 24 MiB garbage: want the goal back at the floor", func(percent, goal, live uint64) bool {
+		return live < 8<<20 && goal >= floor && goal <= live+floor
+	})
 
 	stop()
 	if percent, _, _ := readGC(); percent != 100 {
@@ -92,32 +126,37 @@ func TestGCFloorPacesTheCollector(t *testing.T) {
 	}
 }
 
-// TestE2EHeapFloor checks serve paces its collector unless GOGC is set:
-// go_gc_gogc_percent on /metrics shows the GOGC in force.
+// TestE2EHeapFloor checks serve paces its collector unless GOGC is set, by
+// a floor a quarter of a small GOMEMLIMIT: go_gc_gogc_percent on /metrics
+// shows the GOGC in force, and the start-up log the floor.
 func TestE2EHeapFloor(t *testing.T) {
 	tests := []struct {
-		name, env string
-		paced     bool
+		name  string
+		env   []string
+		floor uint64 // 0: not paced, GOGC stays 150
 	}{
-		{"GOGC unset (empty)", "GOGC=", true},
-		{"GOGC set", "GOGC=150", false},
+		{"GOGC and GOMEMLIMIT unset (empty)", []string{"GOGC=", "GOMEMLIMIT="}, defaultHeapFloor},
+		{"GOMEMLIMIT 100MiB", []string{"GOGC=", "GOMEMLIMIT=100MiB"}, 25 << 20},
+		{"GOGC set", []string{"GOGC=150", "GOMEMLIMIT="}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			u := newUpstream(t)
-			g := startGateway(t, gwConfig(t, t.TempDir(), u.URL, "", ""), tt.env)
+			g := startGateway(t, gwConfig(t, t.TempDir(), u.URL, "", ""), tt.env...)
 			got, err := strconv.Atoi(metricValue(t, g, "go_gc_gogc_percent"))
 			if err != nil {
 				t.Fatalf("go_gc_gogc_percent: %v", err)
 			}
-			if tt.paced && got <= 100 {
+			if tt.floor > 0 && got <= 100 {
 				t.Errorf("got GOGC %d, want more than 100 for the heap floor", got)
 			}
-			if !tt.paced && got != 150 {
+			if tt.floor == 0 && got != 150 {
 				t.Errorf("got GOGC %d, want the environment's 150", got)
 			}
-			if logged := strings.Contains(g.logs(), "heap floor"); logged != tt.paced {
-				t.Errorf("got the heap floor logged %v, want %v", logged, tt.paced)
+			logged := strings.Contains(g.logs(), "heap floor")
+			want := fmt.Sprintf(`"heap_floor_bytes":%d`, tt.floor)
+			if logged != (tt.floor > 0) || (logged && !strings.Contains(g.logs(), want)) {
+				t.Errorf("got the heap floor logged %v, want %v with %s", logged, tt.floor > 0, want)
 			}
 		})
 	}

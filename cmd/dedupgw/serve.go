@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,7 +73,7 @@ func cmdServe(args []string, stderr io.Writer) int {
 	for _, w := range f.Warnings() {
 		log.Warn("configuration likely wrong", zap.String("key", w.Key), zap.String("problem", w.Msg))
 	}
-	if floor := heapFloorFromEnv(os.LookupEnv); floor > 0 {
+	if floor := heapFloor(os.LookupEnv, debug.SetMemoryLimit(-1)); floor > 0 {
 		defer startGCFloor(floor)()
 		log.Info("garbage collector paced for a heap floor (GOGC is not set)", zap.Uint64("heap_floor_bytes", floor))
 	}
