@@ -231,6 +231,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return errors.New("no target could be started")
 	}
 
+	for _, name := range runtimeEnv {
+		if v, ok := os.LookupEnv(name); ok {
+			fmt.Fprintf(stderr, "bench: %s=%s is not passed to the targets (-bare-gogc sets the bare proxy's GOGC)\n", name, v)
+		}
+	}
 	total := time.Duration(o.rounds*len(o.workloads)*len(targets)) * (o.warmup + o.duration)
 	fmt.Fprintf(stderr, "bench: %d rounds × %d workloads × %d targets × (%s + %s) ≈ %s\n",
 		o.rounds, len(o.workloads), len(targets), o.warmup, o.duration, total.Round(time.Second))

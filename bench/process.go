@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -30,8 +31,8 @@ type child struct {
 }
 
 // startChild starts bin with args, logging its stdout and stderr to
-// dir/name.log. extraEnv is added to the runner's environment. The child gets
-// SIGTERM when ctx ends or Stop is called.
+// dir/name.log. extraEnv is added to the runner's environment, less
+// runtimeEnv. The child gets SIGTERM when ctx ends or Stop is called.
 func startChild(ctx context.Context, dir, name string, extraEnv []string, bin string, args ...string) (*child, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logf, err := os.Create(logPath)
@@ -42,9 +43,7 @@ func startChild(ctx context.Context, dir, name string, extraEnv []string, bin st
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	cmd.Dir = dir
-	if len(extraEnv) > 0 {
-		cmd.Env = append(os.Environ(), extraEnv...)
-	}
+	cmd.Env = append(withoutRuntimeEnv(os.Environ()), extraEnv...)
 	cmd.SysProcAttr = childAttr()
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = stopGrace
@@ -59,6 +58,24 @@ func startChild(ctx context.Context, dir, name string, extraEnv []string, bin st
 		close(c.done)
 	}()
 	return c, nil
+}
+
+// runtimeEnv are the Go runtime's settings a target must not inherit from
+// the runner's environment: dedupgw paces its collector unless GOGC is set
+// (and by GOMEMLIMIT), so a GOGC meant for the runner would silently measure
+// another gateway. -bare-gogc sets the bare proxy's.
+var runtimeEnv = []string{"GOGC", "GOMEMLIMIT"}
+
+// withoutRuntimeEnv returns env less the runtimeEnv variables.
+func withoutRuntimeEnv(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(runtimeEnv, name) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // Stop sends SIGTERM, waits up to stopGrace for the child to exit, then kills

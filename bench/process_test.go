@@ -131,26 +131,42 @@ func TestCPUTime(t *testing.T) {
 	}
 }
 
-// TestBareGOGCReachesTheBareProxy checks -bare-gogc is the bare proxy's
-// GOGC, read from its /proc environment.
+// TestBareGOGCReachesTheBareProxy checks that -bare-gogc is the bare
+// proxy's GOGC and that a GOGC or GOMEMLIMIT in the runner's environment
+// reaches no target, read from the child's /proc environment.
 func TestBareGOGCReachesTheBareProxy(t *testing.T) {
 	if _, err := os.Stat("/proc/self/environ"); err != nil {
 		t.Skip("no /proc")
 	}
-	ctx := context.Background()
-	e := testEnv(t)
-	e.bareGOGC = "1000"
-	e.upstreamURL = "http://127.0.0.1:1" // never reached: the test sends nothing
-	tg, err := startTarget(ctx, e, TargetBare, nil)
-	if err != nil {
-		t.Fatalf("start bare: %v", err)
-	}
-	defer tg.stop()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(tg.procs[0].cmd.Process.Pid) + "/environ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if env := strings.Split(string(b), "\x00"); !slices.Contains(env, "GOGC=1000") {
-		t.Errorf("got the bare proxy's environment without GOGC=1000, want it")
+	t.Setenv("GOGC", "300")
+	t.Setenv("GOMEMLIMIT", "1GiB")
+	for _, tt := range []struct {
+		bareGOGC string
+		want     []string // the child's GOGC and GOMEMLIMIT entries
+	}{
+		{"", nil},
+		{"1000", []string{"GOGC=1000"}},
+	} {
+		e := testEnv(t)
+		e.bareGOGC = tt.bareGOGC
+		e.upstreamURL = "http://127.0.0.1:1" // never reached: the test sends nothing
+		tg, err := startTarget(context.Background(), e, TargetBare, nil)
+		if err != nil {
+			t.Fatalf("start bare: %v", err)
+		}
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(tg.procs[0].cmd.Process.Pid) + "/environ")
+		tg.stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for kv := range strings.SplitSeq(string(b), "\x00") {
+			if strings.HasPrefix(kv, "GOGC=") || strings.HasPrefix(kv, "GOMEMLIMIT=") {
+				got = append(got, kv)
+			}
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("-bare-gogc %q with GOGC=300 GOMEMLIMIT=1GiB in the runner's environment: got %q in the bare proxy's, want %q", tt.bareGOGC, got, tt.want)
+		}
 	}
 }
