@@ -311,23 +311,54 @@ func TestGoMemLimit(t *testing.T) {
 	}
 }
 
-// TestEnvValuesAreStrings checks that env values given as numbers or
-// booleans (--set env[0].value=200 for GOGC) render as the strings
-// Kubernetes requires, and that valueFrom entries pass through: decodeStrict
-// decodes into the Kubernetes types, which refuse a number.
-func TestEnvValuesAreStrings(t *testing.T) {
+// TestValuesRenderAsStrings checks that env values and the values of
+// labels, annotations and node selectors given as numbers or booleans
+// (--set env[0].value=200 for GOGC, prometheus.io/scrape: true) render as
+// the strings Kubernetes requires, and that valueFrom entries pass through:
+// decodeStrict decodes into the Kubernetes types, which refuse a number.
+func TestValuesRenderAsStrings(t *testing.T) {
 	r := decodeStrict(t, render(t, "dedupgw", "a", "ns",
 		"--set", "env[0].name=GOGC", "--set", "env[0].value=200",
 		"--set", "env[1].name=FLAG", "--set", "env[1].value=true",
-		"--set", "env[2].name=POD", "--set", "env[2].valueFrom.fieldRef.fieldPath=metadata.name"))
-	c := container(t, r.Deployments["a-dedupgw"].Spec.Template.Spec, "dedupgw")
+		"--set", "env[2].name=POD", "--set", "env[2].valueFrom.fieldRef.fieldPath=metadata.name",
+		"--set", `podAnnotations.prometheus\.io/scrape=true`,
+		"--set", "podLabels.tier=2",
+		"--set", "nodeSelector.zone=4",
+		"--set", "service.annotations.n=3",
+		"--set", "serviceAccount.annotations.s=6",
+		"--set", "persistence.annotations.p=5",
+		"--set", "grafanaDashboard.enabled=true", "--set", "grafanaDashboard.annotations.g=7",
+		"--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.labels.release=8",
+	))
+	d := r.Deployments["a-dedupgw"]
+	c := container(t, d.Spec.Template.Spec, "dedupgw")
 	for name, want := range map[string]string{"GOGC": "200", "FLAG": "true"} {
 		if e := env(c, name); e == nil || e.Value != want {
-			t.Errorf("%s: got %+v, want the string %q", name, e, want)
+			t.Errorf("env %s: got %+v, want the string %q", name, e, want)
 		}
 	}
 	if e := env(c, "POD"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.name" {
-		t.Errorf("POD: got %+v, want valueFrom.fieldRef metadata.name", e)
+		t.Errorf("env POD: got %+v, want valueFrom.fieldRef metadata.name", e)
+	}
+	for _, tt := range []struct {
+		where string
+		m     map[string]string
+		key   string
+		want  string
+	}{
+		{"pod annotations", d.Spec.Template.Annotations, "prometheus.io/scrape", "true"},
+		{"pod labels", d.Spec.Template.Labels, "tier", "2"},
+		{"node selector", d.Spec.Template.Spec.NodeSelector, "zone", "4"},
+		{"service annotations", r.Services["a-dedupgw"].Annotations, "n", "3"},
+		{"service account annotations", r.ServiceAccounts["a-dedupgw"].Annotations, "s", "6"},
+		{"PVC annotations", r.PVCs["a-dedupgw-data"].Annotations, "p", "5"},
+		{"dashboard annotations", r.ConfigMaps["a-dedupgw-dashboard"].Annotations, "g", "7"},
+		{"dashboard labels", r.ConfigMaps["a-dedupgw-dashboard"].Labels, "grafana_dashboard", "1"},
+		{"ServiceMonitor labels", r.ServiceMonitors["a-dedupgw"].Labels, "release", "8"},
+	} {
+		if got := tt.m[tt.key]; got != tt.want {
+			t.Errorf("%s: got %s=%q, want %q", tt.where, tt.key, got, tt.want)
+		}
 	}
 }
 

@@ -476,3 +476,15 @@ the pod.
 {{- define "dedupgw.sidecar.annotations" -}}
 checksum/dedupgw-config: {{ include "dedupgw.configChecksum" . }}
 {{- end }}
+
+{{/*
+dedupgw.strings renders a map of labels, annotations or node selectors with
+every value a string, as Kubernetes requires: --set podAnnotations.x=1 or
+prometheus.io/scrape: true in a values file would otherwise render a number
+or a boolean, which the API server refuses.
+*/}}
+{{- define "dedupgw.strings" -}}
+{{- $out := dict }}
+{{- range $k, $v := . }}{{ $_ := set $out $k (toString $v) }}{{ end }}
+{{- toYaml $out }}
+{{- end }}
