@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -888,4 +889,49 @@ func TestE2ESIGTERMDrainsInFlight(t *testing.T) {
 	g2 := startGateway(t, cfg)
 	wantAnswer(t, "after restart", deliver(t, g2.url("/hooks/orders"), "evt_t", "{}"), 200, "duplicate")
 	wantHits(t, u, "evt_t", 1)
+}
+
+// TestE2EDashboardRuntimeSeries checks that every Go runtime and process
+// series (go_*, process_*) the shipped Grafana dashboard queries, and the
+// dedupgw_build_info it joins them on, is on a running gateway's /metrics.
+// (proxy's TestDashboardQueriesKnownMetrics checks the dedupgw_* ones.)
+func TestE2EDashboardRuntimeSeries(t *testing.T) {
+	raw, err := os.ReadFile("../../helm/dedupgw/dashboards/dedupgw.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Targets []struct{ Expr string } `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	series := regexp.MustCompile(`\b(?:go|process)_[a-z_]+|\bdedupgw_build_info\b`)
+	want := map[string]bool{}
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, name := range series.FindAllString(tg.Expr, -1) {
+				want[name] = true
+			}
+		}
+	}
+	if len(want) == 0 {
+		t.Fatal("got no go_* or process_* series in the dashboard, want the memory panel's")
+	}
+
+	u := newUpstream(t)
+	g := startGateway(t, gwConfig(t, t.TempDir(), u.URL, "", ""))
+	resp, err := client.Get(g.adminURL("/metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for name := range want {
+		if !regexp.MustCompile(`(?m)^` + name + `[ {]`).Match(b) {
+			t.Errorf("dashboard queries %s: got no such series on /metrics", name)
+		}
+	}
 }
