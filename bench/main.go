@@ -264,6 +264,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		cpuBefore, cpuOK := t.cpu()
+		storeBefore, storeOK := t.storeCPU()
 		rr, err := d.run(ctx, round{url: t.url, workload: w, warmup: o.warmup, duration: o.duration})
 		if profiled != nil {
 			if perr := <-profiled; perr != nil {
@@ -288,6 +289,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if cpuAfter, ok := t.cpu(); ok && cpuOK && rr.sent > 0 {
 			res.cell(w, t.name).addCPU(cpuAfter-cpuBefore, rr.sent)
 			cpuNote = fmt.Sprintf("  cpu %4.0f µs/req", float64(cpuAfter-cpuBefore)/float64(time.Microsecond)/float64(rr.sent))
+		}
+		if storeAfter, ok := t.storeCPU(); ok && storeOK && rr.sent > 0 {
+			res.cell(w, t.name).addStoreCPU(storeAfter-storeBefore, rr.sent)
+			cpuNote += fmt.Sprintf(" (redis-server %3.0f)", float64(storeAfter-storeBefore)/float64(time.Microsecond)/float64(rr.sent))
 		}
 		opsNote := ""
 		if opsBefore != nil {

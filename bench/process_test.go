@@ -170,3 +170,20 @@ func TestBareGOGCReachesTheBareProxy(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreCPU checks a target reports its co-located store's CPU time
+// only when it has one.
+func TestStoreCPU(t *testing.T) {
+	e := testEnv(t)
+	up, _, err := startUpstream(context.Background(), e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Stop()
+	if _, ok := (&target{}).storeCPU(); ok {
+		t.Errorf("a target without a store process: got store CPU measured, want not")
+	}
+	if d, ok := (&target{storeProc: up}).storeCPU(); !ok || d < 0 {
+		t.Errorf("a target with a store process: got %s, %v; want a measurement", d, ok)
+	}
+}

@@ -25,6 +25,10 @@ type cell struct {
 	// over cpuReqs requests (warm-up included).
 	cpu     time.Duration
 	cpuReqs int
+	// storeCPU is the part of cpu a co-located redis-server used, over
+	// storeCPUReqs requests.
+	storeCPU     time.Duration
+	storeCPUReqs int
 	// storeOps are dedupgw's own store operation timings during the rounds.
 	storeOps map[string]opStat
 }
@@ -51,6 +55,22 @@ func (c *cell) add(r roundResult, reached int64) {
 func (c *cell) addCPU(d time.Duration, requests int) {
 	c.cpu += d
 	c.cpuReqs += requests
+}
+
+// addStoreCPU folds the CPU time the target's redis-server used in one
+// round into the cell.
+func (c *cell) addStoreCPU(d time.Duration, requests int) {
+	c.storeCPU += d
+	c.storeCPUReqs += requests
+}
+
+// storeCPUPerRequest returns the redis-server's CPU time per request, 0 if
+// unmeasured.
+func (c *cell) storeCPUPerRequest() time.Duration {
+	if c.storeCPUReqs == 0 {
+		return 0
+	}
+	return c.storeCPU / time.Duration(c.storeCPUReqs)
 }
 
 // cpuPerRequest returns the target's CPU time per request, 0 if unmeasured.
@@ -166,6 +186,9 @@ func (r *results) writeStoreOps(w io.Writer) {
 					ops = append(ops, fmt.Sprintf("%s %.3f ms", op, st.meanMillis()))
 				}
 			}
+			if cpu := c.storeCPUPerRequest(); cpu > 0 {
+				ops = append(ops, "redis-server CPU "+formatCPU(cpu)+"/req")
+			}
 			if len(ops) > 0 {
 				rows = append(rows, fmt.Sprintf("| %s | %s | %s |", wl, labelOf(t), strings.Join(ops, ", ")))
 			}
@@ -174,7 +197,7 @@ func (r *results) writeStoreOps(w io.Writer) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "Mean store operation latency inside dedupgw (its own dedupgw_store_operation_duration_seconds):")
+	fmt.Fprintln(w, "Mean store operation latency inside dedupgw (its own dedupgw_store_operation_duration_seconds), and the co-located redis-server's share of CPU/req:")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| workload | target | store operations |")
 	fmt.Fprintln(w, "|---|---|---|")

@@ -21,7 +21,7 @@ func fixedResults() *results {
 		}
 		return l
 	}
-	r := newResults([]string{Unique, Duplicate}, []string{TargetUpstream, TargetBare, TargetBolt}, TargetBare)
+	r := newResults([]string{Unique, Duplicate}, []string{TargetUpstream, TargetBare, TargetBolt, TargetRedis}, TargetBare)
 	add := func(w, tgt string, reqs, sent int, reached int64, lat latencies) {
 		r.cell(w, tgt).add(roundResult{requests: reqs, lat: lat, elapsed: time.Second, sent: sent}, reached)
 	}
@@ -35,6 +35,10 @@ func fixedResults() *results {
 	r.cell(Unique, TargetBare).addCPU(1800*time.Millisecond, 18900)
 	r.cell(Unique, TargetBolt).addCPU(900*time.Millisecond, 7350)
 	r.cell(Unique, TargetBolt).addStoreOps(map[string]opStat{"claim": {sum: 0.07, count: 7350}, "commit": {sum: 22, count: 7350}})
+	add(Unique, TargetRedis, 6000, 6300, 6300, ms(50, 60, 140))
+	r.cell(Unique, TargetRedis).addCPU(1260*time.Millisecond, 6300)
+	r.cell(Unique, TargetRedis).addStoreCPU(189*time.Millisecond, 6300)
+	r.cell(Unique, TargetRedis).addStoreOps(map[string]opStat{"claim": {sum: 6.3, count: 6300}, "commit": {sum: 6.93, count: 6300}})
 	return r
 }
 

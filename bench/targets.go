@@ -41,6 +41,10 @@ type target struct {
 	// cpuProcs are the processes whose CPU time is the target's: its own, or
 	// the upstream's for the upstream itself.
 	cpuProcs []*child
+	// storeProc is the redis-server a dedupgw redis target started, whose
+	// CPU time is part of the target's: reported on its own too, to tell
+	// the gateway's cost from the co-located Redis's. Nil for other targets.
+	storeProc *child
 	// metrics is dedupgw's admin /metrics URL, empty for other targets.
 	metrics string
 	// pprof is the address of the target's net/http/pprof listener, empty
@@ -170,15 +174,30 @@ func startTarget(ctx context.Context, e *env, name string, up *child) (*target, 
 // cpu returns the CPU time the target's processes have used so far, and
 // false when it cannot be measured.
 func (t *target) cpu() (time.Duration, bool) {
+	return cpuOf(t.cpuProcs)
+}
+
+// storeCPU returns the CPU time the target's redis-server has used so far,
+// and false when there is none or it cannot be measured.
+func (t *target) storeCPU() (time.Duration, bool) {
+	if t.storeProc == nil {
+		return 0, false
+	}
+	return cpuOf([]*child{t.storeProc})
+}
+
+// cpuOf returns the CPU time procs have used so far, and false when there
+// are none or one cannot be measured.
+func cpuOf(procs []*child) (time.Duration, bool) {
 	var sum time.Duration
-	for _, c := range t.cpuProcs {
+	for _, c := range procs {
 		d, err := cpuTime(c.cmd.Process.Pid)
 		if err != nil {
 			return 0, false
 		}
 		sum += d
 	}
-	return sum, len(t.cpuProcs) > 0
+	return sum, len(procs) > 0
 }
 
 func startBare(ctx context.Context, e *env, t *target) error {
@@ -251,6 +270,7 @@ func startDedupgw(ctx context.Context, e *env, t *target) error {
 			return err
 		}
 		t.procs = append(t.procs, r)
+		t.storeProc = r
 		redisAddr = addr
 	}
 	cfg := strings.NewReplacer(
