@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"strconv"
 	"sync"
 )
 
@@ -66,6 +67,14 @@ func heapFloor(lookup func(string) (string, bool), memLimit int64) uint64 {
 		return 0
 	}
 	return min(defaultHeapFloor, uint64(max(memLimit, 0))/memLimitShare)
+}
+
+// gogcUnreadable reports whether v, a GOGC that is set, is one the runtime
+// reads as 100 without a word: neither "off" nor a whole number (GOGC=20%,
+// GOGC=fast). serve warns about it, since the operator meant something else.
+func gogcUnreadable(v string) bool {
+	_, err := strconv.ParseInt(v, 10, 32)
+	return v != "" && v != "off" && err != nil
 }
 
 // startGCFloor starts tuning GOGC for floor and returns the function that

@@ -59,6 +59,14 @@ func TestHeapFloor(t *testing.T) {
 	}
 }
 
+func TestGOGCUnreadable(t *testing.T) {
+	for v, want := range map[string]bool{"": false, "off": false, "100": false, "-1": false, "2000": false, "20%": true, "fast": true, "1e3": true, "OFF": true} {
+		if got := gogcUnreadable(v); got != want {
+			t.Errorf("gogcUnreadable(%q): got %v, want %v", v, got, want)
+		}
+	}
+}
+
 // readGC returns the runtime's GOGC, heap goal and live heap.
 func readGC() (percent, goal, live uint64) {
 	s := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/heap/goal:bytes"}, {Name: "/gc/heap/live:bytes"}}
@@ -138,6 +146,7 @@ func TestE2EHeapFloor(t *testing.T) {
 		{"GOGC and GOMEMLIMIT unset (empty)", []string{"GOGC=", "GOMEMLIMIT="}, defaultHeapFloor},
 		{"GOMEMLIMIT 100MiB", []string{"GOGC=", "GOMEMLIMIT=100MiB"}, 25 << 20},
 		{"GOGC set", []string{"GOGC=150", "GOMEMLIMIT="}, 0},
+		{"GOGC unreadable", []string{"GOGC=fast", "GOMEMLIMIT="}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -150,10 +159,17 @@ func TestE2EHeapFloor(t *testing.T) {
 			if tt.floor > 0 && got <= 100 {
 				t.Errorf("got GOGC %d, want more than 100 for the heap floor", got)
 			}
-			if tt.floor == 0 && got != 150 {
-				t.Errorf("got GOGC %d, want the environment's 150", got)
+			wantGOGC, unreadable := 150, strings.Contains(tt.name, "unreadable")
+			if unreadable {
+				wantGOGC = 100 // what the runtime makes of it
 			}
-			logged := strings.Contains(g.logs(), "heap floor")
+			if tt.floor == 0 && got != wantGOGC {
+				t.Errorf("got GOGC %d, want %d", got, wantGOGC)
+			}
+			if warned := strings.Contains(g.logs(), "GOGC is neither"); warned != unreadable {
+				t.Errorf("got the unreadable GOGC warned about %v, want %v", warned, unreadable)
+			}
+			logged := strings.Contains(g.logs(), "paced for a heap floor")
 			want := fmt.Sprintf(`"heap_floor_bytes":%d`, tt.floor)
 			if logged != (tt.floor > 0) || (logged && !strings.Contains(g.logs(), want)) {
 				t.Errorf("got the heap floor logged %v, want %v with %s", logged, tt.floor > 0, want)

@@ -73,6 +73,9 @@ func cmdServe(args []string, stderr io.Writer) int {
 	for _, w := range f.Warnings() {
 		log.Warn("configuration likely wrong", zap.String("key", w.Key), zap.String("problem", w.Msg))
 	}
+	if v := os.Getenv("GOGC"); gogcUnreadable(v) {
+		log.Warn("GOGC is neither a whole number nor off: the Go runtime ignores it and collects at GOGC=100, and the heap floor is off", zap.String("GOGC", v))
+	}
 	if floor := heapFloor(os.LookupEnv, debug.SetMemoryLimit(-1)); floor > 0 {
 		defer startGCFloor(floor)()
 		log.Info("garbage collector paced for a heap floor (GOGC is not set)", zap.Uint64("heap_floor_bytes", floor))
