@@ -340,6 +340,24 @@ func TestValuesRenderAsStrings(t *testing.T) {
 	if e := env(c, "POD"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.name" {
 		t.Errorf("env POD: got %+v, want valueFrom.fieldRef metadata.name", e)
 	}
+	// A values file's numbers are float64 to Helm, and toString would write
+	// 241591910 as 2.4159191e+08, which the gateway's runtime refuses as a
+	// GOMEMLIMIT.
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(values, []byte("env:\n  - name: GOMEMLIMIT\n    value: 241591910\n  - name: RATIO\n    value: 0.5\npodAnnotations:\n  big: 1000000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd := decodeStrict(t, render(t, "dedupgw", "a", "ns", "-f", values)).Deployments["a-dedupgw"]
+	fc := container(t, fd.Spec.Template.Spec, "dedupgw")
+	for name, want := range map[string]string{"GOMEMLIMIT": "241591910", "RATIO": "0.5"} {
+		if e := env(fc, name); e == nil || e.Value != want {
+			t.Errorf("values file env %s: got %+v, want the string %q", name, e, want)
+		}
+	}
+	if got := fd.Spec.Template.Annotations["big"]; got != "1000000" {
+		t.Errorf("values file annotation big: got %q, want \"1000000\"", got)
+	}
+
 	for _, tt := range []struct {
 		where string
 		m     map[string]string

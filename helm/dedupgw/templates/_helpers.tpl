@@ -395,7 +395,7 @@ containers. Standalone and sidecar use the same container.
     {{- /* Kubernetes takes only strings as values: --set env[0].value=200
     (GOGC) parses as a number, and the API server would refuse the pod. */}}
     {{- $e := deepCopy . }}
-    {{- if hasKey $e "value" }}{{ $_ := set $e "value" (toString $e.value) }}{{ end }}
+    {{- if hasKey $e "value" }}{{ $_ := set $e "value" (include "dedupgw.toString" $e.value) }}{{ end }}
     - {{ toYaml $e | nindent 6 | trim }}
     {{- end }}
   {{- end }}
@@ -485,6 +485,19 @@ or a boolean, which the API server refuses.
 */}}
 {{- define "dedupgw.strings" -}}
 {{- $out := dict }}
-{{- range $k, $v := . }}{{ $_ := set $out $k (toString $v) }}{{ end }}
+{{- range $k, $v := . }}{{ $_ := set $out $k (include "dedupgw.toString" $v) }}{{ end }}
 {{- toYaml $out }}
+{{- end }}
+
+{{/*
+dedupgw.toString is a value as the string Kubernetes takes. A number from a
+values file is a float64 to Helm, which toString writes as 2.4159191e+08:
+a whole one is written out instead (241591910), as GOMEMLIMIT must be.
+*/}}
+{{- define "dedupgw.toString" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
+{{- printf "%.0f" . -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
 {{- end }}
