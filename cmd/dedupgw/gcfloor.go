@@ -12,7 +12,7 @@ import (
 // collection kept before the next one starts, unless GOGC is set or
 // GOMEMLIMIT is small (see heapFloor).
 //
-// The gateway's live heap is small (5–10 MiB under load) and short-lived
+// The gateway's live heap is small (4–5 MiB under load) and short-lived
 // garbage is most of what it allocates: with Go's default GOGC=100 it
 // collected some 18 times a second under load, and the collector, and the
 // scavenger returning freed pages to the kernel only to fault them back in,
@@ -39,8 +39,8 @@ const memLimitShare = 4
 // armed runs once more and returns. The runtime runs cleanups once a
 // cycle's sweeping is done, which a busy process defers: after a sudden
 // rise of the live heap, a collection or two may still run at the previous
-// GOGC, whose goal can reach GOGC/100 (at most 16 for the default floor)
-// times the new live heap. GOMEMLIMIT, which the Helm chart sets, bounds
+// GOGC, whose goal can reach 1 + GOGC/100 (at most 17 for the default
+// floor) times the new live heap. GOMEMLIMIT, which the Helm chart sets, bounds
 // that.
 type gcFloor struct {
 	floor uint64
