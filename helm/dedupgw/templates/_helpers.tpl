@@ -495,7 +495,9 @@ values file is a float64 to Helm, which toString writes as 2.4159191e+08:
 a whole one is written out instead (241591910), as GOMEMLIMIT must be.
 */}}
 {{- define "dedupgw.toString" -}}
-{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
+{{- if kindIs "invalid" . -}}
+{{- /* null: the empty string, not "<nil>" */ -}}
+{{- else if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
 {{- printf "%.0f" . -}}
 {{- else -}}
 {{- toString . -}}
