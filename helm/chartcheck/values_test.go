@@ -344,7 +344,7 @@ func TestValuesRenderAsStrings(t *testing.T) {
 	// 241591910 as 2.4159191e+08, which the gateway's runtime refuses as a
 	// GOMEMLIMIT.
 	values := filepath.Join(t.TempDir(), "values.yaml")
-	if err := os.WriteFile(values, []byte("env:\n  - name: GOMEMLIMIT\n    value: 241591910\n  - name: RATIO\n    value: 0.5\npodAnnotations:\n  big: 1000000\n"), 0o600); err != nil {
+	if err := os.WriteFile(values, []byte("env:\n  - name: GOMEMLIMIT\n    value: 241591910\n  - name: RATIO\n    value: 0.5\npodAnnotations:\n  big: 1000000\n  none: null\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	fd := decodeStrict(t, render(t, "dedupgw", "a", "ns", "-f", values)).Deployments["a-dedupgw"]
@@ -356,6 +356,9 @@ func TestValuesRenderAsStrings(t *testing.T) {
 	}
 	if got := fd.Spec.Template.Annotations["big"]; got != "1000000" {
 		t.Errorf("values file annotation big: got %q, want \"1000000\"", got)
+	}
+	if got, ok := fd.Spec.Template.Annotations["none"]; ok && got != "" {
+		t.Errorf("values file annotation none: null: got %q, want it empty or left out", got)
 	}
 
 	for _, tt := range []struct {
