@@ -275,6 +275,30 @@ func TestRenderFailures(t *testing.T) {
 			"--set", "routes[0].name=a", "--set", "routes[0].path=/a", "--set", "routes[0].upstream=http://a:3000",
 			"--set", "routes[0].keys={body}", "--set", "routes[0].upstream_timeout=3m"},
 			[]string{`lease 2m must be longer than upstream_timeout 3m`}},
+		// A null (or an empty key in a values file) deletes the value before
+		// the schema runs: without "required", replicaCount became 0 pods,
+		// and ports, sizes and the image rendered 0 or nothing.
+		{"replicaCount null", []string{"--set", "replicaCount=null"}, []string{"missing property 'replicaCount'"}},
+		{"a port null", []string{"--set", "ports.http=null"}, []string{"/ports", "missing property 'http'"}},
+		{"the service port null", []string{"--set", "service.port=null"}, []string{"/service", "missing property 'port'"}},
+		{"the volume size null", []string{"--set", "persistence.size=null"}, []string{"/persistence", "missing property 'size'"}},
+		{"the image repository null", []string{"--set", "image.repository=null"}, []string{"/image", "missing property 'repository'"}},
+		{"a probe null", []string{"--set", "livenessProbe=null"}, []string{"missing property 'livenessProbe'"}},
+		{"a pull secret as a bare name", []string{"--set", "imagePullSecrets[0]=regcred"}, []string{"/imagePullSecrets/0", "want object"}},
+		{"a PDB count that is not one", []string{"--set-string", "podDisruptionBudget.maxUnavailable=one"}, []string{"/podDisruptionBudget/maxUnavailable"}},
+		// These render, and then the pod crash-loops or dedups alone.
+		{"memory with 2 replicas", []string{"--set", "store.backend=memory", "--set", "replicaCount=2"},
+			[]string{"store.backend=memory", "replicaCount must be 1 (got 2)"}},
+		{"a bolt path outside the volume", []string{"--set", "store.bolt.path=/data/dedupgw.db"},
+			[]string{`store.bolt.path "/data/dedupgw.db" is outside the data volume mounted at /var/lib/dedupgw/`}},
+		{"one port for both listeners", []string{"--set", "ports.admin=8080"}, []string{"ports.http and ports.admin are both 8080"}},
+		{"one Service port for both", []string{"--set", "service.port=9090"}, []string{"service.port and service.adminPort are both 9090"}},
+		{"a pod label the selector uses", []string{"--set", `podLabels.app\.kubernetes\.io/instance=other`},
+			[]string{"podLabels.app.kubernetes.io/instance: the chart sets this label itself"}},
+		{"a listen override in env", []string{"--set", "env[0].name=DEDUPGW_ADMIN_LISTEN", "--set", "env[0].value=:9999"},
+			[]string{"env[0] sets DEDUPGW_ADMIN_LISTEN", "set ports.admin in the values instead"}},
+		{"an upstream_timeout override in env", []string{"--set", "env[0].name=DEDUPGW_DEFAULTS_UPSTREAM_TIMEOUT", "--set", "env[0].value=5m"},
+			[]string{"env[0] sets DEDUPGW_DEFAULTS_UPSTREAM_TIMEOUT", "defaults.upstream_timeout"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -12,6 +12,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // drainSeconds is how long the gateway drains on SIGTERM for this config:
@@ -492,4 +494,56 @@ func TestReadinessPath(t *testing.T) {
 		})
 	}
 	renderFails(t, []string{"--set", "readiness=always"}, "/readiness")
+}
+
+// TestPDBCounts checks that 0 is a count, not "unset" (it rendered 1), and
+// that a percentage renders as one.
+func TestPDBCounts(t *testing.T) {
+	redis := []string{"--set", "store.backend=redis", "--set", "store.redis.addrs[0]=r:6379", "--set", "replicaCount=2"}
+	tests := []struct {
+		name     string
+		args     []string
+		min, max string // want, as IntOrString's String(); "" for unset
+	}{
+		{"default", nil, "", "1"},
+		{"maxUnavailable 0", []string{"--set", "podDisruptionBudget.maxUnavailable=0"}, "", "0"},
+		{"minAvailable 0, over the default maxUnavailable", []string{"--set", "podDisruptionBudget.minAvailable=0"}, "0", ""},
+		{"minAvailable 1", []string{"--set", "podDisruptionBudget.minAvailable=1"}, "1", ""},
+		{"a percentage", []string{"--set-string", "podDisruptionBudget.maxUnavailable=50%"}, "", "50%"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pdb := decodeStrict(t, render(t, "dedupgw", "a", "ns", append(redis, tt.args...)...)).PDBs["a-dedupgw"]
+			if pdb == nil {
+				t.Fatal("got no PodDisruptionBudget")
+			}
+			str := func(v *intstr.IntOrString) string {
+				if v == nil {
+					return ""
+				}
+				return v.String()
+			}
+			if got := str(pdb.Spec.MinAvailable); got != tt.min {
+				t.Errorf("minAvailable: got %q, want %q", got, tt.min)
+			}
+			if got := str(pdb.Spec.MaxUnavailable); got != tt.max {
+				t.Errorf("maxUnavailable: got %q, want %q", got, tt.max)
+			}
+		})
+	}
+}
+
+// TestVersionLabel checks that a tag a label cannot hold (too long, or with
+// a character labels refuse) still renders a valid app.kubernetes.io/version.
+func TestVersionLabel(t *testing.T) {
+	for _, tag := range []string{"0.1.0", "v1.2.3-build." + strings.Repeat("x", 80) + "-", "sha+meta"} {
+		d := decodeStrict(t, render(t, "dedupgw", "a", "ns", "--set-string", "image.tag="+tag)).Deployments["a-dedupgw"]
+		got := d.Labels["app.kubernetes.io/version"]
+		if errs := validation.IsValidLabelValue(got); len(errs) > 0 || got == "" {
+			t.Errorf("tag %q: got version label %q, want a valid one: %v", tag, got, errs)
+		}
+		if !strings.HasSuffix(container(t, d.Spec.Template.Spec, "dedupgw").Image, ":"+tag) {
+			t.Errorf("tag %q: got image %q, want the tag unchanged", tag, container(t, d.Spec.Template.Spec, "dedupgw").Image)
+		}
+	}
 }

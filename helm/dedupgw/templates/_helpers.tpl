@@ -39,7 +39,8 @@ names, values and the image tag are the subchart's:
 {{- define "dedupgw.labels" -}}
 helm.sh/chart: {{ include "dedupgw.chart" . }}
 {{ include "dedupgw.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+{{- /* A label value: at most 63 of A-Z a-z 0-9 . _ -, alphanumeric at both ends (a long CI tag would otherwise fail every object). */}}
+app.kubernetes.io/version: {{ regexReplaceAll "[^A-Za-z0-9._-]" (.Values.image.tag | default .Chart.AppVersion | toString) "_" | trunc 63 | trimAll "-_." | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
@@ -94,6 +95,34 @@ It renders nothing when the values are consistent.
 {{- end }}
 {{- if and (eq $backend "bolt") (not (include "dedupgw.sidecarMode" .)) (gt (int .Values.replicaCount) 1) }}
 {{- fail (printf "store.backend=bolt keeps keys in one file that one process owns, so replicaCount must be 1 (got %d): each replica would deduplicate alone. Use store.backend=redis to run several replicas." (int .Values.replicaCount)) }}
+{{- end }}
+{{- if and (eq $backend "memory") (not (include "dedupgw.sidecarMode" .)) (gt (int .Values.replicaCount) 1) }}
+{{- fail (printf "store.backend=memory keeps keys in each process, so replicaCount must be 1 (got %d): each replica would deduplicate alone. Use store.backend=redis to run several replicas." (int .Values.replicaCount)) }}
+{{- end }}
+{{- if and (eq $backend "bolt") (not (hasPrefix "/var/lib/dedupgw/" (toString .Values.store.bolt.path))) }}
+{{- fail (printf "store.bolt.path %q is outside the data volume mounted at /var/lib/dedupgw/: the root filesystem is read-only, and anything else would not outlive the pod. Use a path like /var/lib/dedupgw/dedupgw.db" (toString .Values.store.bolt.path)) }}
+{{- end }}
+{{- if eq (int .Values.ports.http) (int .Values.ports.admin) }}
+{{- fail (printf "ports.http and ports.admin are both %d: the gateway refuses an admin listener on its own address. Give them different ports" (int .Values.ports.http)) }}
+{{- end }}
+{{- if and (not (include "dedupgw.sidecarMode" .)) (eq (int .Values.service.port) (int .Values.service.adminPort)) }}
+{{- fail (printf "service.port and service.adminPort are both %d: a Service cannot have two ports with one number. Give them different ports" (int .Values.service.port)) }}
+{{- end }}
+{{- $selector := include "dedupgw.selectorLabels" . | fromYaml }}
+{{- range $k, $_ := .Values.podLabels }}
+{{- if or (hasKey $selector $k) (has $k (list "helm.sh/chart" "app.kubernetes.io/version" "app.kubernetes.io/managed-by")) }}
+{{- fail (printf "podLabels.%s: the chart sets this label itself (the Deployment's selector and the common labels use it); choose another key" $k) }}
+{{- end }}
+{{- end }}
+{{- /* DEDUPGW_* overrides in env would change the config behind the chart's
+back: the probes, the Service, the volume and the grace period are derived
+from the values they override. (Secrets in existingSecret stay fine.) */}}
+{{- $derived := dict "DEDUPGW_LISTEN" "ports.http" "DEDUPGW_ADMIN_LISTEN" "ports.admin" "DEDUPGW_STORE_BACKEND" "store.backend" "DEDUPGW_STORE_BOLT_PATH" "store.bolt.path" "DEDUPGW_DEFAULTS_UPSTREAM_TIMEOUT" "defaults.upstream_timeout" "DEDUPGW_DEFAULTS_LEASE" "defaults.lease" }}
+{{- range $i, $e := .Values.env }}
+{{- $name := toString (get $e "name") }}
+{{- if hasKey $derived $name }}
+{{- fail (printf "env[%d] sets %s, which the chart derives the pod from (probes, Service, volume or grace period): set %s in the values instead" $i $name (get $derived $name)) }}
+{{- end }}
 {{- end }}
 {{- if and (eq $backend "redis") (not .Values.store.redis.addrs) }}
 {{- fail "store.backend=redis needs store.redis.addrs" }}
@@ -501,5 +530,19 @@ a whole one is written out instead (241591910), as GOMEMLIMIT must be.
 {{- printf "%.0f" . -}}
 {{- else -}}
 {{- toString . -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+dedupgw.intOrPercent renders a PodDisruptionBudget count, given as a string
+("1", "50%"), as Kubernetes' IntOrString: a number, or a quoted percentage.
+*/}}
+{{- define "dedupgw.intOrPercent" -}}
+{{- if regexMatch "^[0-9]+%$" . -}}
+{{- quote . -}}
+{{- else if regexMatch "^[0-9]+$" . -}}
+{{- . -}}
+{{- else -}}
+{{- fail (printf "podDisruptionBudget: %q is neither a whole number nor a percentage such as 50%%" .) -}}
 {{- end -}}
 {{- end }}
