@@ -299,6 +299,16 @@ func TestRenderFailures(t *testing.T) {
 			[]string{"env[0] sets DEDUPGW_ADMIN_LISTEN", "set ports.admin in the values instead"}},
 		{"an upstream_timeout override in env", []string{"--set", "env[0].name=DEDUPGW_DEFAULTS_UPSTREAM_TIMEOUT", "--set", "env[0].value=5m"},
 			[]string{"env[0] sets DEDUPGW_DEFAULTS_UPSTREAM_TIMEOUT", "defaults.upstream_timeout"}},
+		{"a negative window", []string{"--set-string", "defaults.window=-1h"}, []string{`defaults.window: "-1h" must be greater than 0`}},
+		{"a zero failed_retention", []string{"--set-string", "defaults.failed_retention=0s"}, []string{`defaults.failed_retention: "0s" must be greater than 0`}},
+		{"a negative route tolerance", []string{"--set", "routes[0].name=a", "--set", "routes[0].path=/a", "--set", "routes[0].upstream=http://a:3000",
+			"--set", "routes[0].keys={body}", "--set-string", "routes[0].tolerance=-5m"}, []string{`routes[0].tolerance: "-5m" must be greater than 0`}},
+		{"a zero server timeout", []string{"--set-string", "server.idle_timeout=0"}, []string{`server.idle_timeout: "0" must be greater than 0`}},
+		{"a negative dial timeout", []string{"--set-string", "store.redis.dial_timeout=-1s"}, []string{`store.redis.dial_timeout: "-1s" must not be negative`}},
+		{"an open admin API behind a LoadBalancer", []string{"--set", "service.type=LoadBalancer", "--set", "admin.insecure=true"},
+			[]string{"service.type=LoadBalancer publishes the admin port (9090)", "admin.insecure=true"}},
+		{"a scrape timeout beyond the interval", []string{"--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.interval=5s"},
+			[]string{"serviceMonitor.scrapeTimeout 10s is longer than serviceMonitor.interval 5s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -547,3 +547,29 @@ func TestVersionLabel(t *testing.T) {
 		}
 	}
 }
+
+// TestNamesYAMLWouldType checks that a release name, namespace or other name
+// YAML would read as a boolean or a number ("no", "123") renders as the
+// string Kubernetes requires.
+func TestNamesYAMLWouldType(t *testing.T) {
+	for _, name := range []string{"no", "on", "123"} {
+		r := decodeStrict(t, render(t, "dedupgw", name, name, "--set", "serviceMonitor.enabled=true",
+			"--set-string", "priorityClassName=1000", "--set-string", "serviceAccount.name=true"))
+		d := r.Deployments[name+"-dedupgw"]
+		if d == nil {
+			t.Fatalf("release %q: got no Deployment %s-dedupgw", name, name)
+		}
+		if got := d.Spec.Selector.MatchLabels["app.kubernetes.io/instance"]; got != name {
+			t.Errorf("release %q: got instance label %q, want %q", name, got, name)
+		}
+		if got := d.Spec.Template.Spec.PriorityClassName; got != "1000" {
+			t.Errorf("release %q: got priorityClassName %q, want \"1000\"", name, got)
+		}
+		if got := d.Spec.Template.Spec.ServiceAccountName; got != "true" {
+			t.Errorf("release %q: got serviceAccountName %q, want \"true\"", name, got)
+		}
+		if sm := r.ServiceMonitors[name+"-dedupgw"]; sm == nil || len(sm.Spec.NamespaceSelector.MatchNames) != 1 || sm.Spec.NamespaceSelector.MatchNames[0] != name {
+			t.Errorf("release %q: got ServiceMonitor %+v, want namespace %q selected", name, sm, name)
+		}
+	}
+}

@@ -47,7 +47,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* dedupgw.selectorLabels select the gateway's pods; never change them in an upgrade. */}}
 {{- define "dedupgw.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "dedupgw.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{/* dedupgw.serviceAccountName is the ServiceAccount the pods run as. */}}
@@ -151,6 +151,47 @@ error never repeats the value. */}}
 {{- end }}
 {{- $_ := include "dedupgw.terminationGracePeriodSeconds" . }}
 {{- include "dedupgw.validateLeases" . }}
+{{- include "dedupgw.validateDurations" . }}
+{{- if and (not (include "dedupgw.sidecarMode" .)) (has .Values.service.type (list "LoadBalancer" "NodePort")) .Values.admin.insecure }}
+{{- fail (printf "service.type=%s publishes the admin port (%d) outside the cluster too, and admin.insecure=true leaves /v1/keys without a token: anyone could read and forget keys. Drop admin.insecure (the chart then generates a token), or keep service.type=ClusterIP and expose only the webhook port" .Values.service.type (int .Values.service.adminPort)) }}
+{{- end }}
+{{- if and (not (include "dedupgw.sidecarMode" .)) .Values.serviceMonitor.enabled }}
+{{- $iv := include "dedupgw.durationExact" (dict "value" .Values.serviceMonitor.interval "lenient" true) }}
+{{- $to := include "dedupgw.durationExact" (dict "value" .Values.serviceMonitor.scrapeTimeout "lenient" true) }}
+{{- if and (ne $iv "unknown") (ne $to "unknown") (gt (float64 $to) (float64 $iv)) }}
+{{- fail (printf "serviceMonitor.scrapeTimeout %v is longer than serviceMonitor.interval %v: the Prometheus Operator skips such a ServiceMonitor, and no metrics are scraped. Lower scrapeTimeout" .Values.serviceMonitor.scrapeTimeout .Values.serviceMonitor.interval) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+dedupgw.validateDurations fails the render on a duration the gateway would
+refuse at start-up (the pod would crash-loop): zero or negative for the
+keys that must be greater than 0, negative for those that must not be.
+${VAR} references are left to the gateway.
+*/}}
+{{- define "dedupgw.validateDurations" -}}
+{{- $positive := list }}
+{{- $policy := list "window" "failed_retention" "lease" "upstream_timeout" }}
+{{- $d := .Values.defaults | default dict }}
+{{- range $policy }}{{ if hasKey $d . }}{{ $positive = append $positive (list (printf "defaults.%s" .) (get $d .)) }}{{ end }}{{ end }}
+{{- range $i, $r := .Values.routes }}
+{{- range append $policy "tolerance" }}{{ if hasKey $r . }}{{ $positive = append $positive (list (printf "routes[%d].%s" $i .) (get $r .)) }}{{ end }}{{ end }}
+{{- end }}
+{{- $srv := .Values.server | default dict }}
+{{- range list "read_header_timeout" "read_timeout" "idle_timeout" }}{{ if hasKey $srv . }}{{ $positive = append $positive (list (printf "server.%s" .) (get $srv .)) }}{{ end }}{{ end }}
+{{- range $positive }}
+{{- $key := index . 0 }}{{ $v := toString (index . 1) | trim }}
+{{- if or (hasPrefix "-" $v) (eq (include "dedupgw.durationExact" (dict "value" $v "lenient" true)) "0") }}
+{{- fail (printf "%s: %q must be greater than 0, or the gateway refuses the config at start-up" $key $v) }}
+{{- end }}
+{{- end }}
+{{- $redis := .Values.store.redis | default dict }}
+{{- range list "dial_timeout" "wait_timeout" }}
+{{- if hasPrefix "-" (toString (get $redis .) | trim) }}
+{{- fail (printf "store.redis.%s: %q must not be negative, or the gateway refuses the config at start-up" . (toString (get $redis .))) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -410,8 +451,8 @@ containers. Standalone and sidecar use the same container.
     - name: DEDUPGW_ADMIN_TOKEN
       valueFrom:
         secretKeyRef:
-          name: {{ include "dedupgw.adminTokenSecretName" . }}
-          key: {{ include "dedupgw.adminTokenSecretKey" . }}
+          name: {{ include "dedupgw.adminTokenSecretName" . | quote }}
+          key: {{ include "dedupgw.adminTokenSecretKey" . | quote }}
     {{- end }}
     {{- if $memLimit }}
     # The Go runtime's soft memory limit: 90 % of limits.memory ({{ $memLimit }}),
@@ -432,7 +473,7 @@ containers. Standalone and sidecar use the same container.
   envFrom:
     {{- if .Values.existingSecret }}
     - secretRef:
-        name: {{ .Values.existingSecret }}
+        name: {{ .Values.existingSecret | quote }}
     {{- end }}
     {{- with .Values.envFrom }}
     {{- toYaml . | nindent 4 }}
@@ -475,12 +516,12 @@ the pod.
 {{- define "dedupgw.volumes" -}}
 - name: dedupgw-config
   configMap:
-    name: {{ include "dedupgw.configMapName" . }}
+    name: {{ include "dedupgw.configMapName" . | quote }}
 {{- if include "dedupgw.dataVolumeNeeded" . }}
 - name: dedupgw-data
   {{- if and (not (include "dedupgw.sidecarMode" .)) .Values.persistence.enabled }}
   persistentVolumeClaim:
-    claimName: {{ .Values.persistence.existingClaim | default (printf "%s-data" (include "dedupgw.fullname" .)) }}
+    claimName: {{ .Values.persistence.existingClaim | default (printf "%s-data" (include "dedupgw.fullname" .)) | quote }}
   {{- else }}
   emptyDir: {}
   {{- end }}
