@@ -309,6 +309,10 @@ func TestRenderFailures(t *testing.T) {
 			[]string{"service.type=LoadBalancer publishes the admin port (9090)", "admin.insecure=true"}},
 		{"a scrape timeout beyond the interval", []string{"--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.interval=5s"},
 			[]string{"serviceMonitor.scrapeTimeout 10s is longer than serviceMonitor.interval 5s"}},
+		{"a rolling update on bolt", []string{"--set", "strategy.rollingUpdate.maxSurge=0"},
+			[]string{"strategy.type=RollingUpdate with store.backend=bolt", "Recreate"}},
+		{"a toleration value as a boolean", []string{"--set", "tolerations[0].key=k", "--set", "tolerations[0].value=true"},
+			[]string{"/tolerations/0/value", "want string"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -96,6 +96,9 @@ It renders nothing when the values are consistent.
 {{- if and (eq $backend "bolt") (not (include "dedupgw.sidecarMode" .)) (gt (int .Values.replicaCount) 1) }}
 {{- fail (printf "store.backend=bolt keeps keys in one file that one process owns, so replicaCount must be 1 (got %d): each replica would deduplicate alone. Use store.backend=redis to run several replicas." (int .Values.replicaCount)) }}
 {{- end }}
+{{- if and (eq $backend "bolt") (not (include "dedupgw.sidecarMode" .)) .Values.strategy (ne (toString (get .Values.strategy "type")) "Recreate") }}
+{{- fail (printf "strategy.type=%s with store.backend=bolt: the new pod would wait for the old one's volume and file lock, and the rollout would hang. Leave strategy empty (the chart uses Recreate for bolt) or set strategy.type=Recreate" (toString (get .Values.strategy "type" | default "RollingUpdate"))) }}
+{{- end }}
 {{- if and (eq $backend "memory") (not (include "dedupgw.sidecarMode" .)) (gt (int .Values.replicaCount) 1) }}
 {{- fail (printf "store.backend=memory keeps keys in each process, so replicaCount must be 1 (got %d): each replica would deduplicate alone. Use store.backend=redis to run several replicas." (int .Values.replicaCount)) }}
 {{- end }}
