@@ -313,6 +313,10 @@ func TestRenderFailures(t *testing.T) {
 			[]string{"strategy.type=RollingUpdate with store.backend=bolt", "Recreate"}},
 		{"a toleration value as a boolean", []string{"--set", "tolerations[0].key=k", "--set", "tolerations[0].value=true"},
 			[]string{"/tolerations/0/value", "want string"}},
+		{"a pull secret in sidecar mode", []string{"--set", "mode=sidecar", "--set", "imagePullSecrets[0].name=reg"},
+			[]string{"imagePullSecrets is set, but in sidecar mode the chart renders no pod"}},
+		{"a ServiceMonitor in sidecar mode", []string{"--set", "mode=sidecar", "--set", "serviceMonitor.enabled=true"},
+			[]string{"serviceMonitor.enabled is set, but in sidecar mode"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -89,6 +89,18 @@ It renders nothing when the values are consistent.
 {{- if not (has .Values.mode (list "standalone" "sidecar")) }}
 {{- fail (printf "mode must be standalone or sidecar, got %q" (toString .Values.mode)) }}
 {{- end }}
+{{- /* In sidecar mode the app's own chart renders the pod: pod-level values
+set here would silently go nowhere (a private image would not pull). */}}
+{{- if include "dedupgw.sidecarMode" . }}
+{{- range list "imagePullSecrets" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" }}
+{{- if get $.Values . }}
+{{- fail (printf "%s is set, but in sidecar mode the chart renders no pod: your app's chart renders it, so set %s on your app's pod spec instead" . .) }}
+{{- end }}
+{{- end }}
+{{- if .Values.serviceMonitor.enabled }}
+{{- fail "serviceMonitor.enabled is set, but in sidecar mode the chart renders no Service to scrape: scrape the pod's dedupgw-admin port from your app's chart (a PodMonitor, or a ServiceMonitor on your app's Service)" }}
+{{- end }}
+{{- end }}
 {{- $backend := .Values.store.backend }}
 {{- if not (has $backend (list "bolt" "redis" "memory")) }}
 {{- fail (printf "store.backend must be bolt, redis or memory, got %q" (toString $backend)) }}
