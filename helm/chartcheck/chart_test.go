@@ -313,6 +313,8 @@ func TestRenderFailures(t *testing.T) {
 			[]string{"strategy.type=RollingUpdate with store.backend=bolt", "Recreate"}},
 		{"a toleration value as a boolean", []string{"--set", "tolerations[0].key=k", "--set", "tolerations[0].value=true"},
 			[]string{"/tolerations/0/value", "want string"}},
+		{"a number as text that is no ${VAR}", []string{"--set-string", "defaults.max_body_bytes=abc"},
+			[]string{"/defaults/max_body_bytes", "want integer", "does not match pattern"}},
 		{"a second probe handler", []string{"--set", "livenessProbe.httpGet.path=/live"},
 			[]string{"/livenessProbe", "additional properties 'httpGet' not allowed"}},
 		{"a probe timing as a string", []string{"--set-string", "readinessProbe.periodSeconds=10"},

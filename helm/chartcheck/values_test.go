@@ -573,3 +573,18 @@ func TestNamesYAMLWouldType(t *testing.T) {
 		}
 	}
 }
+
+// TestVarRefsForNumbers checks that the config's integer and boolean keys
+// take a ${VAR} reference, as the gateway does (it expands them at start).
+func TestVarRefsForNumbers(t *testing.T) {
+	r := decodeStrict(t, render(t, "dedupgw", "a", "ns",
+		"--set", "store.backend=redis", "--set", "store.redis.addrs[0]=r:6379",
+		"--set-string", "defaults.max_body_bytes=${MAX_BODY}", "--set-string", "store.redis.tls=${REDIS_TLS}",
+		"--set-string", "store.redis.db=${REDIS_DB}", "--set-string", "store.redis.wait_replicas=${WAIT}"))
+	_, raw := configOf(t, r.ConfigMaps["a-dedupgw"])
+	for _, want := range []string{"max_body_bytes: ${MAX_BODY}", "tls: ${REDIS_TLS}", "db: ${REDIS_DB}", "wait_replicas: ${WAIT}"} {
+		if !strings.Contains(raw, want) {
+			t.Errorf("got config.yaml\n%s\nwant it to hold %q", raw, want)
+		}
+	}
+}
