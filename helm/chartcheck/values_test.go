@@ -444,6 +444,12 @@ func TestLiteralSecretsRefused(t *testing.T) {
 		{"route secret with a literal part", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=whsec_${PART}"}),
 			[]string{"routes[0].secrets[0]", "existingSecret"}},
 		{"route secret references", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=${NEW},routes[0].secrets[1]=${OLD}"}), nil},
+		{"admin token literal in env", []string{"--set", "env[0].name=DEDUPGW_ADMIN_TOKEN", "--set-string", "env[0].value=" + literal},
+			[]string{"env[0] gives DEDUPGW_ADMIN_TOKEN a literal value", "valueFrom.secretKeyRef", "admin.tokenSecret.name"}},
+		{"redis password literal in env", []string{"--set", "env[0].name=DEDUPGW_STORE_REDIS_PASSWORD", "--set-string", "env[0].value=" + literal},
+			[]string{"env[0] gives DEDUPGW_STORE_REDIS_PASSWORD a literal value", "existingSecret"}},
+		{"admin token from a Secret in env", []string{"--set", "env[0].name=DEDUPGW_ADMIN_TOKEN",
+			"--set", "env[0].valueFrom.secretKeyRef.name=s", "--set", "env[0].valueFrom.secretKeyRef.key=k"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -132,6 +132,16 @@ set here would silently go nowhere (a private image would not pull). */}}
 {{- /* DEDUPGW_* overrides in env would change the config behind the chart's
 back: the probes, the Service, the volume and the grace period are derived
 from the values they override. (Secrets in existingSecret stay fine.) */}}
+{{- range $i, $e := .Values.env }}
+{{- $name := toString (get $e "name") }}
+{{- if and (has $name (list "DEDUPGW_ADMIN_TOKEN" "DEDUPGW_STORE_REDIS_PASSWORD" "DEDUPGW_STORE_REDIS_SENTINEL_PASSWORD")) (toString (get $e "value" | default "")) }}
+{{- fail (printf "env[%d] gives %s a literal value, which would sit in clear in the Deployment: take it from a Secret (valueFrom.secretKeyRef, or existingSecret%s)" $i $name (ternary ", or admin.tokenSecret.name" "" (eq $name "DEDUPGW_ADMIN_TOKEN"))) }}
+{{- end }}
+{{- end }}
+{{- $repo := toString .Values.image.repository }}
+{{- if contains ":" (last (splitList "/" $repo)) }}
+{{- fail (printf "image.repository %q holds a tag or digest: give the repository alone, and the tag in image.tag (or the digest in image.digest)" $repo) }}
+{{- end }}
 {{- $derived := dict "DEDUPGW_LISTEN" "ports.http" "DEDUPGW_ADMIN_LISTEN" "ports.admin" "DEDUPGW_STORE_BACKEND" "store.backend" "DEDUPGW_STORE_BOLT_PATH" "store.bolt.path" "DEDUPGW_DEFAULTS_UPSTREAM_TIMEOUT" "defaults.upstream_timeout" "DEDUPGW_DEFAULTS_LEASE" "defaults.lease" }}
 {{- range $i, $e := .Values.env }}
 {{- $name := toString (get $e "name") }}
