@@ -793,3 +793,14 @@ func ptrString(s *string) string {
 }
 
 func itoa(n int32) string { return strconv.Itoa(int(n)) }
+
+// TestSidecarExampleRefusesASharedPort checks that the example chart refuses
+// an app port the sidecar already listens on in the same pod.
+func TestSidecarExampleRefusesASharedPort(t *testing.T) {
+	for _, port := range []string{"8080", "9090"} {
+		_, err := helm("template", "shop", filepath.Join(charts, "examples/sidecar-app"), "--set", "app.port="+port)
+		if err == nil || !strings.Contains(err.Error(), "app.port "+port+" is also the dedupgw sidecar's port") {
+			t.Errorf("app.port=%s: got %v, want the render refused for the shared port", port, err)
+		}
+	}
+}
