@@ -162,6 +162,10 @@ type Redis struct {
 	WaitTimeout time.Duration `config:"wait_timeout"`
 }
 
+// cluster reports whether r describes a Redis Cluster: several addresses
+// and no master_name (redisstore picks its client the same way).
+func (r Redis) cluster() bool { return len(r.Addrs) > 1 && r.MasterName == "" }
+
 // Policy holds the keys that the defaults: block sets for every route and a
 // route may override. A nil field is not set at this level.
 type Policy struct {

@@ -153,7 +153,7 @@ func (f *File) checkStore(ps *Problems) {
 				}
 			}
 		}
-		if s.Redis.DB != 0 && len(s.Redis.Addrs) > 1 && s.Redis.MasterName == "" {
+		if s.Redis.DB != 0 && s.Redis.cluster() {
 			ps.add("store.redis.db", "a Redis Cluster (several addrs) has only db 0")
 		}
 		if s.Redis.PoolSize < 0 {
@@ -176,7 +176,7 @@ func (f *File) checkWait(ps *Problems) {
 	if r.WaitReplicas < 0 {
 		ps.add("store.redis.wait_replicas", "must not be negative, got %d", r.WaitReplicas)
 	}
-	if r.WaitReplicas > 0 && len(r.Addrs) > 1 && r.MasterName == "" {
+	if r.WaitReplicas > 0 && r.cluster() {
 		ps.add("store.redis.wait_replicas", "a Redis Cluster (several addrs) routes WAIT to no particular shard; use it with a single node or Sentinel")
 	}
 	switch wait := r.WaitTimeout; {
