@@ -89,9 +89,10 @@ It renders nothing when the values are consistent.
 {{- if not (has .Values.mode (list "standalone" "sidecar")) }}
 {{- fail (printf "mode must be standalone or sidecar, got %q" (toString .Values.mode)) }}
 {{- end }}
+{{- $standalone := not (include "dedupgw.sidecarMode" .) }}
 {{- /* In sidecar mode the app's own chart renders the pod: pod-level values
 set here would silently go nowhere (a private image would not pull). */}}
-{{- if include "dedupgw.sidecarMode" . }}
+{{- if not $standalone }}
 {{- range list "imagePullSecrets" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" }}
 {{- if get $.Values . }}
 {{- fail (printf "%s is set, but in sidecar mode the chart renders no pod: your app's chart renders it, so set %s on your app's pod spec instead" . .) }}
@@ -105,14 +106,12 @@ set here would silently go nowhere (a private image would not pull). */}}
 {{- if not (has $backend (list "bolt" "redis" "memory")) }}
 {{- fail (printf "store.backend must be bolt, redis or memory, got %q" (toString $backend)) }}
 {{- end }}
-{{- if and (eq $backend "bolt") (not (include "dedupgw.sidecarMode" .)) (gt (int .Values.replicaCount) 1) }}
-{{- fail (printf "store.backend=bolt keeps keys in one file that one process owns, so replicaCount must be 1 (got %d): each replica would deduplicate alone. Use store.backend=redis to run several replicas." (int .Values.replicaCount)) }}
+{{- $alone := dict "bolt" "keeps keys in one file that one process owns" "memory" "keeps keys in each process" }}
+{{- if and (hasKey $alone $backend) $standalone (gt (int .Values.replicaCount) 1) }}
+{{- fail (printf "store.backend=%s %s, so replicaCount must be 1 (got %d): each replica would deduplicate alone. Use store.backend=redis to run several replicas." $backend (get $alone $backend) (int .Values.replicaCount)) }}
 {{- end }}
-{{- if and (eq $backend "bolt") (not (include "dedupgw.sidecarMode" .)) .Values.strategy (ne (toString (get .Values.strategy "type")) "Recreate") }}
+{{- if and (eq $backend "bolt") $standalone .Values.strategy (ne (toString (get .Values.strategy "type")) "Recreate") }}
 {{- fail (printf "strategy.type=%s with store.backend=bolt: the new pod would wait for the old one's volume and file lock, and the rollout would hang. Leave strategy empty (the chart uses Recreate for bolt) or set strategy.type=Recreate" (toString (get .Values.strategy "type" | default "RollingUpdate"))) }}
-{{- end }}
-{{- if and (eq $backend "memory") (not (include "dedupgw.sidecarMode" .)) (gt (int .Values.replicaCount) 1) }}
-{{- fail (printf "store.backend=memory keeps keys in each process, so replicaCount must be 1 (got %d): each replica would deduplicate alone. Use store.backend=redis to run several replicas." (int .Values.replicaCount)) }}
 {{- end }}
 {{- if and (eq $backend "bolt") (not (hasPrefix "/var/lib/dedupgw/" (toString .Values.store.bolt.path))) }}
 {{- fail (printf "store.bolt.path %q is outside the data volume mounted at /var/lib/dedupgw/: the root filesystem is read-only, and anything else would not outlive the pod. Use a path like /var/lib/dedupgw/dedupgw.db" (toString .Values.store.bolt.path)) }}
@@ -120,31 +119,30 @@ set here would silently go nowhere (a private image would not pull). */}}
 {{- if eq (int .Values.ports.http) (int .Values.ports.admin) }}
 {{- fail (printf "ports.http and ports.admin are both %d: the gateway refuses an admin listener on its own address. Give them different ports" (int .Values.ports.http)) }}
 {{- end }}
-{{- if and (not (include "dedupgw.sidecarMode" .)) (eq (int .Values.service.port) (int .Values.service.adminPort)) }}
+{{- if and $standalone (eq (int .Values.service.port) (int .Values.service.adminPort)) }}
 {{- fail (printf "service.port and service.adminPort are both %d: a Service cannot have two ports with one number. Give them different ports" (int .Values.service.port)) }}
 {{- end }}
-{{- $selector := include "dedupgw.selectorLabels" . | fromYaml }}
+{{- $own := include "dedupgw.labels" . | fromYaml }}
 {{- range $k, $_ := .Values.podLabels }}
-{{- if or (hasKey $selector $k) (has $k (list "helm.sh/chart" "app.kubernetes.io/version" "app.kubernetes.io/managed-by")) }}
+{{- if hasKey $own $k }}
 {{- fail (printf "podLabels.%s: the chart sets this label itself (the Deployment's selector and the common labels use it); choose another key" $k) }}
-{{- end }}
-{{- end }}
-{{- /* DEDUPGW_* overrides in env would change the config behind the chart's
-back: the probes, the Service, the volume and the grace period are derived
-from the values they override. (Secrets in existingSecret stay fine.) */}}
-{{- range $i, $e := .Values.env }}
-{{- $name := toString (get $e "name") }}
-{{- if and (has $name (list "DEDUPGW_ADMIN_TOKEN" "DEDUPGW_STORE_REDIS_PASSWORD" "DEDUPGW_STORE_REDIS_SENTINEL_PASSWORD")) (toString (get $e "value" | default "")) }}
-{{- fail (printf "env[%d] gives %s a literal value, which would sit in clear in the Deployment: take it from a Secret (valueFrom.secretKeyRef, or existingSecret%s)" $i $name (ternary ", or admin.tokenSecret.name" "" (eq $name "DEDUPGW_ADMIN_TOKEN"))) }}
 {{- end }}
 {{- end }}
 {{- $repo := toString .Values.image.repository }}
 {{- if contains ":" (last (splitList "/" $repo)) }}
 {{- fail (printf "image.repository %q holds a tag or digest: give the repository alone, and the tag in image.tag (or the digest in image.digest)" $repo) }}
 {{- end }}
+{{- /* In env: a secret's literal value would sit in clear in the Deployment;
+and DEDUPGW_* overrides of what the chart derives the probes, the Service,
+the volume and the grace period from would change the config behind its
+back. (Secrets in existingSecret stay fine.) */}}
+{{- $secrets := list "DEDUPGW_ADMIN_TOKEN" "DEDUPGW_STORE_REDIS_PASSWORD" "DEDUPGW_STORE_REDIS_SENTINEL_PASSWORD" }}
 {{- $derived := dict "DEDUPGW_LISTEN" "ports.http" "DEDUPGW_ADMIN_LISTEN" "ports.admin" "DEDUPGW_STORE_BACKEND" "store.backend" "DEDUPGW_STORE_BOLT_PATH" "store.bolt.path" "DEDUPGW_DEFAULTS_UPSTREAM_TIMEOUT" "defaults.upstream_timeout" "DEDUPGW_DEFAULTS_LEASE" "defaults.lease" }}
 {{- range $i, $e := .Values.env }}
 {{- $name := toString (get $e "name") }}
+{{- if and (has $name $secrets) (toString (get $e "value" | default "")) }}
+{{- fail (printf "env[%d] gives %s a literal value, which would sit in clear in the Deployment: take it from a Secret (valueFrom.secretKeyRef, or existingSecret%s)" $i $name (ternary ", or admin.tokenSecret.name" "" (eq $name "DEDUPGW_ADMIN_TOKEN"))) }}
+{{- end }}
 {{- if hasKey $derived $name }}
 {{- fail (printf "env[%d] sets %s, which the chart derives the pod from (probes, Service, volume or grace period): set %s in the values instead" $i $name (get $derived $name)) }}
 {{- end }}
@@ -177,10 +175,10 @@ error never repeats the value. */}}
 {{- $_ := include "dedupgw.terminationGracePeriodSeconds" . }}
 {{- include "dedupgw.validateLeases" . }}
 {{- include "dedupgw.validateDurations" . }}
-{{- if and (not (include "dedupgw.sidecarMode" .)) (has .Values.service.type (list "LoadBalancer" "NodePort")) .Values.admin.insecure }}
+{{- if and $standalone (has .Values.service.type (list "LoadBalancer" "NodePort")) .Values.admin.insecure }}
 {{- fail (printf "service.type=%s publishes the admin port (%d) outside the cluster too, and admin.insecure=true leaves /v1/keys without a token: anyone could read and forget keys. Drop admin.insecure (the chart then generates a token), or keep service.type=ClusterIP and expose only the webhook port" .Values.service.type (int .Values.service.adminPort)) }}
 {{- end }}
-{{- if and (not (include "dedupgw.sidecarMode" .)) .Values.serviceMonitor.enabled }}
+{{- if and $standalone .Values.serviceMonitor.enabled }}
 {{- $iv := include "dedupgw.durationExact" (dict "value" .Values.serviceMonitor.interval "lenient" true) }}
 {{- $to := include "dedupgw.durationExact" (dict "value" .Values.serviceMonitor.scrapeTimeout "lenient" true) }}
 {{- if and (ne $iv "unknown") (ne $to "unknown") (gt (float64 $to) (float64 $iv)) }}
