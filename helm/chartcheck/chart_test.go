@@ -3,6 +3,7 @@ package chartcheck
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -802,5 +803,51 @@ func TestSidecarExampleRefusesASharedPort(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "app.port "+port+" is also the dedupgw sidecar's port") {
 			t.Errorf("app.port=%s: got %v, want the render refused for the shared port", port, err)
 		}
+	}
+}
+
+// TestSidecarExampleRoutesFollowAppPort checks that the example chart refuses
+// a route that still forwards to the pod's loopback on another port than
+// app.port (values.yaml cannot derive the one from the other), and renders
+// once the routes follow.
+func TestSidecarExampleRoutesFollowAppPort(t *testing.T) {
+	chart := filepath.Join(charts, "examples/sidecar-app")
+	tests := []struct {
+		name      string
+		port      int
+		upstreams [2]string // the stripe and orders routes'
+		want      string    // "" renders
+	}{
+		{"the example's own", 3000, [2]string{"http://127.0.0.1:3000", "http://127.0.0.1:3000"}, ""},
+		{"app.port moved and the routes did not", 3001, [2]string{"http://127.0.0.1:3000", "http://127.0.0.1:3000"},
+			`dedupgw.routes[0].upstream (route "stripe") is http://127.0.0.1:3000, the pod's loopback on port 3000, but the app listens on app.port 3001: point it at http://127.0.0.1:3001`},
+		{"one route followed", 3001, [2]string{"http://127.0.0.1:3001", "http://127.0.0.1:3000"},
+			`dedupgw.routes[1].upstream (route "orders") is http://127.0.0.1:3000,`},
+		{"localhost is the loopback too", 3000, [2]string{"http://127.0.0.1:3000", "http://localhost:4000"},
+			`dedupgw.routes[1].upstream (route "orders") is http://localhost:4000, the pod's loopback on port 4000, but the app listens on app.port 3000: point it at http://localhost:3000`},
+		{"both routes followed", 3001, [2]string{"http://127.0.0.1:3001", "http://localhost:3001"}, ""},
+		{"another host is not checked", 3001, [2]string{"http://127.0.0.1:3001", "http://billing.shop.svc:3000"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			values := filepath.Join(t.TempDir(), "values.yaml")
+			yaml := fmt.Sprintf(`app:
+  port: %d
+dedupgw:
+  routes:
+    - {name: stripe, path: /webhooks/stripe, upstream: %q, provider: stripe, secrets: ["${STRIPE_WEBHOOK_SECRET}"]}
+    - {name: orders, path: /hooks/orders, upstream: %q, provider: generic, keys: ["body"]}
+`, tt.port, tt.upstreams[0], tt.upstreams[1])
+			if err := os.WriteFile(values, []byte(yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := helm("template", "shop", chart, "-f", values)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("got %v, want it rendered", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("got %v, want the render refused with %q", err, tt.want)
+			}
+		})
 	}
 }
