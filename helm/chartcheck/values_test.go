@@ -2,6 +2,7 @@ package chartcheck
 
 import (
 	"encoding/base64"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -311,6 +312,71 @@ func TestGoMemLimit(t *testing.T) {
 				"resources.limits.memory "+strconv.Quote(limit), "GOMEMLIMIT", "goMemLimit: false")
 		})
 	}
+}
+
+// TestSecurityContextsRender checks that every field the schema types in
+// podSecurityContext and securityContext renders into the pod as Kubernetes
+// reads it (decodeStrict refuses a field or type the API does not know).
+func TestSecurityContextsRender(t *testing.T) {
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(values, []byte(`podSecurityContext:
+  supplementalGroups: [2000, 3000]
+  supplementalGroupsPolicy: Strict
+  fsGroupChangePolicy: OnRootMismatch
+  seLinuxChangePolicy: MountOption
+  seLinuxOptions: {level: "s0:c123,c456"}
+  appArmorProfile: {type: RuntimeDefault}
+  sysctls: [{name: net.ipv4.ip_local_port_range, value: "1024 65535"}]
+securityContext:
+  capabilities: {drop: [ALL], add: [NET_BIND_SERVICE]}
+  procMount: Default
+  seccompProfile: {type: Localhost, localhostProfile: profiles/dedupgw.json}
+  appArmorProfile: {type: Localhost, localhostProfile: k8s-dedupgw}
+  seLinuxOptions: {type: spc_t}
+  windowsOptions: {runAsUserName: ContainerUser, hostProcess: false}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec := decodeStrict(t, render(t, "dedupgw", "a", "ns", "-f", values)).Deployments["a-dedupgw"].Spec.Template.Spec
+	pod := spec.SecurityContext
+	if pod == nil {
+		t.Fatal("pod securityContext: got none")
+	}
+	c := container(t, spec, "dedupgw").SecurityContext
+	if c == nil {
+		t.Fatal("container securityContext: got none")
+	}
+	for _, tt := range []struct{ field, got, want string }{
+		{"pod supplementalGroups", fmt.Sprint(pod.SupplementalGroups), "[2000 3000]"},
+		{"pod supplementalGroupsPolicy", fmt.Sprint(deref(pod.SupplementalGroupsPolicy)), "Strict"},
+		{"pod fsGroupChangePolicy", fmt.Sprint(deref(pod.FSGroupChangePolicy)), "OnRootMismatch"},
+		{"pod seLinuxChangePolicy", fmt.Sprint(deref(pod.SELinuxChangePolicy)), "MountOption"},
+		{"pod seLinuxOptions.level", fmt.Sprint(pod.SELinuxOptions), "&SELinuxOptions{User:,Role:,Type:,Level:s0:c123,c456,}"},
+		{"pod appArmorProfile", fmt.Sprint(pod.AppArmorProfile.Type), "RuntimeDefault"},
+		{"pod seccompProfile (the default, kept)", fmt.Sprint(pod.SeccompProfile.Type), "RuntimeDefault"},
+		{"pod runAsUser (the default, kept)", fmt.Sprint(deref(pod.RunAsUser)), "65532"},
+		{"pod sysctls", fmt.Sprint(pod.Sysctls), "[{net.ipv4.ip_local_port_range 1024 65535}]"},
+		{"capabilities", fmt.Sprint(c.Capabilities.Drop, c.Capabilities.Add), "[ALL] [NET_BIND_SERVICE]"},
+		{"procMount", fmt.Sprint(deref(c.ProcMount)), "Default"},
+		{"seccompProfile", fmt.Sprint(c.SeccompProfile.Type, " ", deref(c.SeccompProfile.LocalhostProfile)), "Localhost profiles/dedupgw.json"},
+		{"appArmorProfile", fmt.Sprint(c.AppArmorProfile.Type, " ", deref(c.AppArmorProfile.LocalhostProfile)), "Localhost k8s-dedupgw"},
+		{"seLinuxOptions.type", c.SELinuxOptions.Type, "spc_t"},
+		{"windowsOptions", fmt.Sprint(deref(c.WindowsOptions.RunAsUserName), " ", deref(c.WindowsOptions.HostProcess)), "ContainerUser false"},
+		{"readOnlyRootFilesystem (the default, kept)", fmt.Sprint(deref(c.ReadOnlyRootFilesystem)), "true"},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("%s: got %s, want %s", tt.field, tt.got, tt.want)
+		}
+	}
+}
+
+// deref returns *p, or the zero value for a nil p.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
 
 // TestValuesRenderAsStrings checks that env values and the values of
