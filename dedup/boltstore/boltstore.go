@@ -333,9 +333,14 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
 	}
 	s.wg.Add(3)
-	go s.writeLoop(nextSeq)
+	opened := make(chan error, 1)
+	go s.writeLoop(nextSeq, opened)
 	go s.syncLoop()
 	go s.checkpointLoop()
+	if err := <-opened; err != nil {
+		s.log.Error("the journal cannot record: new keys are not claimed (each route's on_store_error decides) and readiness fails until it can; each journal file needs 4 MiB free beside the database",
+			zap.String("path", journalPath), zap.Error(err))
+	}
 	interval := opts.SweepInterval
 	if interval == 0 {
 		interval = DefaultSweepInterval

@@ -174,12 +174,23 @@ type writer struct {
 // flushed. The loop stops when s.stop closes, which Close does only after
 // every operation has returned; it seals the current segment on the way out
 // and then closes s.syncs, which stops the syncer.
-func (s *Store) writeLoop(nextSeq uint64) {
+func (s *Store) writeLoop(nextSeq uint64, opened chan<- error) {
 	defer s.wg.Done()
 	defer close(s.syncs)
 	w := &writer{s: s, nextSeq: nextSeq, timer: time.NewTimer(time.Hour)}
 	w.timer.Stop()
 	defer w.timer.Stop()
+	// Reserve the first segment before any claim: on a volume without room
+	// for one, or a failing disk, the store starts out unable to record, as
+	// after any journal failure (claims fail, Ping reports it, probes find
+	// out when it records again). Left to the first commit, the first key
+	// would have been granted, forwarded, and its commit lost.
+	err := w.open()
+	if err != nil {
+		err = fmt.Errorf("journal: %w", err)
+		s.noteJournalFailure(err, nextSeq-1)
+	}
+	opened <- err
 	batch := make([]*writeReq, 0, maxWriteBatch)
 	for {
 		select {
@@ -259,6 +270,9 @@ func (w *writer) commit(batch []*writeReq) {
 			if err != nil {
 				w.failed("journal write failed", err)
 			} else {
+				if w.seg.size == 0 && s.checkpointEvery > 0 {
+					w.timer.Reset(s.checkpointEvery) // its first entry
+				}
 				w.seg.size += int64(len(w.buf))
 			}
 		}
@@ -295,7 +309,7 @@ func (w *writer) commit(batch []*writeReq) {
 		item.sync, item.upTo, item.lastSeq = w.seg, w.seg.size, w.nextSeq-1
 	}
 	if seals > 0 || (w.seg != nil && (w.seg.size >= segmentBytes || len(w.seg.keys) >= maxSegmentEntries)) {
-		item.seal = w.detach()
+		item.seal = w.retire()
 	}
 	if item.sync != nil || item.seal != nil || len(item.waiters) > 0 {
 		s.syncs <- item
@@ -393,9 +407,6 @@ func (w *writer) open() error {
 		return err
 	}
 	w.seg = &segment{path: path, slot: slot, nonce: randomNonce(), f: f, end: w.nextSeq - 1}
-	if s.checkpointEvery > 0 {
-		w.timer.Reset(s.checkpointEvery)
-	}
 	return nil
 }
 
@@ -426,10 +437,40 @@ func preallocate(f *os.File) error {
 }
 
 // seal ends the current segment, if any: the syncer flushes it, closes it
-// and hands it to the checkpointer.
+// and hands it to the checkpointer. A segment never written to is ready for
+// reuse at once (see retire).
 func (w *writer) seal() {
-	if seg := w.detach(); seg != nil {
+	if seg := w.retire(); seg != nil {
 		w.s.syncs <- syncWork{seal: seg}
+	}
+}
+
+// retire ends the current segment, if any, like seal, but returns it
+// (nil if there is none or it was never written to) for the caller to
+// send to the syncer.
+func (w *writer) retire() *segment {
+	seg := w.detach()
+	if seg != nil && seg.size == 0 {
+		w.s.unused(seg)
+		return nil
+	}
+	return seg
+}
+
+// unused hands back seg, which was never written to (opened ahead of its
+// first entry): its file, zero-filled or checkpointed, is ready for reuse
+// as it is.
+func (s *Store) unused(seg *segment) {
+	if err := seg.f.Close(); err != nil {
+		s.log.Warn("journal close failed", zap.String("segment", seg.path), zap.Error(err))
+	}
+	s.sealedMu.Lock()
+	kept := s.keepSlot(seg.slot)
+	s.sealedMu.Unlock()
+	if !kept {
+		if err := os.Remove(seg.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("journal segment not removed", zap.String("segment", seg.path), zap.Error(err))
+		}
 	}
 }
 
