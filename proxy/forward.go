@@ -35,8 +35,9 @@ func deliveryFrom(ctx context.Context) *delivery {
 
 // newReverseProxy builds rt's reverse proxy. The outbound request goes to
 // rt.target joined with the inbound path, with X-Forwarded-For (appended to the
-// sender's chain), X-Forwarded-Host/Proto, and Dedup-Key (see dedupKeyHeader)
-// when the delivery is keyed. The sender's own Dedup-Key header never reaches
+// sender's chain), X-Forwarded-Host/Proto (the sender's, else the gateway's
+// own: its Host and http), and Dedup-Key (see dedupKeyHeader) when the
+// delivery is keyed. The sender's own Dedup-Key header never reaches
 // the upstream.
 func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 	target := rt.target
@@ -51,6 +52,17 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 				pr.Out.Header["X-Forwarded-For"] = xff
 			}
 			pr.SetXForwarded()
+			// Behind an ingress that terminates TLS, the app saw https and
+			// the public host before the gateway stood in between, and may
+			// build URLs or redirect to https by them: keep the sender's
+			// (SetXForwarded sets the gateway's own view, plain http and
+			// its Host).
+			if v := pr.In.Header["X-Forwarded-Proto"]; len(v) > 0 {
+				pr.Out.Header["X-Forwarded-Proto"] = v
+			}
+			if v := pr.In.Header["X-Forwarded-Host"]; len(v) > 0 {
+				pr.Out.Header["X-Forwarded-Host"] = v
+			}
 			// Header.Del and Set with names already canonical: the map
 			// operations alone.
 			delete(pr.Out.Header, HeaderDedupKey)

@@ -369,6 +369,42 @@ func TestForwardedRequestReachesUpstreamIntact(t *testing.T) {
 	}
 }
 
+// TestForwardedProtoAndHostBehindAnIngress checks that the X-Forwarded-Proto
+// and X-Forwarded-Host an ingress terminating TLS set reach the upstream, as
+// they did before the gateway stood in between (an app that redirects plain
+// http to https would answer every webhook with a redirect), and that the
+// gateway sets its own view where the sender set none.
+func TestForwardedProtoAndHostBehindAnIngress(t *testing.T) {
+	up := newUpstream(t, nil)
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{})
+	own := strings.TrimPrefix(h.srv.URL, "http://")
+	tests := []struct {
+		name      string
+		headers   []string
+		wantProto string
+		wantHost  string
+	}{
+		{"set by the ingress", []string{"X-Forwarded-Proto: https", "X-Forwarded-Host: hooks.example.com"}, "https", "hooks.example.com"},
+		{"only the proto", []string{"X-Forwarded-Proto: https"}, "https", own},
+		{"none", nil, "http", own},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := fmt.Sprintf(`{"id":"evt_xf_%d"}`, i)
+			if resp := h.send("/hooks/orders", body, tt.headers...); resp.Status != http.StatusOK {
+				t.Fatalf("got status %d, want 200", resp.Status)
+			}
+			got := up.request(i).Header
+			if p := strings.Join(got.Values("X-Forwarded-Proto"), ","); p != tt.wantProto {
+				t.Errorf("upstream X-Forwarded-Proto: got %q, want %q", p, tt.wantProto)
+			}
+			if host := strings.Join(got.Values("X-Forwarded-Host"), ","); host != tt.wantHost {
+				t.Errorf("upstream X-Forwarded-Host: got %q, want %q", host, tt.wantHost)
+			}
+		})
+	}
+}
+
 // TestConcurrentCopiesReachUpstreamOnce sends 40 concurrent copies of one
 // event; exactly one is forwarded, the rest are in-flight or duplicate.
 func TestConcurrentCopiesReachUpstreamOnce(t *testing.T) {
