@@ -494,6 +494,25 @@ func TestUnsignedProviderRoutesAreNamed(t *testing.T) {
 	}
 }
 
+// TestSignatureWithoutSecretsIsWarned: a generic route's signature: scheme
+// is used only with secrets; without them the route looks verified and
+// verifies nothing.
+func TestSignatureWithoutSecretsIsWarned(t *testing.T) {
+	route := "routes:\n  - name: orders\n    path: /orders\n    upstream: http://127.0.0.1:3000\n    keys: [body]\n"
+	tests := []struct {
+		name, extra string
+		want        string // "" for no warning
+	}{
+		{"no signature", "", ""},
+		{"signature and secrets", "    secrets: [s]\n    signature:\n      header: X-Sig\n", ""},
+		{"signature alone", "    signature:\n      header: X-Sig\n      algorithm: sha512\n",
+			`routes[0].signature: route "orders" describes a signature but has no secrets:, so it verifies nothing`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantWarning(t, route+tt.extra, "routes[0].signature", tt.want) })
+	}
+}
+
 // TestWaitReplicasWithFailOpenRoutesIsWarned: with wait_replicas, a claim
 // fails whenever too few replicas acknowledge it, and a fail-open route then
 // forwards without deduplication; one warning names those routes.

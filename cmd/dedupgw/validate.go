@@ -416,7 +416,8 @@ func (f *File) unsetNote(key string) string {
 // sends the same key (the IETF idempotency draft scopes keys per client).
 //
 // A provider route without secrets verifies nothing: whoever can reach the
-// gateway can send a real event's ID first.
+// gateway can send a real event's ID first. Nor does a generic route with a
+// signature: scheme but no secrets, which looks verified.
 //
 // A DEDUPGW_* variable set to "" is ignored (an unset ${VAR} in a compose
 // file or manifest gives one).
@@ -443,6 +444,12 @@ func (f *File) Warnings() []Problem {
 		generic := r.Provider == "" || r.Provider == providers.Generic
 		if !generic && len(r.Secrets) == 0 {
 			unsigned = append(unsigned, strconv.Quote(r.Name))
+		}
+		if generic && len(r.Secrets) == 0 && r.Signature != (Signature{}) {
+			ws = append(ws, Problem{
+				Key: fmt.Sprintf("routes[%d].signature", i),
+				Msg: fmt.Sprintf("route %q describes a signature but has no secrets:, so it verifies nothing: anyone who can reach the gateway can send events on it; set secrets (the scheme is used only with them)", r.Name),
+			})
 		}
 		if generic && len(r.Secrets) == 0 && r.ClientIdentity == "" && p.DuplicateResponse != nil && *p.DuplicateResponse == proxy.Replay {
 			ws = append(ws, Problem{
