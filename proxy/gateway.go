@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/dedupgw/dedupgw/dedup"
 	"github.com/dedupgw/dedupgw/providers"
@@ -61,10 +62,15 @@ const DefaultStoreTimeout = 5 * time.Second
 
 const defaultBodyTimeout = 30 * time.Second
 
+// unroutedLogsPerSecond is how many requests that reached no route are
+// logged each second; the rest are only counted.
+const unroutedLogsPerSecond = 5
+
 // Gateway is the deduplicating reverse proxy. It is an http.Handler; its
 // routes can be swapped with Reload while it serves.
 type Gateway struct {
 	log          *zap.Logger
+	unroutedLog  *zap.Logger // log, sampled (see Gateway.unrouted)
 	store        dedup.Store // instrumented
 	metrics      *metrics
 	gatherer     prometheus.Gatherer // nil unless New made the registry
@@ -134,6 +140,9 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 		g.log = zap.NewNop()
 	}
 	g.log = g.log.Named("proxy")
+	g.unroutedLog = g.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, unroutedLogsPerSecond, 0)
+	}))
 	if g.backend == "" {
 		g.backend = "unknown"
 	}

@@ -84,19 +84,16 @@ type delivery struct {
 // gets". Every answer on a matched route carries Dedup-Status.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !canonicalPath(r.URL) {
-		closeIfUnread(w, r)
-		writeProblem(w, probBadPath.with("", `the path has a "." or ".." segment, an empty segment, a backslash, a control character, an encoded slash, "?" or "#", or a double encoding; post to the path the route is configured with`), 0)
+		g.unrouted(w, r, unroutedInvalidPath, probBadPath.with("", `the path has a "." or ".." segment, an empty segment, a backslash, a control character, an encoded slash, "?" or "#", or a double encoding; post to the path the route is configured with`))
 		return
 	}
 	rt, ambiguous := g.routes.Load().lookup(r.URL.Path)
 	if ambiguous {
-		closeIfUnread(w, r)
-		writeProblem(w, probBadPath.with("", "the path matches another route once case, a trailing slash, ;parameters or an extension are ignored, as many applications route; post to the path the route is configured with"), 0)
+		g.unrouted(w, r, unroutedInvalidPath, probBadPath.with("", "the path matches another route once case, a trailing slash, ;parameters or an extension are ignored, as many applications route; post to the path the route is configured with"))
 		return
 	}
 	if rt == nil {
-		closeIfUnread(w, r)
-		writeProblem(w, probNoRoute.with("", "no route is configured for this path"), 0)
+		g.unrouted(w, r, unroutedNoRoute, probNoRoute.with("", "no route is configured for this path"))
 		return
 	}
 	if !g.enter() {
@@ -643,6 +640,19 @@ func clipForLog(s string) string {
 		b.WriteString("…")
 	}
 	return b.String()
+}
+
+// unrouted answers r, which reached no route, with p, counts it by reason
+// and logs it (sampled: see unroutedLogsPerSecond) with its path, so that a
+// provider posting to a misspelt URL leaves a trace.
+func (g *Gateway) unrouted(w http.ResponseWriter, r *http.Request, reason string, p problem) {
+	closeIfUnread(w, r)
+	writeProblem(w, p, 0)
+	g.metrics.unrouted.WithLabelValues(reason).Inc()
+	if ce := g.unroutedLog.Check(zap.InfoLevel, "request reached no route"); ce != nil {
+		ce.Write(zap.String("reason", reason), zap.Int("status", p.Status), zap.String("method", clipForLog(r.Method)),
+			zap.String("path", clipForLog(r.URL.EscapedPath())), zap.String("remote_addr", r.RemoteAddr))
+	}
 }
 
 // keyField is the log field for a delivery's key (see clipForLog).

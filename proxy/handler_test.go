@@ -405,6 +405,61 @@ func TestForwardedProtoAndHostBehindAnIngress(t *testing.T) {
 	}
 }
 
+// TestUnroutedRequestsLeaveATrace checks that a request reaching no route
+// (a provider posting to a misspelt URL) is counted by reason and logged
+// with its path, at most unroutedLogsPerSecond times a second, so that
+// scanners cannot flood the log.
+func TestUnroutedRequestsLeaveATrace(t *testing.T) {
+	up := newUpstream(t, nil)
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{logClock: fixedLogClock{}})
+	sends := []struct {
+		path   string
+		status int
+	}{
+		{"/hooks/ordres", http.StatusNotFound},
+		{"/hooks/../hooks/orders", http.StatusBadRequest}, // not canonical
+		{"/hooks//orders", http.StatusBadRequest},         // not canonical either
+	}
+	for i := range 5 {
+		sends = append(sends, struct {
+			path   string
+			status int
+		}{fmt.Sprintf("/scan/%d", i), http.StatusNotFound})
+	}
+	for _, s := range sends {
+		if resp := h.send(s.path, `{"id":"evt_1"}`); resp.Status != s.status {
+			t.Errorf("POST %s: got status %d, want %d", s.path, resp.Status, s.status)
+		}
+	}
+	if got := up.count(); got != 0 {
+		t.Errorf("upstream requests: got %d, want 0", got)
+	}
+	for reason, want := range map[string]float64{unroutedNoRoute: 6, unroutedInvalidPath: 2} {
+		if got := counterValue(t, h.gw.metrics.unrouted, reason); got != want {
+			t.Errorf("dedupgw_unrouted_requests_total{reason=%q}: got %v, want %v", reason, got, want)
+		}
+	}
+	logged := h.logs.FilterMessage("request reached no route").All()
+	if len(logged) != unroutedLogsPerSecond {
+		t.Fatalf("log entries within one second: got %d, want %d (sampled)", len(logged), unroutedLogsPerSecond)
+	}
+	first := logged[0].ContextMap()
+	for field, want := range map[string]any{"reason": unroutedNoRoute, "status": int64(http.StatusNotFound), "method": "POST", "path": "/hooks/ordres"} {
+		if got := first[field]; got != want {
+			t.Errorf("first log entry's %s: got %v (%T), want %v", field, got, got, want)
+		}
+	}
+	if got := logged[1].ContextMap()["reason"]; got != unroutedInvalidPath {
+		t.Errorf("second log entry's reason: got %v, want %s", got, unroutedInvalidPath)
+	}
+}
+
+// fixedLogClock stamps every log entry with one instant.
+type fixedLogClock struct{}
+
+func (fixedLogClock) Now() time.Time                         { return time.Unix(1_700_000_000, 0) }
+func (fixedLogClock) NewTicker(d time.Duration) *time.Ticker { return time.NewTicker(d) }
+
 // TestConcurrentCopiesReachUpstreamOnce sends 40 concurrent copies of one
 // event; exactly one is forwarded, the rest are in-flight or duplicate.
 func TestConcurrentCopiesReachUpstreamOnce(t *testing.T) {

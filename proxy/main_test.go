@@ -122,6 +122,9 @@ type harnessOpts struct {
 	transport http.RoundTripper
 	// storeTimeout replaces the gateway's default store timeout.
 	storeTimeout time.Duration
+	// logClock, when set, stamps the gateway's log entries (a fixed one
+	// makes zap's per-second sampling deterministic).
+	logClock zapcore.Clock
 }
 
 func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
@@ -135,8 +138,12 @@ func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
 	h.logs = logs
+	logger := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
+	if ho.logClock != nil {
+		logger = logger.WithOptions(zap.WithClock(ho.logClock))
+	}
 	gw, err := New(cfg, h.store, Options{
-		Logger:       zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core)),
+		Logger:       logger,
 		Registerer:   h.reg,
 		Backend:      "memory",
 		Version:      "test",

@@ -89,7 +89,14 @@ type metrics struct {
 	reloads        *prometheus.CounterVec
 	replayTooLarge *prometheus.CounterVec
 	leasesLost     *prometheus.CounterVec
+	unrouted       *prometheus.CounterVec
 }
+
+// Reasons of dedupgw_unrouted_requests_total.
+const (
+	unroutedNoRoute     = "no_route"
+	unroutedInvalidPath = "invalid_path"
+)
 
 // newMetrics creates and registers the gateway's collectors on reg. It panics,
 // as promauto does, when reg already holds collectors of the same names.
@@ -154,6 +161,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name:      "leases_lost_total",
 			Help:      "Forwards whose claim was gone when they settled it (op commit: the event was processed but is not recorded, so its next copy is forwarded again): the lease lapsed and another delivery took the key, an operator forgot it, or the store lost it in a failover.",
 		}, []string{"route", "op"}),
+		unrouted: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dedupgw",
+			Name:      "unrouted_requests_total",
+			Help:      "Requests on the webhook listener that reached no route, by reason (no_route: 404, no route for the path; invalid_path: 400, a path not in canonical form or ambiguous between routes). A provider sending to a misspelt URL shows here.",
+		}, []string{"reason"}),
 	}
 }
 
@@ -170,6 +182,8 @@ func (m *metrics) init(version, backend string) {
 	}
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
+	m.unrouted.WithLabelValues(unroutedNoRoute)
+	m.unrouted.WithLabelValues(unroutedInvalidPath)
 }
 
 // deleteRoute removes every series of the route named name, for a route a
