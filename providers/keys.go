@@ -36,7 +36,12 @@ func ValidateKeys(keys []string) error {
 
 // ParseKeys turns an ordered list of key sources into a KeyFunc:
 //
-//   - "header:NAME": the request header NAME (case-insensitive);
+//   - "header:NAME": the request header NAME (case-insensitive). A header
+//     repeated with different values is absent, with ErrAmbiguousKey: an
+//     application reading the last one would disagree with a gateway reading
+//     the first. An Idempotency-Key that is a Structured Field string
+//     ("k-1", as draft-ietf-httpapi-idempotency-key-header writes it) is
+//     the string it holds (k-1), the same key as sent unquoted;
 //   - "json:PATH": the value at a dotted path in the JSON body (see LookupJSON:
 //     strings as-is, numbers as written; null, booleans, objects and arrays are
 //     absent);
@@ -104,8 +109,23 @@ func parseKeySource(s string) (keySource, error) {
 			return nil, fmt.Errorf("invalid header name in source")
 		}
 		name := http.CanonicalHeaderKey(arg)
+		sfString := name == "Idempotency-Key"
 		return func(r *http.Request, _ []byte) (string, error) {
-			return r.Header.Get(name), nil
+			vs := r.Header.Values(name)
+			if len(vs) == 0 {
+				return "", nil
+			}
+			for _, v := range vs[1:] {
+				if v != vs[0] {
+					return "", fmt.Errorf("%w: %s appears %d times", ErrAmbiguousKey, name, len(vs))
+				}
+			}
+			if sfString {
+				if v, ok := unquoteSFString(vs[0]); ok {
+					return v, nil
+				}
+			}
+			return vs[0], nil
 		}, nil
 	case "query":
 		if arg == "" {
@@ -132,6 +152,40 @@ func parseKeySource(s string) (keySource, error) {
 	default:
 		return nil, fmt.Errorf("unknown source")
 	}
+}
+
+// unquoteSFString returns the string an RFC 8941 sf-string holds ("k-1"
+// holds k-1; \" and \\ are escapes), and false when v is not one.
+func unquoteSFString(v string) (string, bool) {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return "", false
+	}
+	in := v[1 : len(v)-1]
+	if !strings.ContainsAny(in, `"\`) {
+		for i := 0; i < len(in); i++ {
+			if in[i] < 0x20 || in[i] > 0x7e {
+				return "", false
+			}
+		}
+		return in, true
+	}
+	var b strings.Builder
+	for i := 0; i < len(in); i++ {
+		c := in[i]
+		switch {
+		case c == '\\':
+			i++
+			if i == len(in) || in[i] != '"' && in[i] != '\\' {
+				return "", false
+			}
+			b.WriteByte(in[i])
+		case c == '"', c < 0x20, c > 0x7e:
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), true
 }
 
 // validHeaderName reports whether name is a non-empty RFC 9110 token.

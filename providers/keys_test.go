@@ -102,3 +102,84 @@ func TestParseKeysErrors(t *testing.T) {
 		t.Errorf("ValidateKeys(nil): got %v, want nil", err)
 	}
 }
+
+// TestHeaderKeyRepeated: a header: source's header repeated with different
+// values is absent (the application may read the other one); repeated with
+// one value it is that value.
+func TestHeaderKeyRepeated(t *testing.T) {
+	kf, err := ParseKeys([]string{"header:X-Id", "query:id"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		values   []string
+		url      string
+		want     string
+		wantErrs []error
+	}{
+		{"once", []string{"a"}, "/", "a", nil},
+		{"twice, the same", []string{"a", "a"}, "/", "a", nil},
+		{"twice, different", []string{"a", "b"}, "/", "", []error{ErrNoKey, ErrAmbiguousKey}},
+		{"different, then the next source", []string{"a", "b", "a"}, "/?id=q", "q", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, tt.url, nil)
+			for _, v := range tt.values {
+				r.Header.Add("X-Id", v)
+			}
+			got, err := kf(r, nil)
+			if got != tt.want || (err == nil) != (len(tt.wantErrs) == 0) {
+				t.Fatalf("key: got (%q, %v), want %q and errors %v", got, err, tt.want, tt.wantErrs)
+			}
+			for _, want := range tt.wantErrs {
+				if !errors.Is(err, want) {
+					t.Errorf("key error: got %v, want it to wrap %v", err, want)
+				}
+			}
+		})
+	}
+}
+
+// TestIdempotencyKeyStructuredString: an Idempotency-Key sent as the IETF
+// draft writes it, a Structured Field string, is the key it holds, so that
+// clients quoting it and clients not quoting it agree; other headers and
+// malformed strings are taken as they are.
+func TestIdempotencyKeyStructuredString(t *testing.T) {
+	tests := []struct {
+		source, header, value string
+		want                  string
+	}{
+		{"header:Idempotency-Key", "Idempotency-Key", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "8e03978e-40d5-43e8-bc93-6894a57f9324"},
+		{"header:Idempotency-Key", "Idempotency-Key", `8e03978e-40d5-43e8-bc93-6894a57f9324`, "8e03978e-40d5-43e8-bc93-6894a57f9324"},
+		{"header:idempotency-key", "Idempotency-Key", `"k-1"`, "k-1"},
+		{"header:Idempotency-Key", "Idempotency-Key", `"a \"quoted\" \\ key"`, `a "quoted" \ key`},
+		{"header:Idempotency-Key", "Idempotency-Key", `"unterminated`, `"unterminated`},
+		{"header:Idempotency-Key", "Idempotency-Key", `"bad \x escape"`, `"bad \x escape"`},
+		{"header:Idempotency-Key", "Idempotency-Key", `"inner " quote"`, `"inner " quote"`},
+		{"header:Idempotency-Key", "Idempotency-Key", `"ü"`, `"ü"`},
+		{"header:Idempotency-Key", "Idempotency-Key", `"`, `"`},
+		{"header:X-Id", "X-Id", `"k-1"`, `"k-1"`}, // only the draft's header is a Structured Field
+	}
+	for _, tt := range tests {
+		t.Run(tt.source+" "+tt.value, func(t *testing.T) {
+			kf, err := ParseKeys([]string{tt.source})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := httptest.NewRequest(http.MethodPost, "/", nil)
+			r.Header.Set(tt.header, tt.value)
+			if got, err := kf(r, nil); got != tt.want || err != nil {
+				t.Errorf("key: got (%q, %v), want (%q, nil)", got, err, tt.want)
+			}
+		})
+	}
+	// An empty string holds no key.
+	kf, _ := ParseKeys([]string{"header:Idempotency-Key"})
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Set("Idempotency-Key", `""`)
+	if got, err := kf(r, nil); got != "" || !errors.Is(err, ErrNoKey) {
+		t.Errorf(`key of "": got (%q, %v), want ("", ErrNoKey)`, got, err)
+	}
+}

@@ -33,6 +33,11 @@ var (
 // ErrNoKey is returned by KeyFunc when no source produced a non-empty value.
 var ErrNoKey = errors.New("providers: no key in delivery")
 
+// ErrAmbiguousKey is returned, wrapped with ErrNoKey, by a KeyFunc whose
+// header: source found its header more than once with different values:
+// the gateway and the application could read different keys.
+var ErrAmbiguousKey = errors.New("providers: key header repeated with different values")
+
 // Verifier checks a delivery's signature over the raw body.
 type Verifier interface {
 	// Verify returns nil when the delivery is signed by one of the configured

@@ -105,6 +105,24 @@ func TestIdempotencyKeyMode(t *testing.T) {
 			wantUpstream: 1,
 		},
 		{
+			name: "a key quoted as the draft writes it is the same key unquoted",
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{`Idempotency-Key: "k1"`}, wantStatus: 201, wantDedup: "forwarded"},
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "duplicate", wantBody: created(0)},
+			},
+			wantUpstream: 1,
+		},
+		{
+			name: "two different keys in one request get 400",
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1, "Idempotency-Key: k2"}, wantStatus: 400, wantDedup: "rejected", wantCT: probJSON,
+					wantBodyHas: "the key header appears more than once, with different values"},
+				{body: `{"amount":100}`, headers: []string{key1, key1}, wantStatus: 201, wantDedup: "forwarded"},
+			},
+			wantUpstream: 1,
+			wantOutcomes: map[string]float64{outcomeRejectedKey: 1, outcomeForwarded: 1},
+		},
+		{
 			name: "a changed payload gets 422; the original still replays",
 			steps: []apiStep{
 				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 201, wantDedup: "forwarded"},
