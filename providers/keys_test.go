@@ -183,3 +183,21 @@ func TestIdempotencyKeyStructuredString(t *testing.T) {
 		t.Errorf(`key of "": got (%q, %v), want ("", ErrNoKey)`, got, err)
 	}
 }
+
+// FuzzUnquoteSFString: a string unquoteSFString accepts is one RFC 8941
+// sf-string, which quoting its result again gives back byte for byte.
+func FuzzUnquoteSFString(f *testing.F) {
+	for _, s := range []string{`"k-1"`, `""`, `"a \"b\" \\ c"`, `"bad \x"`, `"`, `k`, `"ü"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		got, ok := unquoteSFString(v)
+		if !ok {
+			return
+		}
+		again := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(got) + `"`
+		if again != v {
+			t.Errorf("unquoteSFString(%q) = %q, which quotes back as %q", v, got, again)
+		}
+	})
+}
