@@ -111,7 +111,7 @@ func (s *Store) claimFast(ctx context.Context, c *claimCall) (dedup.ClaimResult,
 	cmd, waitErr := s.pipe.commandWaited(ctx, "set", c.key, value, "nx", "get", "px", c.ttlMS())
 	c.waitErr = waitErr
 	old, err := cmd.Result()
-	if errors.Is(err, redis.Nil) {
+	if isNil(err) {
 		// The key was absent: it now holds value. This is the record
 		// decodeRecord(value) returns, built without parsing.
 		first, until := time.UnixMilli(c.now).UTC(), time.UnixMilli(leaseUntil).UTC()
@@ -299,6 +299,16 @@ func allDigits(s string) bool {
 	return true
 }
 
+// isNil reports whether err is redis.Nil itself, a nil reply: GET of an
+// absent key, a SET NX GET that set. Not errors.Is: go-redis's Sentinel
+// client joins the sentinels' own nil answers to "which master has this
+// name?" into its "all sentinels ... are unreachable" error, and a claim
+// that took that for a nil reply took the key as claimed although nothing
+// was sent (a misspelt master_name turned deduplication off, silently).
+func isNil(err error) bool {
+	return err == redis.Nil //nolint:errorlint // see above
+}
+
 // refusesFastPath reports whether err is a server's answer that it does not
 // accept SET … NX GET: a generic "ERR" error reply, as Redis before 7.0 gives
 // ("ERR syntax error"). Network errors, redis.Nil and the typed replies
@@ -306,7 +316,7 @@ func allDigits(s string) bool {
 // script would meet them as well.
 func refusesFastPath(err error) bool {
 	var rerr redis.Error
-	if errors.Is(err, redis.Nil) || !errors.As(err, &rerr) || redis.IsMaxClientsError(err) {
+	if isNil(err) || !errors.As(err, &rerr) || redis.IsMaxClientsError(err) {
 		return false
 	}
 	return strings.HasPrefix(rerr.Error(), "ERR")

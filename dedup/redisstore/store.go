@@ -107,6 +107,7 @@ type Store struct {
 	closed     atomic.Bool
 	scriptOnly atomic.Bool // the server refused SET NX GET: claims run claim.lua alone
 	held       heldKeys    // keys this Store claimed and has not finished
+	masterName string      // Config.MasterName, for Ping's hint
 
 	// undos are the claims being undone after an unclear failure (see
 	// undoIfUnclear); Close waits for them before it closes the client.
@@ -125,6 +126,7 @@ func New(cfg Config, opts Options) (*Store, error) {
 	client := redis.NewUniversalClient(cfg.universalOptions())
 	s := newStore(client, cfg.KeyPrefix, opts, cfg.WaitReplicas, cfg.waitTimeout())
 	s.ownsClient = true
+	s.masterName = cfg.MasterName
 	fields := []zap.Field{zap.String("mode", cfg.mode()), zap.Strings("addrs", cfg.Addrs),
 		zap.String("key_prefix", s.prefix), zap.Bool("tls", cfg.TLS)}
 	if cfg.WaitReplicas > 0 {
@@ -335,7 +337,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 		return dedup.Record{}, fmt.Errorf("redisstore: get: %w", err)
 	}
 	value, err := s.pipe.get(ctx, s.Key(key)).Result()
-	if errors.Is(err, redis.Nil) {
+	if isNil(err) {
 		return dedup.Record{}, dedup.ErrNotFound
 	}
 	if err != nil {
@@ -410,6 +412,11 @@ func (s *Store) Ping(ctx context.Context) error {
 	err := s.eachMaster(ctx, func(ctx context.Context, c redis.Cmdable) error {
 		return c.Ping(ctx).Err()
 	})
+	if err != nil && s.masterName != "" && errors.Is(err, redis.Nil) {
+		// The sentinels answered, but not with a master: they know none by
+		// that name (see isNil).
+		return fmt.Errorf("redisstore: ping: no sentinel knows a master named %q (check master_name): %w", s.masterName, err)
+	}
 	if err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
 	}

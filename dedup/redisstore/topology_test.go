@@ -2,6 +2,8 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -108,6 +110,30 @@ func TestSentinel(t *testing.T) {
 	n, err := st.Master.Client().Exists(ctx, s.Key(k)).Result()
 	if err != nil || n != 1 {
 		t.Fatalf("EXISTS %s on the master: got (%d, %v), want (1, nil)", s.Key(k), n, err)
+	}
+}
+
+// A master name no sentinel knows makes every operation a store error, and
+// Ping says which name: go-redis wraps the sentinels' nil answers, which
+// Claim took for SET NX GET's nil reply and so for a claim granted, with
+// nothing sent (a misspelt master_name turned deduplication off, silently;
+// found by an operator trial).
+func TestSentinelWithAnUnknownMasterName(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	s := newStore(t, redisstore.Config{Addrs: []string{st.Sentinel.Addr()}, MasterName: st.MasterName + "x"}, nil)
+	ctx := context.Background()
+	want := fmt.Sprintf("no sentinel knows a master named %q (check master_name)", st.MasterName+"x")
+	if err := s.Ping(ctx); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Ping: got %v, want %q", err, want)
+	}
+	k := dedup.Key{Namespace: "stripe", ID: "evt_unknown_master"}
+	for i := range 2 {
+		if res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err == nil {
+			t.Errorf("Claim %d: got (%v, nil), want a store error", i, res.Outcome)
+		}
+	}
+	if rec, err := s.Get(ctx, k); err == nil || errors.Is(err, dedup.ErrNotFound) {
+		t.Errorf("Get: got (%+v, %v), want a store error, not ErrNotFound", rec, err)
 	}
 }
 
