@@ -130,6 +130,9 @@ type Redis struct {
 	// Addrs: one is a single node, several a Cluster, and with MasterName the
 	// Sentinel addresses. Empty means ["127.0.0.1:6379"].
 	Addrs []string `config:"addrs"`
+	// Cluster makes even one address a Cluster seed (a managed service's
+	// configuration endpoint). False means Cluster only with several addrs.
+	Cluster bool `config:"cluster"`
 	// MasterName selects Sentinel. Empty means single node or Cluster.
 	MasterName string `config:"master_name"`
 	// Username (Redis 6 ACL) and Password authenticate. Empty means none.
@@ -162,9 +165,10 @@ type Redis struct {
 	WaitTimeout time.Duration `config:"wait_timeout"`
 }
 
-// cluster reports whether r describes a Redis Cluster: several addresses
-// and no master_name (redisstore picks its client the same way).
-func (r Redis) cluster() bool { return len(r.Addrs) > 1 && r.MasterName == "" }
+// cluster reports whether r describes a Redis Cluster: several addresses,
+// or cluster: true, and no master_name (redisstore picks its client the
+// same way).
+func (r Redis) cluster() bool { return (len(r.Addrs) > 1 || r.Cluster) && r.MasterName == "" }
 
 // Policy holds the keys that the defaults: block sets for every route and a
 // route may override. A nil field is not set at this level.

@@ -653,7 +653,12 @@ func TestProblems(t *testing.T) {
 			"store.redis.pool_size: must not be negative, got -2",
 			"store.redis.dial_timeout: must not be negative, got -1s",
 		}},
-		{"cluster db", "store:\n  backend: redis\n  redis:\n    addrs: [a:1, b:2]\n    db: 1\n" + minimal, nil, []string{"store.redis.db: a Redis Cluster (several addrs) has only db 0"}},
+		{"cluster db", "store:\n  backend: redis\n  redis:\n    addrs: [a:1, b:2]\n    db: 1\n" + minimal, nil, []string{"store.redis.db: a Redis Cluster (several addrs, or cluster: true) has only db 0"}},
+		{"one-address cluster db", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    cluster: true\n    db: 1\n    wait_replicas: 1\n" + minimal, nil, []string{
+			"store.redis.db: a Redis Cluster (several addrs, or cluster: true) has only db 0",
+			"store.redis.wait_replicas: a Redis Cluster (several addrs, or cluster: true) routes WAIT to no particular shard; use it with a single node or Sentinel",
+		}},
+		{"cluster with sentinel", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    cluster: true\n    master_name: m\n" + minimal, nil, []string{"store.redis.cluster: a Redis Cluster has no master_name (that is Sentinel): set one or the other"}},
 		{"wait negative", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: -1\n    wait_timeout: -1s\n" + minimal, nil, []string{
 			"store.redis.wait_replicas: must not be negative, got -1",
 			"store.redis.wait_timeout: must not be negative, got -1s",
@@ -665,7 +670,7 @@ func TestProblems(t *testing.T) {
 			"store.redis.sentinel_username: authenticates to the sentinels: set it only with master_name",
 			"store.redis.sentinel_password: authenticates to the sentinels: set it only with master_name",
 		}},
-		{"wait on a cluster", "store:\n  backend: redis\n  redis:\n    addrs: [a:1, b:2]\n    wait_replicas: 1\n" + minimal, nil, []string{"store.redis.wait_replicas: a Redis Cluster (several addrs) routes WAIT to no particular shard; use it with a single node or Sentinel"}},
+		{"wait on a cluster", "store:\n  backend: redis\n  redis:\n    addrs: [a:1, b:2]\n    wait_replicas: 1\n" + minimal, nil, []string{"store.redis.wait_replicas: a Redis Cluster (several addrs, or cluster: true) routes WAIT to no particular shard; use it with a single node or Sentinel"}},
 		{"wait under a millisecond", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: 1\n    wait_timeout: 500us\n" + minimal, nil, []string{"store.redis.wait_timeout: must be at least 1ms, got 500µs (Redis's WAIT counts milliseconds)"}},
 		{"wait as long as a read", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: 1\n    wait_timeout: 1s\n" + minimal, nil, []string{"store.redis.wait_timeout: 1s must be below store.redis.read_timeout (1s), which would cut the wait off"}},
 		{"wait longer than a store operation", "store:\n  backend: redis\n  redis:\n    addrs: [a:1]\n    wait_replicas: 1\n    wait_timeout: 5s\n    read_timeout: -1s\n" + minimal, nil, []string{"store.redis.wait_timeout: 5s must be below the gateway's 5s bound on a store operation, which would cut the wait off"}},

@@ -38,6 +38,7 @@ type redisRoute struct {
 // redisStore is the store.redis block of a test configuration.
 type redisStore struct {
 	addrs              []string
+	cluster            bool
 	masterName         string
 	waitReplicas       int
 	username, password string
@@ -68,6 +69,7 @@ store:
   backend: redis
   redis:
     addrs: [%s]
+    cluster: %v
     master_name: %q
     wait_replicas: %d
     username: %q
@@ -75,7 +77,7 @@ store:
     sentinel_username: %q
     sentinel_password: %q
 routes:
-`, strings.Join(addrs, ", "), st.masterName, st.waitReplicas, st.username, st.password, st.sentinelUsername, st.sentinelPassword)
+`, strings.Join(addrs, ", "), st.cluster, st.masterName, st.waitReplicas, st.username, st.password, st.sentinelUsername, st.sentinelPassword)
 	for _, r := range routes {
 		fmt.Fprintf(&b, `  - name: %s
     path: %s

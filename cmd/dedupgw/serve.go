@@ -164,6 +164,7 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	} else if rs, ok := store.(*redisstore.Store); ok {
 		warnEviction(pingCtx, rs, s.log)
 		warnReplicas(pingCtx, rs, s.log)
+		warnClusterNode(pingCtx, rs, s.log)
 	}
 	cancel()
 
@@ -449,6 +450,19 @@ func warnEviction(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
 	}
 }
 
+// warnClusterNode warns when the one address of a single-node store is a
+// Redis Cluster node: keys on other nodes' slots fail with MOVED, and each
+// such delivery meets on_store_error (fail-open by default, so without
+// deduplication), while /readyz stays 200.
+func warnClusterNode(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
+	switch in, err := rs.SingleNodeInCluster(ctx); {
+	case err != nil:
+		log.Info("could not check whether Redis is a Cluster node (INFO cluster)", zap.Error(err))
+	case in:
+		log.Warn("store.redis.addrs names one node of a Redis Cluster, taken for a single node: keys on other nodes' slots fail with MOVED and meet their routes' on_store_error; set store.redis.cluster: true (or list several nodes)")
+	}
+}
+
 // warnReplicas warns when claims fail because fewer replicas acknowledge
 // writes than store.redis.wait_replicas asks for, or WAIT is refused.
 // /readyz does not check it (see redisstore.Store.Ping); each refused claim
@@ -506,6 +520,7 @@ func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
 		r := cfg.Redis
 		s, err := redisstore.New(redisstore.Config{
 			Addrs:            r.Addrs,
+			Cluster:          r.Cluster,
 			MasterName:       r.MasterName,
 			Username:         r.Username,
 			Password:         r.Password,

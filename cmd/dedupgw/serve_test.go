@@ -251,6 +251,35 @@ func TestRedisEvictionPolicyIsWarnedAtStartUp(t *testing.T) {
 	}
 }
 
+// One address of a Redis Cluster node, without store.redis.cluster, runs
+// the store in single-node mode, where keys on other nodes' slots fail
+// with MOVED: it is named at start-up.
+func TestClusterNodeAloneIsWarnedAtStartUp(t *testing.T) {
+	const warning = "store.redis.addrs names one node of a Redis Cluster, taken for a single node: keys on other nodes' slots fail with MOVED and meet their routes' on_store_error; set store.redis.cluster: true (or list several nodes)"
+	cl := redistest.StartCluster(t, 3)
+	plain := redistest.Start(t)
+	for _, tt := range []struct {
+		name  string
+		st    redisStore
+		warns int
+	}{
+		{"a cluster node alone", redisStore{addrs: cl.Addrs()[:1]}, 1},
+		{"with cluster: true", redisStore{addrs: cl.Addrs()[:1], cluster: true}, 0},
+		{"several nodes", redisStore{addrs: cl.Addrs()}, 0},
+		{"a single node", redisStore{addrs: []string{plain.Addr()}}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startInProcess(t, redisConfig(t, "http://127.0.0.1:1", tt.st))
+			if got := len(p.logs.FilterMessage(warning).All()); got != tt.warns {
+				t.Errorf("start-up warnings: got %d, want %d", got, tt.warns)
+			}
+			if err := p.stop(); err != nil {
+				t.Errorf("run: got %v, want nil", err)
+			}
+		})
+	}
+}
+
 // With wait_replicas, a Redis without enough replicas, or refusing WAIT,
 // fails every claim: it is named at start-up. /readyz stays 200: the
 // replicas are shared, so every pod would go unready at once, and

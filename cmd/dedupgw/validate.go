@@ -153,8 +153,11 @@ func (f *File) checkStore(ps *Problems) {
 				}
 			}
 		}
+		if s.Redis.Cluster && s.Redis.MasterName != "" {
+			ps.add("store.redis.cluster", "a Redis Cluster has no master_name (that is Sentinel): set one or the other")
+		}
 		if s.Redis.DB != 0 && s.Redis.cluster() {
-			ps.add("store.redis.db", "a Redis Cluster (several addrs) has only db 0")
+			ps.add("store.redis.db", "a Redis Cluster (several addrs, or cluster: true) has only db 0")
 		}
 		if s.Redis.PoolSize < 0 {
 			ps.add("store.redis.pool_size", "must not be negative, got %d", s.Redis.PoolSize)
@@ -177,7 +180,7 @@ func (f *File) checkWait(ps *Problems) {
 		ps.add("store.redis.wait_replicas", "must not be negative, got %d", r.WaitReplicas)
 	}
 	if r.WaitReplicas > 0 && r.cluster() {
-		ps.add("store.redis.wait_replicas", "a Redis Cluster (several addrs) routes WAIT to no particular shard; use it with a single node or Sentinel")
+		ps.add("store.redis.wait_replicas", "a Redis Cluster (several addrs, or cluster: true) routes WAIT to no particular shard; use it with a single node or Sentinel")
 	}
 	switch wait := r.WaitTimeout; {
 	case wait < 0:

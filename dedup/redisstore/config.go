@@ -22,9 +22,13 @@ const (
 // store.redis block of the configuration file.
 type Config struct {
 	// Addrs are "host:port" addresses. One address is a single node; two or
-	// more are seed nodes of a Redis Cluster; with MasterName set they are
-	// Sentinel addresses. Required.
+	// more (or one, with Cluster) are seed nodes of a Redis Cluster; with
+	// MasterName set they are Sentinel addresses. Required.
 	Addrs []string
+	// Cluster, when true, treats even a single address as a Redis Cluster
+	// seed: a managed service's one configuration endpoint. False means
+	// Cluster only with several addresses. Not with MasterName.
+	Cluster bool
 	// MasterName, when set, selects Sentinel: the store talks to the master
 	// the sentinels at Addrs report under this name, and follows failovers.
 	// Empty means single node or Cluster.
@@ -105,8 +109,11 @@ func (c Config) validate() error {
 	if c.SentinelUsername != "" && c.SentinelPassword == "" {
 		return errors.New("redisstore: sentinel_username: needs sentinel_password (go-redis sends no AUTH without one)")
 	}
-	if c.MasterName == "" && len(c.Addrs) > 1 && c.DB != 0 {
-		return errors.New("redisstore: db: a cluster (several addrs) has only database 0")
+	if c.Cluster && c.MasterName != "" {
+		return errors.New("redisstore: cluster: a Redis Cluster has no master_name (that is Sentinel)")
+	}
+	if c.mode() == "cluster" && c.DB != 0 {
+		return errors.New("redisstore: db: a cluster has only database 0")
 	}
 	if c.PoolSize < 0 {
 		return errors.New("redisstore: pool_size: must not be negative")
@@ -115,7 +122,7 @@ func (c Config) validate() error {
 	case c.WaitReplicas < 0:
 		return errors.New("redisstore: wait_replicas: must not be negative")
 	case c.WaitReplicas > 0 && c.mode() == "cluster":
-		return errors.New("redisstore: wait_replicas: a Cluster (several addrs) routes WAIT to no particular shard; use it with a single node or Sentinel")
+		return errors.New("redisstore: wait_replicas: a Cluster routes WAIT to no particular shard; use it with a single node or Sentinel")
 	case c.WaitTimeout < 0:
 		return errors.New("redisstore: wait_timeout: must not be negative")
 	case c.WaitTimeout > 0 && c.WaitTimeout < time.Millisecond:
@@ -132,7 +139,7 @@ func (c Config) mode() string {
 	switch {
 	case c.MasterName != "":
 		return "sentinel"
-	case len(c.Addrs) > 1:
+	case len(c.Addrs) > 1 || c.Cluster:
 		return "cluster"
 	}
 	return "single"
@@ -141,13 +148,14 @@ func (c Config) mode() string {
 // universalOptions returns the go-redis options for c with defaults filled
 // in. redis.NewUniversalClient picks the client from them: MasterName set
 // means a failover (Sentinel) client, several Addrs a cluster client, one
-// address a single-node client.
+// address a single-node client (a cluster client with Cluster).
 func (c Config) universalOptions() *redis.UniversalOptions {
 	o := &redis.UniversalOptions{
-		Addrs:      c.Addrs,
-		MasterName: c.MasterName,
-		Username:   c.Username,
-		Password:   c.Password,
+		Addrs:         c.Addrs,
+		MasterName:    c.MasterName,
+		IsClusterMode: c.Cluster,
+		Username:      c.Username,
+		Password:      c.Password,
 		// The sentinels' own credentials; go-redis uses them for Sentinel
 		// only.
 		SentinelUsername: c.SentinelUsername,

@@ -432,6 +432,22 @@ func (s *Store) eachMaster(ctx context.Context, fn func(context.Context, redis.C
 	return fn(ctx, s.client)
 }
 
+// SingleNodeInCluster reports whether the one node a single-node Store
+// talks to is a Redis Cluster node (INFO cluster: cluster_enabled:1): keys
+// on other nodes' slots then fail with MOVED, and Config.Cluster was
+// likely meant. It reports false for Sentinel and Cluster stores.
+func (s *Store) SingleNodeInCluster(ctx context.Context) (bool, error) {
+	c, ok := s.client.(*redis.Client)
+	if !ok || s.masterName != "" {
+		return false, nil
+	}
+	info, err := c.Info(ctx, "cluster").Result()
+	if err != nil {
+		return false, err
+	}
+	return strings.Contains(info, "cluster_enabled:1"), nil
+}
+
 // MaxmemoryPolicy returns the maxmemory-policy Redis reports in INFO memory:
 // on a Cluster, the worst among the masters' (any policy that evicts keys
 // regardless of their TTL, then volatile-ttl, then noeviction). Under

@@ -67,6 +67,53 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+// A Cluster reached through one address (a managed service's configuration
+// endpoint) needs Cluster: true. Without it the store runs in single-node
+// mode, where keys on the other masters' slots fail with MOVED, and
+// SingleNodeInCluster says so (the gateway warns at start-up); with it every
+// key works, and the keys spread over every master.
+func TestClusterBehindOneAddress(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	seed := []string{cl.Addrs()[0]}
+	ctx := context.Background()
+	claimOpts := dedup.ClaimOptions{Lease: time.Minute}
+
+	single := newStore(t, redisstore.Config{Addrs: seed, KeyPrefix: uniquePrefix()}, nil)
+	if in, err := single.SingleNodeInCluster(ctx); !in || err != nil {
+		t.Errorf("SingleNodeInCluster of a single-node store on a Cluster node: got (%v, %v), want (true, nil)", in, err)
+	}
+	moved := 0
+	for i := range 30 {
+		_, err := single.Claim(ctx, dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)}, claimOpts)
+		if err != nil && strings.Contains(err.Error(), "MOVED") {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Error("claims of 30 keys through one Cluster node in single-node mode: got no MOVED, want some (the test shows nothing)")
+	}
+
+	s := newStore(t, redisstore.Config{Addrs: seed, Cluster: true, KeyPrefix: uniquePrefix()}, nil)
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping: got %v, want nil", err)
+	}
+	if in, err := s.SingleNodeInCluster(ctx); in || err != nil {
+		t.Errorf("SingleNodeInCluster of a Cluster store: got (%v, %v), want (false, nil)", in, err)
+	}
+	const n = 150
+	for i := range n {
+		k := dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)}
+		claimCommit(t, s, k)
+		wantDuplicate(t, s, k)
+	}
+	for _, node := range cl.Nodes {
+		size, err := node.Client().DBSize(ctx).Result()
+		if err != nil || size < n/10 {
+			t.Errorf("DBSIZE on %s: got (%d, %v), want at least %d keys", node.Addr(), size, err, n/10)
+		}
+	}
+}
+
 // raceClaims runs n concurrent claims of k spread round-robin over stores.
 func raceClaims(t *testing.T, stores []dedup.Store, k dedup.Key, n int) map[dedup.Outcome]int {
 	t.Helper()
