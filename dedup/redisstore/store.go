@@ -409,8 +409,12 @@ func (s *Store) Ping(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
 	}
+	_, cluster := s.client.(*redis.ClusterClient)
 	err := s.eachMaster(ctx, func(ctx context.Context, c redis.Cmdable) error {
-		return c.Ping(ctx).Err()
+		if err := c.Ping(ctx).Err(); err != nil || !cluster {
+			return err
+		}
+		return clusterServes(ctx, c)
 	})
 	if err != nil && s.masterName != "" && errors.Is(err, redis.Nil) {
 		// The sentinels answered, but not with a master: they know none by
@@ -419,6 +423,27 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
+	}
+	return nil
+}
+
+// clusterServes returns an error unless the Cluster node c reports
+// cluster_state:ok. A master answers PING while the Cluster is down (a
+// master lost and not yet replaced, or just restarted), when every command
+// is refused with CLUSTERDOWN. A user not allowed CLUSTER INFO skips the
+// check.
+func clusterServes(ctx context.Context, c redis.Cmdable) error {
+	info, err := c.ClusterInfo(ctx).Result()
+	if err != nil {
+		if strings.HasPrefix(err.Error(), "NOPERM") {
+			return nil
+		}
+		return err
+	}
+	for line := range strings.Lines(info) {
+		if state, ok := strings.CutPrefix(strings.TrimSpace(line), "cluster_state:"); ok && state != "ok" {
+			return fmt.Errorf("cluster_state is %s: the Cluster refuses commands (CLUSTERDOWN)", state)
+		}
 	}
 	return nil
 }

@@ -114,6 +114,55 @@ func TestClusterBehindOneAddress(t *testing.T) {
 	}
 }
 
+// A Cluster that refuses commands (cluster_state:fail, here a slot left
+// without a master) is not ready, although every master answers PING, and
+// it is ready again once it serves. (Found by an operator trial: /readyz was
+// 200 for 2.4 s after a master restarted, while claims failed with
+// CLUSTERDOWN.)
+func TestClusterDownIsNotReady(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	s := newStore(t, redisstore.Config{Addrs: cl.Addrs(), KeyPrefix: uniquePrefix()}, nil)
+	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping: got %v, want nil", err)
+	}
+	var owner *redis.Client // the master serving slot 0: the others answer MOVED
+	for _, node := range cl.Nodes {
+		if err := node.Client().Get(ctx, "{06S}").Err(); err == redis.Nil { // "06S" hashes to slot 0
+			owner = node.Client()
+		}
+	}
+	if owner == nil {
+		t.Fatal("no node serves slot 0")
+	}
+	if err := owner.Do(ctx, "cluster", "delslots", 0).Err(); err != nil {
+		t.Fatalf("CLUSTER DELSLOTS 0: %v", err)
+	}
+	eventually(t, "Ping fails on cluster_state", func() bool {
+		err := s.Ping(ctx)
+		return err != nil && strings.Contains(err.Error(), "cluster_state is fail")
+	})
+	if err := owner.Do(ctx, "cluster", "addslots", 0).Err(); err != nil {
+		t.Fatalf("CLUSTER ADDSLOTS 0: %v", err)
+	}
+	eventually(t, "Ping succeeds again", func() bool { return s.Ping(ctx) == nil })
+	for i := range 20 { // ready means serving: every slot's keys
+		claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)})
+	}
+}
+
+// eventually polls cond every 10ms until it holds, failing t after 20s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: still not true after 20s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // raceClaims runs n concurrent claims of k spread round-robin over stores.
 func raceClaims(t *testing.T, stores []dedup.Store, k dedup.Key, n int) map[dedup.Outcome]int {
 	t.Helper()
