@@ -513,6 +513,27 @@ func TestSignatureWithoutSecretsIsWarned(t *testing.T) {
 	}
 }
 
+// TestHashTagPrefixOnAClusterIsWarned: a key_prefix with a hash tag puts
+// every key on one Cluster node.
+func TestHashTagPrefixOnAClusterIsWarned(t *testing.T) {
+	store := func(addrs, prefix string) string {
+		return fmt.Sprintf("store:\n  backend: redis\n  redis:\n    addrs: %s\n    key_prefix: %q\n", addrs, prefix)
+	}
+	const want = `store.redis.key_prefix: "{dgw}:" holds a hash tag: every key hashes to its one slot`
+	tests := []struct {
+		name, text string
+		want       string // "" for no warning
+	}{
+		{"a cluster", store("[a:1, b:2]", "{dgw}:"), want},
+		{"no tag", store("[a:1, b:2]", "dgw:"), ""},
+		{"empty braces are no tag", store("[a:1, b:2]", "{}dgw:"), ""},
+		{"a single node", store("[a:1]", "{dgw}:"), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantWarning(t, tt.text+minimal, "store.redis.key_prefix", tt.want) })
+	}
+}
+
 // TestWaitReplicasWithFailOpenRoutesIsWarned: with wait_replicas, a claim
 // fails whenever too few replicas acknowledge it, and a fail-open route then
 // forwards without deduplication; one warning names those routes.

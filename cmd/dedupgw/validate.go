@@ -425,6 +425,9 @@ func (f *File) unsetNote(key string) string {
 // A DEDUPGW_* variable set to "" is ignored (an unset ${VAR} in a compose
 // file or manifest gives one).
 //
+// A key_prefix holding a Redis hash tag ({...}) on a Cluster puts every
+// key in one slot, on one node.
+//
 // store.redis.wait_replicas makes a claim fail while too few replicas
 // acknowledge it; a route with on_store_error: forward then forwards every
 // delivery without deduplication.
@@ -471,6 +474,12 @@ func (f *File) Warnings() []Problem {
 			Msg: fmt.Sprintf("%s %s no signatures (a provider but no secrets:): anyone who can reach the gateway can send a real event's ID first and have the genuine delivery answered as a duplicate", strings.Join(unsigned, ", "), verb),
 		})
 	}
+	if r := f.Store.Redis; f.Store.Backend == "redis" && r.cluster() && hasHashTag(r.KeyPrefix) {
+		ws = append(ws, Problem{
+			Key: "store.redis.key_prefix",
+			Msg: fmt.Sprintf("%q holds a hash tag: every key hashes to its one slot, so one Cluster node holds and serves them all; drop the braces to spread the keys", r.KeyPrefix),
+		})
+	}
 	if len(failOpen) > 0 {
 		ws = append(ws, Problem{
 			Key: "store.redis.wait_replicas",
@@ -478,6 +487,14 @@ func (f *File) Warnings() []Problem {
 		})
 	}
 	return ws
+}
+
+// hasHashTag reports whether s holds a Redis Cluster hash tag: a "{"
+// followed, not at once, by a "}". A key starting with s hashes only that.
+func hasHashTag(s string) bool {
+	_, after, ok := strings.Cut(s, "{")
+	i := strings.IndexByte(after, '}')
+	return ok && i > 0
 }
 
 // envWarnings returns the warnings about DEDUPGW_* variables set to "".
