@@ -668,7 +668,12 @@ func TestProblems(t *testing.T) {
 		}},
 		{"redis addrs empty list", "store:\n  backend: redis\n  redis:\n    addrs: []\n" + minimal, nil, []string{"store.redis.addrs: at least one address is required"}},
 		{"redis addrs empty variable", "store:\n  backend: redis\n  redis:\n    addrs: \"${REDIS_ADDRS}\"\n" + minimal, nil, []string{"store.redis.addrs: at least one address is required (environment variable REDIS_ADDRS is not set)"}},
-		{"redis bad addr", "store:\n  backend: redis\n  redis:\n    addrs: [nohost]\n" + minimal, nil, []string{`store.redis.addrs[0]: invalid address "nohost" (want host:port, e.g. "127.0.0.1:9090")`}},
+		{"redis bad addr", "store:\n  backend: redis\n  redis:\n    addrs: [nohost]\n" + minimal, nil, []string{`store.redis.addrs[0]: invalid address "nohost" (want host:port, e.g. "redis:6379")`}},
+		{"redis bad ports", "store:\n  backend: redis\n  redis:\n    addrs: [\"h:99999\", \"h:0\", \"h:redis\"]\n" + minimal, nil, []string{
+			`store.redis.addrs[0]: invalid port in "h:99999" (want a number from 0 to 65535, e.g. "redis:6379")`,
+			`store.redis.addrs[1]: port 0 in "h:0": a store's port must be a real one (e.g. "redis:6379")`,
+			`store.redis.addrs[2]: invalid port in "h:redis" (want a number from 0 to 65535, e.g. "redis:6379")`,
+		}},
 		{"redis negative", "store:\n  backend: redis\n  redis:\n    db: -1\n    pool_size: -2\n    dial_timeout: -1s\n    read_timeout: -1s\n" + minimal, nil, []string{
 			"store.redis.db: must not be negative, got -1",
 			"store.redis.pool_size: must not be negative, got -2",
@@ -818,7 +823,7 @@ func TestProblems(t *testing.T) {
 			`routes[0].client_identity: invalid header name "a b"`,
 			`routes[0].replay_headers[0]: invalid header name ""`,
 		}},
-		{"bad listen", "listen: 8080\n" + minimal, nil, []string{`listen: invalid address "8080" (want host:port, e.g. "127.0.0.1:9090")`}},
+		{"bad listen", "listen: 8080\n" + minimal, nil, []string{`listen: invalid address "8080" (want host:port, e.g. ":8080")`}},
 		{"admin public without token", "admin:\n  listen: \":9090\"\n" + minimal, nil, []string{
 			`admin.listen: ":9090" is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one)`,
 		}},

@@ -21,8 +21,8 @@ import (
 // twice.
 func (f *File) Validate() error {
 	var ps Problems
-	f.checkAddr(&ps, "listen", f.Listen)
-	if f.checkAddr(&ps, "admin.listen", f.Admin.Listen) && f.Admin.unguarded() {
+	f.checkAddr(&ps, "listen", f.Listen, ":8080")
+	if f.checkAddr(&ps, "admin.listen", f.Admin.Listen, "127.0.0.1:9090") && f.Admin.unguarded() {
 		ps.add("admin.listen", "%q is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one)", f.Admin.Listen)
 	}
 	if f.Listen == f.Admin.Listen && !strings.HasSuffix(f.Listen, ":0") {
@@ -87,9 +87,17 @@ func (f *File) Validate() error {
 }
 
 // checkAddr reports whether addr is a valid host:port, adding a problem if not.
-func (f *File) checkAddr(ps *Problems, key, addr string) bool {
-	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
-		ps.add(key, "invalid address %q (want host:port, e.g. \"127.0.0.1:9090\")", addr)
+func (f *File) checkAddr(ps *Problems, key, addr, example string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		ps.add(key, "invalid address %q (want host:port, e.g. %q)", addr, example)
+		return false
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil {
+		ps.add(key, "invalid port in %q (want a number from 0 to 65535, e.g. %q)", addr, example)
+		return false
+	} else if n == 0 && strings.HasPrefix(key, "store.") {
+		ps.add(key, "port 0 in %q: a store's port must be a real one (e.g. %q)", addr, example)
 		return false
 	}
 	return true
@@ -138,7 +146,7 @@ func (f *File) checkStore(ps *Problems) {
 			ps.add("store.redis.addrs", "at least one address is required%s", f.unsetNote("store.redis.addrs"))
 		}
 		for i, a := range s.Redis.Addrs {
-			f.checkAddr(ps, fmt.Sprintf("store.redis.addrs[%d]", i), a)
+			f.checkAddr(ps, fmt.Sprintf("store.redis.addrs[%d]", i), a, "redis:6379")
 		}
 		if s.Redis.DB < 0 {
 			ps.add("store.redis.db", "must not be negative, got %d", s.Redis.DB)
