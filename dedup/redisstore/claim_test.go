@@ -3,9 +3,14 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"reflect"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -261,3 +266,40 @@ func FuzzClaimDecision(f *testing.F) {
 		}
 	})
 }
+
+// TestRetryable: which failed commits and releases are sent again (see
+// "Commit and Release retry" in store.go).
+func TestRetryable(t *testing.T) {
+	dial := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	read := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	tests := []struct {
+		name             string
+		err              error
+		alone, onReplica bool // without and with wait_replicas
+	}{
+		{"connection refused", fmt.Errorf("redisstore: %w", dial), true, true},
+		{"read timeout: maybe applied", read, true, false},
+		{"connection lost", io.EOF, true, false},
+		{"an error reply", errorReply("ERR dedupgw: undecodable record"), false, false},
+		{"the caller's deadline", context.DeadlineExceeded, false, false},
+		{"the caller gave up", context.Canceled, false, false},
+		{"a closed store", dedup.ErrClosed, false, false},
+		{"a closed client", redis.ErrClosed, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := retryable(tt.err, false); got != tt.alone {
+				t.Errorf("retryable(%v) waiting for no replica: got %v, want %v", tt.err, got, tt.alone)
+			}
+			if got := retryable(tt.err, true); got != tt.onReplica {
+				t.Errorf("retryable(%v) waiting for replicas: got %v, want %v", tt.err, got, tt.onReplica)
+			}
+		})
+	}
+}
+
+// errorReply is an error reply from Redis, as go-redis returns one.
+type errorReply string
+
+func (e errorReply) Error() string { return string(e) }
+func (errorReply) RedisError()     {}

@@ -36,6 +36,7 @@ import (
 	_ "embed" // Lua scripts
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -282,11 +283,21 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	}
 	now := s.nowMS()
 	windowMS := durationMS(opts.Window)
-	cmd, waitErr := s.pipe.runWaited(ctx, commitScript, rk,
-		now, token, base36(now), base36(now+windowMS),
-		windowMS, encodeResult(opts.Status, "", opts.Response),
+	var (
+		n       int64
+		err     error
+		waitErr error
 	)
-	n, err := cmd.Int64()
+	for attempt := 0; ; attempt++ {
+		var cmd *redis.Cmd
+		cmd, waitErr = s.pipe.runWaited(ctx, commitScript, rk,
+			now, token, base36(now), base36(now+windowMS),
+			windowMS, encodeResult(opts.Status, "", opts.Response),
+		)
+		if n, err = cmd.Int64(); err == nil || !s.again(ctx, "commit", err, attempt) {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("redisstore: commit: %w", err)
 	}
@@ -297,6 +308,75 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 		return fmt.Errorf("redisstore: commit: %w", waitErr)
 	}
 	return nil
+}
+
+// Commit and Release retry.
+//
+// A commit or release that fails leaves its key processing until the lease
+// ends: the provider's retries get 409 meanwhile and are forwarded again
+// after it, although the application already answered. A failover is the
+// usual cause, and lasts seconds: the old master refuses connections until
+// the sentinels name the new one. So Commit and Release try again, after
+// 50ms, 100ms, … at most a second apart, for as long as their context
+// allows (the gateway gives each store operation 5s; without a deadline,
+// eight tries, some 4.5s), when the failure left
+// Redis unchanged or the command is safe to repeat:
+//
+//   - a connection that could not be made (nothing was sent) always;
+//   - any other network failure (a timeout, a connection lost with the
+//     command sent) only when the Store waits for no replicas: the scripts
+//     recognise their own write when repeated and answer as the first time,
+//     but WAIT on a new connection would then check nothing (see
+//     Config.WaitTimeout);
+//   - never an answer from Redis (an error reply, ErrNotOwner), the end of
+//     the context, or a closed Store.
+//
+// Each retry is logged at debug level.
+
+// againFirst and againMax bound the pause before a retry; againTries
+// bounds the tries of a call whose context has no deadline.
+const (
+	againFirst = 50 * time.Millisecond
+	againMax   = time.Second
+	againTries = 8
+)
+
+// again reports whether the op (commit or release) that failed with err on
+// its attempt-th try (0 first) may be sent again under the rules above,
+// after pausing for it; false when not, or when ctx ends first.
+func (s *Store) again(ctx context.Context, op string, err error, attempt int) bool {
+	if !retryable(err, s.pipe.waitReplicas > 0) {
+		return false
+	}
+	pause := min(againFirst<<min(attempt, 10), againMax)
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < pause || !ok && attempt+1 >= againTries {
+		return false
+	}
+	s.log.Debug(op+" failed on the network; trying again", zap.Int("attempt", attempt+1), zap.Duration("after", pause), zap.Error(err))
+	t := time.NewTimer(pause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return ctx.Err() == nil
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// retryable reports whether a Commit or Release that failed with err may be
+// sent again: see "Commit and Release retry".
+func retryable(err error, waiting bool) bool {
+	var rerr redis.Error
+	switch {
+	case errors.As(err, &rerr), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, dedup.ErrClosed), errors.Is(err, redis.ErrClosed):
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true // nothing was sent
+	}
+	return !waiting
 }
 
 // Release implements dedup.Store. A zero Retain deletes the key.
@@ -314,10 +394,19 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	}
 	now := s.nowMS()
 	retainMS := durationMS(opts.Retain)
-	n, err := s.pipe.run(ctx, releaseScript, rk,
-		now, token, base36(now), base36(now+retainMS),
-		retainMS, encodeResult(opts.Status, opts.Error, nil),
-	).Int64()
+	var (
+		n   int64
+		err error
+	)
+	for attempt := 0; ; attempt++ {
+		n, err = s.pipe.run(ctx, releaseScript, rk,
+			now, token, base36(now), base36(now+retainMS),
+			retainMS, encodeResult(opts.Status, opts.Error, nil),
+		).Int64()
+		if err == nil || !s.again(ctx, "release", err, attempt) {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}

@@ -10,7 +10,10 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/dedupgw/dedupgw/dedup"
 	"github.com/dedupgw/dedupgw/dedup/redisstore"
@@ -273,5 +276,67 @@ func TestMaxmemoryPolicy(t *testing.T) {
 		if got, err := s.MaxmemoryPolicy(ctx); err != nil || got != "allkeys-lru" {
 			t.Fatalf("a cluster with a volatile-ttl and an allkeys-lru master: got (%q, %v), want (%q, nil)", got, err, "allkeys-lru")
 		}
+	}
+}
+
+// A commit or release that meets a Redis refusing connections (a master
+// being replaced) is sent again until Redis is back, within its context,
+// instead of failing at once and leaving the key processing for a lease,
+// whose retries would get 409 and then be forwarded again. (Found by an
+// operator trial: four events processed during a failover stayed
+// processing for the whole lease.)
+func TestSettleRetriesWhileRedisIsDown(t *testing.T) {
+	for _, op := range []string{"commit", "release"} {
+		t.Run(op, func(t *testing.T) {
+			srv := redistest.StartWith(t, "--appendonly", "yes") // keeps the claim across the restart
+			core, logs := observer.New(zapcore.DebugLevel)
+			s, err := redisstore.New(redisstore.Config{Addrs: []string{srv.Addr()}, KeyPrefix: uniquePrefix()}, redisstore.Options{Logger: zap.New(core)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			ctx := context.Background()
+			k := dedup.Key{Namespace: "n", ID: "evt_" + op}
+			res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+			if err != nil || res.Outcome != dedup.Claimed {
+				t.Fatalf("Claim: got (%v, %v), want claimed", res.Outcome, err)
+			}
+			srv.Shutdown()
+
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				defer cancel()
+				if op == "commit" {
+					done <- s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+				} else {
+					done <- s.Release(ctx, k, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 503})
+				}
+			}()
+			deadline := time.After(20 * time.Second)
+			for logs.FilterMessage(op+" failed on the network; trying again").Len() == 0 {
+				select {
+				case err := <-done:
+					t.Fatalf("%s while Redis is down: got %v before any retry, want it to wait for Redis", op, err)
+				case <-deadline:
+					t.Fatalf("%s: no retry logged after 20s", op)
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+			srv.Start()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("%s once Redis is back: got %v, want nil", op, err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("%s: still running 20s after Redis came back", op)
+			}
+			rec, err := s.Get(ctx, k)
+			want := map[string]dedup.State{"commit": dedup.StateProcessed, "release": dedup.StateFailed}[op]
+			if err != nil || rec.State != want {
+				t.Errorf("record after the %s: got (%v, %v), want state %v", op, rec.State, err, want)
+			}
+		})
 	}
 }
