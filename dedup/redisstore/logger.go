@@ -18,7 +18,10 @@ import (
 // Lines are logged at Warn: go-redis logs mostly trouble (failed dials, pool
 // errors). The Sentinel client's news (the master it found or switched to, a
 // sentinel discovered) is logged at Info, since every start and every
-// failover logs it. A nil Logger discards them.
+// failover logs it. A sentinel query cut short because another sentinel
+// answered first (go-redis asks them all at once and cancels the rest) is
+// logged at Debug: every start logs one per other sentinel. A nil Logger
+// discards them.
 type GoRedisLogger struct {
 	Logger *zap.Logger
 }
@@ -29,6 +32,10 @@ func (l GoRedisLogger) Printf(_ context.Context, format string, v ...any) {
 		return
 	}
 	msg := fmt.Sprintf(format, v...)
+	if strings.HasPrefix(format, "sentinel: GetMasterAddrByName") && strings.HasSuffix(msg, context.Canceled.Error()) {
+		l.Logger.Debug(msg)
+		return
+	}
 	if sentinelNews(format) {
 		l.Logger.Info(msg)
 		return

@@ -39,6 +39,7 @@ func TestGoRedisLoggerLevels(t *testing.T) {
 		{"sentinel: new master=%q addr=%q", []any{"m", "b:2"}, zapcore.InfoLevel},
 		{"sentinel: discovered new sentinel=%q for master=%q", []any{"c:3", "m"}, zapcore.InfoLevel},
 		{"sentinel: GetMasterAddrByName name=%q failed: %s", []any{"m", "refused"}, zapcore.WarnLevel},
+		{"sentinel: GetMasterAddrByName addr=%s, master=%q failed: %s", []any{"a:1", "m", context.Canceled}, zapcore.DebugLevel},
 		{"redis: connection pool: %v", []any{"broken"}, zapcore.WarnLevel},
 	}
 	for _, tt := range tests {
