@@ -361,6 +361,28 @@ func (s *server) setAdmin(a Admin) {
 	s.admin.Store(&h)
 }
 
+// changedKeys returns the config keys (prefix.key, by config tag) whose
+// values differ between the structs a and b, walking nested structs; the
+// values themselves (a password, say) are not part of the answer.
+func changedKeys(prefix string, a, b reflect.Value) []string {
+	var keys []string
+	for i := range a.NumField() {
+		name, _, _ := strings.Cut(a.Type().Field(i).Tag.Get("config"), ",")
+		if name == "" {
+			continue
+		}
+		key := prefix + "." + name
+		fa, fb := a.Field(i), b.Field(i)
+		switch {
+		case fa.Kind() == reflect.Struct:
+			keys = append(keys, changedKeys(key, fa, fb)...)
+		case !reflect.DeepEqual(fa.Interface(), fb.Interface()):
+			keys = append(keys, key)
+		}
+	}
+	return keys
+}
+
 // reload re-reads the configuration file. An invalid file is logged and
 // counted, and the running configuration stays. Listen addresses, the store
 // and the log format need a restart: a change to them is logged and the rest
@@ -383,8 +405,8 @@ func (s *server) reload() {
 	}
 	old := s.file
 	var restart []string
-	if !reflect.DeepEqual(f.Store, old.Store) {
-		s.log.Warn("store change needs a restart: keeping the running store, applying the rest")
+	if keys := changedKeys("store", reflect.ValueOf(old.Store), reflect.ValueOf(f.Store)); len(keys) > 0 {
+		s.log.Warn("store change needs a restart: keeping the running store, applying the rest", zap.Strings("keys", keys))
 		f.Store = old.Store
 	}
 	if f.Listen != old.Listen {

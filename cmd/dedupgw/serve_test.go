@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -146,8 +147,10 @@ func TestServeLifecycleInProcess(t *testing.T) {
 	writeFileAtomic(t, cfg, strings.Replace(strings.Replace(text, "token: one", "token: two", 1), "x.db", "y.db", 1)+"log:\n  level: debug\n")
 	p.sigs <- syscall.SIGHUP
 	p.waitLog("config reloaded", 1)
-	if p.logs.FilterMessage("store change needs a restart: keeping the running store, applying the rest").Len() != 1 {
+	if w := p.logs.FilterMessage("store change needs a restart: keeping the running store, applying the rest").All(); len(w) != 1 {
 		t.Error("log: got no store-change warning, want one")
+	} else if got := fmt.Sprint(w[0].ContextMap()["keys"]); got != "[store.bolt.path]" {
+		t.Errorf("store-change warning's keys: got %s, want [store.bolt.path]", got)
 	}
 	if got := p.level.Level(); got != zap.DebugLevel {
 		t.Errorf("log level after reload: got %v, want debug", got)
@@ -465,5 +468,30 @@ func TestStoreLocation(t *testing.T) {
 		if got := storeLocation(tt.store); got != tt.want {
 			t.Errorf("storeLocation(%s): got %q, want %q", tt.store.Backend, got, tt.want)
 		}
+	}
+}
+
+// TestChangedKeys: a reload names the store keys that changed, by their
+// config names, nested ones too, and never their values.
+func TestChangedKeys(t *testing.T) {
+	base := Store{Backend: "redis", Redis: Redis{Addrs: []string{"a:1"}, Password: "old-secret"}}
+	tests := []struct {
+		name   string
+		change func(*Store)
+		want   string
+	}{
+		{"nothing", func(*Store) {}, "[]"},
+		{"backend", func(s *Store) { s.Backend = "bolt" }, "[store.backend]"},
+		{"nested", func(s *Store) { s.Redis.Addrs = []string{"b:2"}; s.Redis.Password = "new-secret" }, "[store.redis.addrs store.redis.password]"},
+		{"bolt path", func(s *Store) { s.Bolt.Path = "x.db" }, "[store.bolt.path]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			changed := base
+			tt.change(&changed)
+			if got := fmt.Sprint(changedKeys("store", reflect.ValueOf(base), reflect.ValueOf(changed))); got != tt.want {
+				t.Errorf("got %s, want %s", got, tt.want)
+			}
+		})
 	}
 }
