@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -253,7 +255,14 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	force := r.URL.Query().Get("force") == "true"
+	force := false
+	if v := r.URL.Query().Get("force"); v != "" {
+		var err error
+		if force, err = strconv.ParseBool(v); err != nil {
+			writeProblem(w, probBadQuery.with(rt.Name, fmt.Sprintf("force=%s: want true or false (or 1, 0)", clipForLog(v))), 0)
+			return
+		}
+	}
 	if !force {
 		// Forgetting a key whose delivery is being forwarded right now
 		// would let the next copy through beside it: refuse, unless forced.

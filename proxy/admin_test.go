@@ -264,6 +264,11 @@ func TestAdminKeysAPI(t *testing.T) {
 		if _, err := a.store.Get(context.Background(), busy); err != nil {
 			t.Errorf("after the refused DELETE: got %v, want the lease kept", err)
 		}
+		for _, v := range []string{"yes", "maybe"} { // not a boolean: refused, not taken for false
+			if got, _, body := a.call(http.MethodDelete, keyPath("evt_busy")+"?force="+v, bearer); got != http.StatusBadRequest || !strings.Contains(string(body), "invalid-query") {
+				t.Errorf("DELETE ?force=%s: got %d %s, want 400 invalid-query", v, got, body)
+			}
+		}
 		if got, _, body := a.call(http.MethodDelete, keyPath("evt_busy")+"?force=true", bearer); got != http.StatusNoContent {
 			t.Errorf("DELETE ?force=true: got %d %s, want 204", got, body)
 		}

@@ -50,6 +50,7 @@ type problem struct {
 
 // The problems the gateway answers with. Each kind has a fixed status and title.
 var (
+	probBadQuery       = problem{Type: problemTypePrefix + "invalid-query", Title: "Query parameter not understood", Status: http.StatusBadRequest}
 	probBadPath        = problem{Type: problemTypePrefix + "invalid-path", Title: "Request path not in canonical form", Status: http.StatusBadRequest}
 	probNoRoute        = problem{Type: problemTypePrefix + "no-route", Title: "No route for this path", Status: http.StatusNotFound}
 	probMethod         = problem{Type: problemTypePrefix + "method-not-allowed", Title: "Method not allowed", Status: http.StatusMethodNotAllowed}

@@ -594,7 +594,10 @@ routes:
 		{"no command", nil, 2, nil, []string{"Usage:"}, nil},
 		{"unknown command", []string{"frobnicate"}, 2, nil, []string{`unknown command "frobnicate"`}, nil},
 		{"help", []string{"help"}, 0, []string{"dedupgw serve --config FILE"}, nil, nil},
-		{"keys without args", []string{"keys", "get"}, 2, nil, []string{"dedupgw keys get"}, nil},
+		{"keys without args", []string{"keys", "get"}, 2, nil, []string{"dedupgw keys get: missing ROUTE and KEY", "Usage:"}, nil},
+		{"keys without a key", []string{"keys", "get", "slow"}, 2, nil, []string{`dedupgw keys get: missing KEY after ROUTE "slow"`}, nil},
+		{"keys without a subcommand", []string{"keys"}, 2, nil, []string{"dedupgw keys: missing subcommand (get or forget)"}, nil},
+		{"keys list", []string{"keys", "list"}, 2, nil, []string{`dedupgw keys: unknown subcommand "list" (want get or forget); there is no listing`}, nil},
 		{"keys flag after the key", []string{"keys", "get", "orders", "evt_1", "--admin", "http://127.0.0.1:1"}, 2, nil, []string{"flags go before ROUTE and KEY"}, nil},
 	}
 	for _, tt := range tests {

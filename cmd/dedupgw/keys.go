@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -33,8 +34,16 @@ DEDUPGW_ADMIN_URL, else ` + defaultAdminURL + `.
 // non-zero when the key is absent (404), the token is refused (401) or the
 // gateway cannot be reached.
 func cmdKeys(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "get" && args[0] != "forget") {
-		fmt.Fprint(stderr, keysUsage)
+	switch {
+	case len(args) == 0:
+		fmt.Fprintf(stderr, "dedupgw keys: missing subcommand (get or forget)\n%s", keysUsage)
+		return exitUsage
+	case args[0] != "get" && args[0] != "forget":
+		msg := fmt.Sprintf("unknown subcommand %q (want get or forget)", args[0])
+		if args[0] == "list" {
+			msg += "; there is no listing: the admin API answers by exact key"
+		}
+		fmt.Fprintf(stderr, "dedupgw keys: %s\n%s", msg, keysUsage)
 		return exitUsage
 	}
 	op := args[0]
@@ -59,7 +68,14 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if fs.NArg() != 2 || fs.Arg(0) == "" || fs.Arg(1) == "" {
-		fmt.Fprint(stderr, keysUsage)
+		msg := fmt.Sprintf("want ROUTE and KEY, got %d argument(s)", fs.NArg())
+		switch {
+		case fs.NArg() == 1:
+			msg = "missing KEY after ROUTE " + strconv.Quote(fs.Arg(0))
+		case fs.NArg() == 0:
+			msg = "missing ROUTE and KEY"
+		}
+		fmt.Fprintf(stderr, "dedupgw keys %s: %s\n%s", op, msg, keysUsage)
 		return exitUsage
 	}
 	route, key := fs.Arg(0), fs.Arg(1)
