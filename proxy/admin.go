@@ -233,6 +233,20 @@ func (a *admin) key(w http.ResponseWriter, r *http.Request) (*route, dedup.Key, 
 	return rt, dedup.Key{Namespace: rt.Namespace, ID: id}, true
 }
 
+// notFoundDetail explains a key the store has no record of. On a
+// client_identity route the stored key carries the client's scope, which
+// an operator holding only the client's own key would leave out.
+func notFoundDetail(rt *route, id string) string {
+	const detail = "the store has no record of this key"
+	if rt.ClientIdentity == "" {
+		return detail
+	}
+	if scope, _, ok := strings.Cut(id, ":"); ok && len(scope) == clientScopeLen {
+		return detail
+	}
+	return detail + "; route " + rt.Name + " scopes keys per client (client_identity: " + rt.ClientIdentity + "): a stored key is " + strconv.Itoa(clientScopeLen) + " hex digits, a colon, then the client's key, as the application got it in Dedup-Key"
+}
+
 func (a *admin) getKey(w http.ResponseWriter, r *http.Request) {
 	rt, key, ok := a.key(w, r)
 	if !ok {
@@ -241,7 +255,7 @@ func (a *admin) getKey(w http.ResponseWriter, r *http.Request) {
 	rec, err := a.store.Get(r.Context(), key)
 	switch {
 	case errors.Is(err, dedup.ErrNotFound):
-		writeProblem(w, probKeyNotFound.with(rt.Name, "the store has no record of this key"), 0)
+		writeProblem(w, probKeyNotFound.with(rt.Name, notFoundDetail(rt, key.ID)), 0)
 	case err != nil:
 		a.log.Warn("keys API: get failed", zap.String("route", rt.Name), zap.Error(err))
 		writeProblem(w, probStoreError.with(rt.Name, "the dedup store did not answer"), retryLaterSeconds)
@@ -281,7 +295,7 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 		a.log.Warn("keys API: forget failed", zap.String("route", rt.Name), zap.Error(err))
 		writeProblem(w, probStoreError.with(rt.Name, "the dedup store did not answer"), retryLaterSeconds)
 	case !existed:
-		writeProblem(w, probKeyNotFound.with(rt.Name, "the store has no record of this key"), 0)
+		writeProblem(w, probKeyNotFound.with(rt.Name, notFoundDetail(rt, key.ID)), 0)
 	default:
 		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), keyField(key.ID), zap.Bool("force", force))
 		w.WriteHeader(http.StatusNoContent)

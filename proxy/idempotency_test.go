@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -322,6 +323,22 @@ func TestClientScopedKeyAddressing(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("GET /v1/keys/payments/%s: got %d, want 200", stored, resp.StatusCode)
+	}
+	// The client's own key is not the stored one: the 404 says how to
+	// spell it; a scoped key that is absent gets the plain answer.
+	for _, tt := range []struct{ key, want, not string }{
+		{"k1", "scopes keys per client (client_identity: Authorization): a stored key is 32 hex digits, a colon, then the client's key", ""},
+		{scopedKey("Bearer bob-token", "k1"), "the store has no record of this key", "scopes keys"},
+	} {
+		resp, err := admin.Client().Get(admin.URL + "/v1/keys/payments/" + tt.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), tt.want) || tt.not != "" && strings.Contains(string(body), tt.not) {
+			t.Errorf("GET /v1/keys/payments/%s: got %d %s, want 404 saying %q", tt.key, resp.StatusCode, body, tt.want)
+		}
 	}
 	rec, err := h.record("payments", stored)
 	if err != nil || rec.Fingerprint == "" {
