@@ -326,7 +326,9 @@ func TestLostClaimReplyIsUndone(t *testing.T) {
 	ctx := context.Background()
 	master, _ := redistest.StartReplicated(t)
 	proxy := newCutProxy(t, master.Addr())
-	s := newStore(t, redisstore.Config{Addrs: []string{proxy.addr()}, WaitReplicas: 1}, nil)
+	// A generous wait: the replica must acknowledge the second claim on a
+	// loaded CI machine too (the default 100ms once was not enough there).
+	s := newStore(t, redisstore.Config{Addrs: []string{proxy.addr()}, WaitReplicas: 1, WaitTimeout: 500 * time.Millisecond}, nil)
 	k := dedup.Key{Namespace: "n", ID: "evt_lost"}
 	if res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err == nil {
 		t.Fatalf("Claim whose reply was cut: got (%v, nil), want an error", res.Outcome)
