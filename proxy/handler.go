@@ -185,7 +185,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			// Without the identity the key cannot be scoped: it is missing.
 			if rt.OnMissingKey == Reject {
-				g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, "no "+rt.ClientIdentity+" header; this route scopes idempotency keys per client"))
+				g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, "no "+rt.ClientIdentity+" header, or several with different values; this route scopes idempotency keys per client"))
 				return
 			}
 			d.outcome = outcomeUnkeyed

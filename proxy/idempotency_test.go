@@ -324,6 +324,14 @@ func TestClientScopedKeyAddressing(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("GET /v1/keys/payments/%s: got %d, want 200", stored, resp.StatusCode)
 	}
+	// An identity header repeated with different values identifies no one:
+	// which one the application reads is not the gateway's to guess.
+	if resp := h.send(payCharge, `{"amount":100}`, key1, asAlice, asBob); resp.Status != http.StatusBadRequest || !hasBody(resp.Body, "no Authorization header, or several with different values") {
+		t.Errorf("two different identities: got %d %s, want 400 naming Authorization", resp.Status, resp.Body)
+	}
+	if resp := h.send(payCharge, `{"amount":100}`, key1, asAlice, asAlice); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "duplicate" {
+		t.Errorf("one identity sent twice: got %d %s, want the duplicate ack", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
 	// The client's own key is not the stored one: the 404 says how to
 	// spell it; a scoped key that is absent gets the plain answer.
 	for _, tt := range []struct{ key, want, not string }{
