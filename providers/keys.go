@@ -1,6 +1,7 @@
 package providers
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -36,12 +37,13 @@ func ValidateKeys(keys []string) error {
 
 // ParseKeys turns an ordered list of key sources into a KeyFunc:
 //
-//   - "header:NAME": the request header NAME (case-insensitive). A header
-//     repeated with different values is absent, with ErrAmbiguousKey: an
-//     application reading the last one would disagree with a gateway reading
-//     the first. An Idempotency-Key that is a Structured Field string
-//     ("k-1", as draft-ietf-httpapi-idempotency-key-header writes it) is
-//     the string it holds (k-1), the same key as sent unquoted;
+//   - "header:NAME": the request header NAME (case-insensitive). An
+//     Idempotency-Key that is a Structured Field string ("k-1", as
+//     draft-ietf-httpapi-idempotency-key-header writes it) is the string it
+//     holds (k-1), the same key as sent unquoted. A header repeated with
+//     different values (after that unquoting) makes the request ambiguous:
+//     an application reading the last one would disagree with a gateway
+//     reading the first, and a signature check may have read either;
 //   - "json:PATH": the value at a dotted path in the JSON body (see LookupJSON:
 //     strings as-is, numbers as written; null, booleans, objects and arrays are
 //     absent);
@@ -50,7 +52,10 @@ func ValidateKeys(keys []string) error {
 //     bytes when not JSON). An empty body is absent.
 //
 // The KeyFunc returns the first non-empty value; an empty value counts as
-// absent. When every source is absent it returns an error wrapping ErrNoKey
+// absent. An ambiguous header: source ends the search with an error wrapping
+// ErrNoKey and ErrAmbiguousKey: falling through to the next source would
+// key a request whose identity is in doubt. When every source is absent it
+// returns an error wrapping ErrNoKey
 // and, when a json: source found no value because the body is not JSON it
 // can read, also ErrJSONSyntax or ErrJSONDepth (so the gateway can say why).
 // ParseKeys fails with a *KeySourceError for an invalid entry, and with an
@@ -74,6 +79,9 @@ func ParseKeys(keys []string) (KeyFunc, error) {
 			v, err := s(r, body)
 			if v != "" {
 				return v, nil
+			}
+			if errors.Is(err, ErrAmbiguousKey) {
+				return "", fmt.Errorf("%w (tried %s): %w", ErrNoKey, desc, err)
 			}
 			if bodyErr == nil {
 				bodyErr = err
@@ -115,17 +123,21 @@ func parseKeySource(s string) (keySource, error) {
 			if len(vs) == 0 {
 				return "", nil
 			}
-			for _, v := range vs[1:] {
-				if v != vs[0] {
+			value := func(v string) string {
+				if sfString {
+					if u, ok := unquoteSFString(v); ok {
+						return u
+					}
+				}
+				return v
+			}
+			v := value(vs[0])
+			for _, o := range vs[1:] {
+				if value(o) != v {
 					return "", fmt.Errorf("%w: %s appears %d times", ErrAmbiguousKey, name, len(vs))
 				}
 			}
-			if sfString {
-				if v, ok := unquoteSFString(vs[0]); ok {
-					return v, nil
-				}
-			}
-			return vs[0], nil
+			return v, nil
 		}, nil
 	case "query":
 		if arg == "" {

@@ -104,8 +104,9 @@ func TestParseKeysErrors(t *testing.T) {
 }
 
 // TestHeaderKeyRepeated: a header: source's header repeated with different
-// values is absent (the application may read the other one); repeated with
-// one value it is that value.
+// values makes the request ambiguous (the application may read the other
+// one), and no later source is tried; repeated with one value it is that
+// value.
 func TestHeaderKeyRepeated(t *testing.T) {
 	kf, err := ParseKeys([]string{"header:X-Id", "query:id"})
 	if err != nil {
@@ -121,7 +122,7 @@ func TestHeaderKeyRepeated(t *testing.T) {
 		{"once", []string{"a"}, "/", "a", nil},
 		{"twice, the same", []string{"a", "a"}, "/", "a", nil},
 		{"twice, different", []string{"a", "b"}, "/", "", []error{ErrNoKey, ErrAmbiguousKey}},
-		{"different, then the next source", []string{"a", "b", "a"}, "/?id=q", "q", nil},
+		{"different, and a next source", []string{"a", "b", "a"}, "/?id=q", "", []error{ErrNoKey, ErrAmbiguousKey}}, // no fall-through
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -174,6 +175,15 @@ func TestIdempotencyKeyStructuredString(t *testing.T) {
 				t.Errorf("key: got (%q, %v), want (%q, nil)", got, err, tt.want)
 			}
 		})
+	}
+	// Quoted and bare, one key is one key.
+	r0 := httptest.NewRequest(http.MethodPost, "/", nil)
+	r0.Header.Add("Idempotency-Key", `"k-1"`)
+	r0.Header.Add("Idempotency-Key", "k-1")
+	if kf, _ := ParseKeys([]string{"header:Idempotency-Key"}); kf != nil {
+		if got, err := kf(r0, nil); got != "k-1" || err != nil {
+			t.Errorf(`key of "k-1" and k-1: got (%q, %v), want ("k-1", nil)`, got, err)
+		}
 	}
 	// An empty string holds no key.
 	kf, _ := ParseKeys([]string{"header:Idempotency-Key"})

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 )
 
@@ -100,6 +101,14 @@ func (v *standardWebhooksVerifier) Verify(r *http.Request, body []byte) error {
 	id := r.Header.Get(idH)
 	if id == "" {
 		return fmt.Errorf("%w: missing %s header", ErrBadSignature, idH)
+	}
+	// The signature covers the first id; a second one is what the key (or
+	// the application) might read instead: a captured delivery could be
+	// replayed under it.
+	for _, name := range []string{webhookIDHeader, svixIDHeader, tsH} {
+		if vs := r.Header.Values(name); len(vs) > 1 && slices.ContainsFunc(vs[1:], func(v string) bool { return v != vs[0] }) {
+			return fmt.Errorf("%w: %s repeated with different values", ErrBadSignature, name)
+		}
 	}
 	// The preset keys by webhook-id, then svix-id: whichever the signature
 	// covers, the other must not name another message, or a captured Svix

@@ -138,6 +138,41 @@ func TestStandardWebhooksIDsAgree(t *testing.T) {
 	}
 }
 
+// TestStandardWebhooksRepeatedHeaders: a signed delivery with a second,
+// different webhook-id (or svix-id, or timestamp) is refused: the signature
+// covers the first, and the key or the application might read the other,
+// so a captured delivery could be replayed under it. The same value twice
+// is harmless.
+func TestStandardWebhooksRepeatedHeaders(t *testing.T) {
+	ts := fmt.Sprint(swTS)
+	tests := []struct {
+		name  string
+		extra [2]string // a header added after the signed ones
+		want  error
+	}{
+		{"a second webhook-id", [2]string{"webhook-id", "replay-1"}, ErrBadSignature},
+		{"a second svix-id", [2]string{"svix-id", "replay-1"}, ErrBadSignature},
+		{"a second timestamp", [2]string{"webhook-timestamp", "1614265331"}, ErrBadSignature},
+		{"the same webhook-id twice", [2]string{"webhook-id", swID}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := New(Config{Provider: StandardWebhooks, Secrets: []string{swSecret}, Now: fixedClock(swTS)})
+			if err != nil {
+				t.Fatalf("New: got %v, want nil", err)
+			}
+			r := newRequest(map[string]string{"webhook-id": swID, "webhook-timestamp": ts, "webhook-signature": swSig})
+			if tt.extra[0] == "svix-id" {
+				r.Header.Add("svix-id", swID) // agrees with webhook-id: only the repeat differs
+			}
+			r.Header.Add(tt.extra[0], tt.extra[1])
+			if err := p.Verifier.Verify(r, []byte(swBody)); !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("Verify: got %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
 // FuzzWebhookSignatures checks that the webhook-signature list parser never
 // panics, keeps only v1/v1a entries, and that Verify only returns sentinels.
 func FuzzWebhookSignatures(f *testing.F) {

@@ -151,25 +151,24 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// A body a json: source cannot read is worth saying: on a webhook
 		// route it means the delivery is not deduplicated.
 		notJSON := errors.Is(err, providers.ErrJSONSyntax) || errors.Is(err, providers.ErrJSONDepth)
-		ambiguous := errors.Is(err, providers.ErrAmbiguousKey)
+		if errors.Is(err, providers.ErrAmbiguousKey) {
+			// Refused whatever on_missing_key says: forwarded without
+			// deduplication, a captured delivery replayed with a second
+			// key header would go through again.
+			g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, "the key header appears more than once, with different values; expected "+expectedKey(rt)))
+			return
+		}
 		if rt.OnMissingKey == Reject {
 			detail := "no key in the request; expected " + expectedKey(rt)
-			switch {
-			case notJSON:
+			if notJSON {
 				detail += " (the body is not valid JSON)"
-			case ambiguous:
-				detail += " (the key header appears more than once, with different values)"
 			}
 			g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, detail))
 			return
 		}
-		switch {
-		case notJSON:
+		if notJSON {
 			rt.log.Warn("no key: the body is not valid JSON, so the delivery is forwarded without deduplication",
 				requestIDField(d.requestID), zap.Int("body_bytes", len(body)))
-		case ambiguous:
-			rt.log.Warn("no key: the key header appears more than once, with different values, so the delivery is forwarded without deduplication",
-				requestIDField(d.requestID))
 		}
 		d.outcome = outcomeUnkeyed
 		g.forward(w, r, d, body, statusUnkeyed)

@@ -454,6 +454,29 @@ func TestUnroutedRequestsLeaveATrace(t *testing.T) {
 	}
 }
 
+// TestAmbiguousKeyIsRefused checks that a delivery whose key header appears
+// twice with different values is refused with 400 even on a route that
+// forwards deliveries without a key (on_missing_key: forward): forwarded
+// without deduplication, a captured delivery replayed with a second key
+// header would reach the application again.
+func TestAmbiguousKeyIsRefused(t *testing.T) {
+	up := newUpstream(t, nil)
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.Provider.Keys = []string{"header:X-Event-Id", "body"}
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	body := `{"id":"evt_1"}`
+	if resp := h.send("/hooks/orders", body, "X-Event-Id: e-1"); resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+		t.Fatalf("first delivery: got %d %q, want forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	resp := h.send("/hooks/orders", body, "X-Event-Id: e-1", "X-Event-Id: e-2")
+	if resp.Status != http.StatusBadRequest || resp.Header.Get(HeaderDedupStatus) != "rejected" || !hasBody(resp.Body, "appears more than once") {
+		t.Errorf("replay with a second key header: got %d %q %s, want 400 rejected", resp.Status, resp.Header.Get(HeaderDedupStatus), resp.Body)
+	}
+	if got := up.count(); got != 1 {
+		t.Errorf("upstream requests: got %d, want 1", got)
+	}
+}
+
 // fixedLogClock stamps every log entry with one instant.
 type fixedLogClock struct{}
 

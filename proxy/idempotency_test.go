@@ -118,10 +118,11 @@ func TestIdempotencyKeyMode(t *testing.T) {
 			steps: []apiStep{
 				{body: `{"amount":100}`, headers: []string{key1, "Idempotency-Key: k2"}, wantStatus: 400, wantDedup: "rejected", wantCT: probJSON,
 					wantBodyHas: "the key header appears more than once, with different values"},
-				{body: `{"amount":100}`, headers: []string{key1, key1}, wantStatus: 201, wantDedup: "forwarded"},
+				{body: `{"amount":100}`, headers: []string{key1, `Idempotency-Key: "k1"`}, wantStatus: 201, wantDedup: "forwarded"}, // one key, quoted and bare
+				{body: `{"amount":100}`, headers: []string{key1, key1}, wantStatus: 201, wantDedup: "duplicate"},
 			},
 			wantUpstream: 1,
-			wantOutcomes: map[string]float64{outcomeRejectedKey: 1, outcomeForwarded: 1},
+			wantOutcomes: map[string]float64{outcomeRejectedKey: 1, outcomeForwarded: 1, outcomeDuplicate: 1},
 		},
 		{
 			name: "a changed payload gets 422; the original still replays",
