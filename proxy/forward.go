@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -35,9 +36,8 @@ func deliveryFrom(ctx context.Context) *delivery {
 
 // newReverseProxy builds rt's reverse proxy. The outbound request goes to
 // rt.target joined with the inbound path, with X-Forwarded-For (appended to the
-// sender's chain), X-Forwarded-Host/Proto (the sender's, else the gateway's
-// own: its Host and http), and Dedup-Key (see dedupKeyHeader) when the
-// delivery is keyed. The sender's own Dedup-Key header never reaches
+// sender's chain), X-Forwarded-Host/Proto (see keepForwarded), and Dedup-Key
+// (see dedupKeyHeader) when the delivery is keyed. The sender's own Dedup-Key header never reaches
 // the upstream.
 func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 	target := rt.target
@@ -52,17 +52,7 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 				pr.Out.Header["X-Forwarded-For"] = xff
 			}
 			pr.SetXForwarded()
-			// Behind an ingress that terminates TLS, the app saw https and
-			// the public host before the gateway stood in between, and may
-			// build URLs or redirect to https by them: keep the sender's
-			// (SetXForwarded sets the gateway's own view, plain http and
-			// its Host).
-			if v := pr.In.Header["X-Forwarded-Proto"]; len(v) > 0 {
-				pr.Out.Header["X-Forwarded-Proto"] = v
-			}
-			if v := pr.In.Header["X-Forwarded-Host"]; len(v) > 0 {
-				pr.Out.Header["X-Forwarded-Host"] = v
-			}
+			keepForwarded(pr.In, pr.Out.Header)
 			// Header.Del and Set with names already canonical: the map
 			// operations alone.
 			delete(pr.Out.Header, HeaderDedupKey)
@@ -100,6 +90,39 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 		ErrorHandler:   g.errorHandler,
 		ErrorLog:       errLog,
 	}
+}
+
+// keepForwarded puts the X-Forwarded-Proto and X-Forwarded-Host that in
+// carries into out, over the gateway's own view (plain http and its Host),
+// when in comes from a peer on a loopback or private address (an ingress, a
+// load balancer, a neighbour in the pod) and the values are sound (Proto
+// http or https, one Host without spaces or controls). Behind an ingress
+// that terminates TLS the app saw https and the public host before the
+// gateway stood in between, and may redirect to https or build URLs by
+// them. A peer on a public address is not trusted with them (Rails' default
+// trusted proxies, for the same reason): it could name any host to the
+// application.
+func keepForwarded(in *http.Request, out http.Header) {
+	if !privatePeer(in.RemoteAddr) {
+		return
+	}
+	if v := in.Header["X-Forwarded-Proto"]; len(v) == 1 && (strings.EqualFold(v[0], "https") || strings.EqualFold(v[0], "http")) {
+		out["X-Forwarded-Proto"] = v
+	}
+	if v := in.Header["X-Forwarded-Host"]; len(v) == 1 && v[0] != "" && !strings.ContainsFunc(v[0], func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		out["X-Forwarded-Host"] = v
+	}
+}
+
+// privatePeer reports whether addr, a request's RemoteAddr, is a loopback
+// or private (RFC 1918, RFC 4193) address.
+func privatePeer(addr string) bool {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := ap.Addr().Unmap()
+	return ip.IsLoopback() || ip.IsPrivate()
 }
 
 // gatewaySet are the request headers the gateway sets itself.

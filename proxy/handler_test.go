@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -372,24 +373,47 @@ func TestForwardedRequestReachesUpstreamIntact(t *testing.T) {
 // TestForwardedProtoAndHostBehindAnIngress checks that the X-Forwarded-Proto
 // and X-Forwarded-Host an ingress terminating TLS set reach the upstream, as
 // they did before the gateway stood in between (an app that redirects plain
-// http to https would answer every webhook with a redirect), and that the
-// gateway sets its own view where the sender set none.
+// http to https would answer every webhook with a redirect), when the sender
+// is on a loopback or private address and the values are sound; otherwise
+// the gateway sets its own view.
 func TestForwardedProtoAndHostBehindAnIngress(t *testing.T) {
 	up := newUpstream(t, nil)
-	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{})
+	var peer atomic.Pointer[string] // the sender's address the gateway sees; nil: the real one (loopback)
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{
+		wrap: func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if p := peer.Load(); p != nil {
+					r.RemoteAddr = *p
+				}
+				next.ServeHTTP(w, r)
+			})
+		},
+	})
 	own := strings.TrimPrefix(h.srv.URL, "http://")
+	ingress := []string{"X-Forwarded-Proto: https", "X-Forwarded-Host: hooks.example.com"}
 	tests := []struct {
 		name      string
+		peer      string // "" for loopback
 		headers   []string
 		wantProto string
 		wantHost  string
 	}{
-		{"set by the ingress", []string{"X-Forwarded-Proto: https", "X-Forwarded-Host: hooks.example.com"}, "https", "hooks.example.com"},
-		{"only the proto", []string{"X-Forwarded-Proto: https"}, "https", own},
-		{"none", nil, "http", own},
+		{"set by the ingress", "", ingress, "https", "hooks.example.com"},
+		{"an ingress on a private address", "10.1.2.3:40000", ingress, "https", "hooks.example.com"},
+		{"an IPv6 private peer", "[fd00::7]:40000", ingress, "https", "hooks.example.com"},
+		{"a public peer is not trusted", "203.0.113.9:40000", ingress, "http", own},
+		{"only the proto", "", []string{"X-Forwarded-Proto: https"}, "https", own},
+		{"an unsound proto", "", []string{"X-Forwarded-Proto: javascript", "X-Forwarded-Host: a b"}, "http", own},
+		{"an empty proto", "", []string{"X-Forwarded-Proto:"}, "http", own},
+		{"none", "", nil, "http", own},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if tt.peer == "" {
+				peer.Store(nil)
+			} else {
+				peer.Store(&tt.peer)
+			}
 			body := fmt.Sprintf(`{"id":"evt_xf_%d"}`, i)
 			if resp := h.send("/hooks/orders", body, tt.headers...); resp.Status != http.StatusOK {
 				t.Fatalf("got status %d, want 200", resp.Status)
