@@ -92,8 +92,9 @@ type Options struct {
 	Now dedup.Clock
 	// Logger receives one line from New naming the topology it chose
 	// (single, cluster or sentinel), and one warning if the server refuses
-	// the claim fast path (Redis < 7.0); operation errors are returned,
-	// never logged. Nil means zap.NewNop().
+	// the claim fast path (Redis < 7.0); operation errors are returned, and
+	// only the commits and releases sent again are logged (at debug). Nil
+	// means zap.NewNop().
 	Logger *zap.Logger
 }
 
@@ -319,17 +320,20 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 // the sentinels name the new one. So Commit and Release try again, after
 // 50ms, 100ms, … at most a second apart, for as long as their context
 // allows (the gateway gives each store operation 5s; without a deadline,
-// eight tries, some 4.5s), when the failure left
+// eight tries over some 3.5s), when the failure left
 // Redis unchanged or the command is safe to repeat:
 //
-//   - a connection that could not be made (nothing was sent) always;
+//   - a connection that could not be made (nothing was sent), and a
+//     refusal by which Redis did nothing (READONLY from a master being
+//     demoted, LOADING after a restart, MASTERDOWN, TRYAGAIN, CLUSTERDOWN),
+//     always;
 //   - any other network failure (a timeout, a connection lost with the
 //     command sent) only when the Store waits for no replicas: the scripts
 //     recognise their own write when repeated and answer as the first time,
 //     but WAIT on a new connection would then check nothing (see
 //     Config.WaitTimeout);
-//   - never an answer from Redis (an error reply, ErrNotOwner), the end of
-//     the context, or a closed Store.
+//   - never another answer from Redis (another error reply, ErrNotOwner),
+//     the end of the context, or a closed Store.
 //
 // Each retry is logged at debug level.
 
@@ -352,7 +356,7 @@ func (s *Store) again(ctx context.Context, op string, err error, attempt int) bo
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < pause || !ok && attempt+1 >= againTries {
 		return false
 	}
-	s.log.Debug(op+" failed on the network; trying again", zap.Int("attempt", attempt+1), zap.Duration("after", pause), zap.Error(err))
+	s.log.Debug(op+" not done; trying again", zap.Int("attempt", attempt+1), zap.Duration("after", pause), zap.Error(err))
 	t := time.NewTimer(pause)
 	defer t.Stop()
 	select {
@@ -368,6 +372,9 @@ func (s *Store) again(ctx context.Context, op string, err error, attempt int) bo
 func retryable(err error, waiting bool) bool {
 	var rerr redis.Error
 	switch {
+	case redis.IsReadOnlyError(err), redis.IsLoadingError(err), redis.IsMasterDownError(err),
+		redis.IsTryAgainError(err), redis.IsClusterDownError(err):
+		return true // refused, nothing done
 	case errors.As(err, &rerr), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, dedup.ErrClosed), errors.Is(err, redis.ErrClosed):
 		return false

@@ -314,7 +314,7 @@ func TestSettleRetriesWhileRedisIsDown(t *testing.T) {
 				}
 			}()
 			deadline := time.After(20 * time.Second)
-			for logs.FilterMessage(op+" failed on the network; trying again").Len() == 0 {
+			for logs.FilterMessage(op+" not done; trying again").Len() == 0 {
 				select {
 				case err := <-done:
 					t.Fatalf("%s while Redis is down: got %v before any retry, want it to wait for Redis", op, err)
@@ -338,5 +338,60 @@ func TestSettleRetriesWhileRedisIsDown(t *testing.T) {
 				t.Errorf("record after the %s: got (%v, %v), want state %v", op, rec.State, err, want)
 			}
 		})
+	}
+}
+
+// A commit refused with READONLY (a master demoted to a replica in a
+// failover, before the client follows the new one) did nothing, so it is
+// sent again, also while waiting for no replica, until it is accepted.
+func TestCommitRetriesWhileReadOnly(t *testing.T) {
+	srv := redistest.Start(t)
+	core, logs := observer.New(zapcore.DebugLevel)
+	s, err := redisstore.New(redisstore.Config{Addrs: []string{srv.Addr()}, KeyPrefix: uniquePrefix()}, redisstore.Options{Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	admin := srv.Client()
+	k := dedup.Key{Namespace: "n", ID: "evt_readonly"}
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim: got (%v, %v), want claimed", res.Outcome, err)
+	}
+	// A replica of a master that is not there keeps its data and refuses writes.
+	if err := admin.Do(ctx, "replicaof", "127.0.0.1", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Do(context.Background(), "replicaof", "no", "one").Err() })
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		done <- s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+	}()
+	deadline := time.After(20 * time.Second)
+	for logs.FilterMessage("commit not done; trying again").Len() == 0 {
+		select {
+		case err := <-done:
+			t.Fatalf("Commit on a read-only Redis: got %v before any retry, want it to wait", err)
+		case <-deadline:
+			t.Fatal("Commit: no retry logged after 20s")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := admin.Do(ctx, "replicaof", "no", "one").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Commit once Redis takes writes again: got %v, want nil", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Commit: still running 20s after Redis took writes again")
+	}
+	if rec, err := s.Get(ctx, k); err != nil || rec.State != dedup.StateProcessed {
+		t.Errorf("record: got (%v, %v), want processed", rec.State, err)
 	}
 }
