@@ -133,6 +133,10 @@ type Options struct {
 	// DefaultCheckpointInterval (1s); negative checkpoints only when a
 	// segment fills, on Sweep and on Close.
 	CheckpointInterval time.Duration
+
+	// preallocate, when set (by tests), replaces the zero-filling of a new
+	// journal segment, which Open does first.
+	preallocate func(*os.File) error
 }
 
 // lease is an in-flight claim, held in memory only.
@@ -230,6 +234,11 @@ type Store struct {
 	// syncFile flushes a journal segment after each group is written:
 	// fdatasync; tests replace it before the first write.
 	syncFile func(*os.File) error
+	// writeAt writes a group into a journal segment: (*os.File).WriteAt,
+	// but tests replace it (before the first write) to fail.
+	writeAt func(f *os.File, b []byte, off int64) (int, error)
+	// preallocate zero-fills a new journal segment (see Options).
+	preallocate func(*os.File) error
 
 	// probed, when set (by tests), runs after a Claim's probe found that
 	// the journal records, before the claim is decided again.
@@ -246,9 +255,13 @@ type Store struct {
 var _ dedup.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the bbolt file at path, replays the journal
-// a crash may have left beside it, and starts the writer, the checkpointer
-// and the sweeper. If another process holds the file, Open fails after
-// opts.OpenTimeout with an error naming the path.
+// a crash may have left beside it, starts the writer, the checkpointer and
+// the sweeper, and reserves the first journal segment (reusing a file of an
+// earlier run, or creating one zero-filled to 4 MiB and synced). If another
+// process holds the file, Open fails after opts.OpenTimeout with an error
+// naming the path. If the segment cannot be reserved (a full or failing
+// disk), Open logs it and succeeds with a store that cannot record yet:
+// claims of new keys fail and Ping reports it until a probe succeeds.
 func Open(path string, opts Options) (*Store, error) {
 	timeout := opts.OpenTimeout
 	if timeout <= 0 {
@@ -299,6 +312,8 @@ func Open(path string, opts Options) (*Store, error) {
 		drained:         make(chan struct{}, 1),
 		maxBacklog:      maxBacklogBytes,
 		syncFile:        fdatasync,
+		writeAt:         (*os.File).WriteAt,
+		preallocate:     opts.preallocate,
 		writes:          make(chan *writeReq, maxWriteBatch),
 		syncs:           make(chan syncWork, maxWriteBatch),
 		closing:         make(chan struct{}),
@@ -312,6 +327,9 @@ func Open(path string, opts Options) (*Store, error) {
 	s.now = s.now.Millis
 	if s.log == nil {
 		s.log = zap.NewNop()
+	}
+	if s.preallocate == nil {
+		s.preallocate = preallocate
 	}
 	if unclean {
 		// The leases of the deliveries then in flight were in memory only.

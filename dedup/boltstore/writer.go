@@ -45,6 +45,11 @@ type segment struct {
 	nonce uint64 // names this use of the file (see journal.go)
 	f     *os.File
 	size  int64    // bytes written
+	// tried is set once a write into it was attempted: a failed one may have
+	// landed in part, so the segment must reach the checkpointer, which
+	// moves the checkpoint past its sequence numbers, never be reused as
+	// if untouched.
+	tried bool
 	end   uint64   // the last sequence number handed out while it was current
 	keys  []string // keys of its acknowledged entries, in order
 	// flushedTo is how many bytes an fdatasync (successful or not) covered;
@@ -265,7 +270,8 @@ func (w *writer) commit(batch []*writeReq) {
 		}
 		w.nextSeq += uint64(writes)
 		if err == nil {
-			_, err = w.seg.f.WriteAt(w.buf, w.seg.size)
+			w.seg.tried = true
+			_, err = s.writeAt(w.seg.f, w.buf, w.seg.size)
 			w.seg.end = w.nextSeq - 1
 			if err != nil {
 				w.failed("journal write failed", err)
@@ -382,7 +388,7 @@ func (w *writer) open() error {
 	path := slotPath(s.path, slot)
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err == nil && !reuse {
-		err = preallocate(f)
+		err = s.preallocate(f)
 	}
 	if err != nil {
 		if f != nil {
@@ -446,11 +452,11 @@ func (w *writer) seal() {
 }
 
 // retire ends the current segment, if any, like seal, but returns it
-// (nil if there is none or it was never written to) for the caller to
-// send to the syncer.
+// (nil if there is none or no write into it was attempted) for the caller
+// to send to the syncer.
 func (w *writer) retire() *segment {
 	seg := w.detach()
-	if seg != nil && seg.size == 0 {
+	if seg != nil && !seg.tried {
 		w.s.unused(seg)
 		return nil
 	}
