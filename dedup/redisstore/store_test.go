@@ -395,3 +395,33 @@ func TestCommitRetriesWhileReadOnly(t *testing.T) {
 		t.Errorf("record: got (%v, %v), want processed", rec.State, err)
 	}
 }
+
+// While waiting for replicas, a commit that timed out is not sent again: it
+// may have been applied, and WAIT on a new connection would then check
+// nothing (see Config.WaitTimeout). It fails, once.
+func TestCommitTimeoutIsNotRetriedWhileWaiting(t *testing.T) {
+	master, _ := redistest.StartReplicated(t)
+	core, logs := observer.New(zapcore.DebugLevel)
+	s, err := redisstore.New(redisstore.Config{Addrs: []string{master.Addr()}, KeyPrefix: uniquePrefix(),
+		WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond, ReadTimeout: 300 * time.Millisecond}, redisstore.Options{Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	k := dedup.Key{Namespace: "n", ID: "evt_wait_timeout"}
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim: got (%v, %v), want claimed", res.Outcome, err)
+	}
+	master.Pause()
+	t.Cleanup(master.Resume)
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := s.Commit(cctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err == nil {
+		t.Fatal("Commit to a hung master: got nil, want a timeout")
+	}
+	if n := logs.FilterMessage("commit not done; trying again").Len(); n != 0 {
+		t.Errorf("retries of a timed-out commit while waiting for replicas: got %d, want none", n)
+	}
+}
