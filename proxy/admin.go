@@ -244,7 +244,7 @@ func notFoundDetail(rt *route, id string) string {
 	if scope, _, ok := strings.Cut(id, ":"); ok && len(scope) == clientScopeLen {
 		return detail
 	}
-	return detail + "; route " + rt.Name + " scopes keys per client (client_identity: " + rt.ClientIdentity + "): a stored key is " + strconv.Itoa(clientScopeLen) + " hex digits, a colon, then the client's key, as the application got it in Dedup-Key"
+	return detail + "; route " + rt.Name + " scopes keys per client (client_identity: " + rt.ClientIdentity + "): a stored key is " + strconv.Itoa(clientScopeLen) + " hex digits, a colon, then the client's key, as in the application's Dedup-Key after its namespace (unless that shows a sha256: hash)"
 }
 
 func (a *admin) getKey(w http.ResponseWriter, r *http.Request) {

@@ -669,11 +669,14 @@ func TestProblems(t *testing.T) {
 		{"redis addrs empty list", "store:\n  backend: redis\n  redis:\n    addrs: []\n" + minimal, nil, []string{"store.redis.addrs: at least one address is required"}},
 		{"redis addrs empty variable", "store:\n  backend: redis\n  redis:\n    addrs: \"${REDIS_ADDRS}\"\n" + minimal, nil, []string{"store.redis.addrs: at least one address is required (environment variable REDIS_ADDRS is not set)"}},
 		{"redis bad addr", "store:\n  backend: redis\n  redis:\n    addrs: [nohost]\n" + minimal, nil, []string{`store.redis.addrs[0]: invalid address "nohost" (want host:port, e.g. "redis:6379")`}},
-		{"redis bad ports", "store:\n  backend: redis\n  redis:\n    addrs: [\"h:99999\", \"h:0\", \"h:redis\"]\n" + minimal, nil, []string{
-			`store.redis.addrs[0]: invalid port in "h:99999" (want a number from 0 to 65535, e.g. "redis:6379")`,
-			`store.redis.addrs[1]: port 0 in "h:0": a store's port must be a real one (e.g. "redis:6379")`,
-			`store.redis.addrs[2]: invalid port in "h:redis" (want a number from 0 to 65535, e.g. "redis:6379")`,
+		{"redis bad ports", "store:\n  backend: redis\n  redis:\n    addrs: [\"h:99999\", \"h:0\", \"h:no-such-service\"]\n" + minimal, nil, []string{
+			`store.redis.addrs[0]: invalid port in "h:99999" (want a number from 1 to 65535 or a service name, e.g. "redis:6379")`,
+			`store.redis.addrs[1]: invalid port in "h:0" (want a number from 1 to 65535 or a service name, e.g. "redis:6379")`,
+			`store.redis.addrs[2]: invalid port in "h:no-such-service" (want a number from 1 to 65535 or a service name, e.g. "redis:6379")`,
 		}},
+		{"listen on a service name", "listen: \":http\"\n" + minimal, nil, nil},
+		{"listen on port 0", "listen: \"127.0.0.1:0\"\n" + minimal, nil, nil},
+		{"listen beyond 65535", "listen: \":65536\"\n" + minimal, nil, []string{`listen: invalid port in ":65536" (want a number from 0 to 65535 or a service name, e.g. ":8080")`}},
 		{"redis negative", "store:\n  backend: redis\n  redis:\n    db: -1\n    pool_size: -2\n    dial_timeout: -1s\n    read_timeout: -1s\n" + minimal, nil, []string{
 			"store.redis.db: must not be negative, got -1",
 			"store.redis.pool_size: must not be negative, got -2",

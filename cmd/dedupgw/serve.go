@@ -405,7 +405,11 @@ func (s *server) reload() {
 	}
 	old := s.file
 	var restart []string
-	if keys := changedKeys("store", reflect.ValueOf(old.Store), reflect.ValueOf(f.Store)); len(keys) > 0 {
+	if !reflect.DeepEqual(f.Store, old.Store) {
+		keys := changedKeys("store", reflect.ValueOf(old.Store), reflect.ValueOf(f.Store))
+		if len(keys) == 0 {
+			keys = []string{"store"} // a field without a config name
+		}
 		s.log.Warn("store change needs a restart: keeping the running store, applying the rest", zap.Strings("keys", keys))
 		f.Store = old.Store
 	}

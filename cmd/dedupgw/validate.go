@@ -93,14 +93,28 @@ func (f *File) checkAddr(ps *Problems, key, addr, example string) bool {
 		ps.add(key, "invalid address %q (want host:port, e.g. %q)", addr, example)
 		return false
 	}
-	if n, err := strconv.ParseUint(port, 10, 16); err != nil {
-		ps.add(key, "invalid port in %q (want a number from 0 to 65535, e.g. %q)", addr, example)
-		return false
-	} else if n == 0 && strings.HasPrefix(key, "store.") {
-		ps.add(key, "port 0 in %q: a store's port must be a real one (e.g. %q)", addr, example)
+	store := strings.HasPrefix(key, "store.")
+	want := "a number from 0 to 65535 or a service name"
+	if store {
+		want = "a number from 1 to 65535 or a service name" // 0 names no server
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil && !allDigits(port) {
+		n, err = 1, nil
+		if _, lerr := net.LookupPort("tcp", port); lerr != nil { // a service name, e.g. http
+			err = lerr
+		}
+	}
+	if err != nil || store && n == 0 {
+		ps.add(key, "invalid port in %q (want %s, e.g. %q)", addr, want, example)
 		return false
 	}
 	return true
+}
+
+// allDigits reports whether s is non-empty and all ASCII digits.
+func allDigits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
 }
 
 // isLoopback reports whether the host of addr is a loopback name or address.
