@@ -842,6 +842,12 @@ func TestSidecarExampleRoutesFollowAppPort(t *testing.T) {
 		{"localhost is the loopback too", 3000, [2]string{"http://127.0.0.1:3000", "http://localhost:4000"},
 			`dedupgw.routes[1].upstream (route "orders") is http://localhost:4000, the pod's loopback on port 4000, but the app listens on app.port 3000: point it at http://localhost:3000`},
 		{"both routes followed", 3001, [2]string{"http://127.0.0.1:3001", "http://localhost:3001"}, ""},
+		{"no port is the scheme's", 3001, [2]string{"http://127.0.0.1:3001", "http://127.0.0.1/hooks"},
+			`dedupgw.routes[1].upstream (route "orders") is http://127.0.0.1/hooks, the pod's loopback on port 80, but the app listens on app.port 3001: point it at http://127.0.0.1:3001`},
+		{"IPv6 loopback", 3001, [2]string{"http://[::1]:3000", "http://127.0.0.1:3001"},
+			`dedupgw.routes[0].upstream (route "stripe") is http://[::1]:3000, the pod's loopback on port 3000, but the app listens on app.port 3001: point it at http://[::1]:3001`},
+		{"IPv6 loopback followed", 3001, [2]string{"http://[::1]:3001", "http://127.0.0.2:3001"}, ""},
+		{"an app on port 80 needs none", 80, [2]string{"http://127.0.0.1", "http://localhost:80"}, ""},
 		{"another host is not checked", 3001, [2]string{"http://127.0.0.1:3001", "http://billing.shop.svc:3000"}, ""},
 	}
 	for _, tt := range tests {
