@@ -44,7 +44,7 @@ type segment struct {
 	slot  int
 	nonce uint64 // names this use of the file (see journal.go)
 	f     *os.File
-	size  int64    // bytes written
+	size  int64 // bytes written
 	// tried is set once a write into it was attempted: a failed one may have
 	// landed in part, so the segment must reach the checkpointer, which
 	// moves the checkpoint past its sequence numbers, never be reused as
