@@ -180,11 +180,16 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	d.clientKey = id
 	if rt.ClientIdentity != "" {
-		scope, ok := clientScope(r, rt.ClientIdentity)
+		scope, ok, twoIDs := clientScope(r, rt.ClientIdentity)
+		if twoIDs {
+			// Refused whatever on_missing_key says, as an ambiguous key is.
+			g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, "the "+rt.ClientIdentity+" header appears more than once, with different values; this route scopes idempotency keys per client"))
+			return
+		}
 		if !ok {
 			// Without the identity the key cannot be scoped: it is missing.
 			if rt.OnMissingKey == Reject {
-				g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, "no "+rt.ClientIdentity+" header, or several with different values; this route scopes idempotency keys per client"))
+				g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, "no "+rt.ClientIdentity+" header; this route scopes idempotency keys per client"))
 				return
 			}
 			d.outcome = outcomeUnkeyed

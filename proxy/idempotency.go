@@ -59,21 +59,21 @@ func (d *delivery) claimOptions(bodySHA string) dedup.ClaimOptions {
 
 // clientScope returns the prefix that scopes a key to the client identified
 // by r's header: the first clientScopeLen hex digits of the SHA-256 of the
-// header's value. It reports false when the header is absent or empty, or
-// repeated with different values (which one identifies the client depends
-// on who reads it, as for a key header). The scoped key is scope + ":" +
-// the client's key.
-func clientScope(r *http.Request, header string) (string, bool) {
+// header's value. It reports false when the header is absent or empty, and
+// ambiguous when it is repeated with different values (which one identifies
+// the client depends on who reads it, as for a key header). The scoped key
+// is scope + ":" + the client's key.
+func clientScope(r *http.Request, header string) (scope string, ok, ambiguous bool) {
 	vs := r.Header.Values(header)
 	if len(vs) == 0 || vs[0] == "" {
-		return "", false
+		return "", false, false
 	}
 	v := vs[0]
 	for _, o := range vs[1:] {
 		if o != v {
-			return "", false
+			return "", false, true
 		}
 	}
 	sum := sha256.Sum256([]byte(v))
-	return hex.EncodeToString(sum[:])[:clientScopeLen], true
+	return hex.EncodeToString(sum[:])[:clientScopeLen], true, false
 }

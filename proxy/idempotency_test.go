@@ -327,7 +327,7 @@ func TestClientScopedKeyAddressing(t *testing.T) {
 	}
 	// An identity header repeated with different values identifies no one:
 	// which one the application reads is not the gateway's to guess.
-	if resp := h.send(payCharge, `{"amount":100}`, key1, asAlice, asBob); resp.Status != http.StatusBadRequest || !hasBody(resp.Body, "no Authorization header, or several with different values") {
+	if resp := h.send(payCharge, `{"amount":100}`, key1, asAlice, asBob); resp.Status != http.StatusBadRequest || !hasBody(resp.Body, "the Authorization header appears more than once, with different values") {
 		t.Errorf("two different identities: got %d %s, want 400 naming Authorization", resp.Status, resp.Body)
 	}
 	if resp := h.send(payCharge, `{"amount":100}`, key1, asAlice, asAlice); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "duplicate" {
@@ -472,5 +472,26 @@ func TestIdempotencyReplaySharedOnRedis(t *testing.T) {
 	}
 	if got := counterValue(t, b.gw.metrics.deliveries, "payments", outcomeRejectedFingerprint); got != 1 {
 		t.Errorf("replica B rejected_fingerprint: got %v, want 1", got)
+	}
+}
+
+// TestAmbiguousClientIdentityIsRefused: a client_identity header repeated
+// with different values is refused with 400 on a route that forwards
+// requests without a key too: which client it is depends on who reads it.
+func TestAmbiguousClientIdentityIsRefused(t *testing.T) {
+	up := newUpstream(t, createPayment)
+	r := paymentsRoute(up.URL)
+	r.ClientIdentity = "Authorization"
+	r.OnMissingKey = Forward
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	resp := h.send(payCharge, `{"amount":100}`, key1, asAlice, asBob)
+	if resp.Status != http.StatusBadRequest || resp.Header.Get(HeaderDedupStatus) != "rejected" {
+		t.Errorf("two identities on a forwarding route: got %d %q %s, want 400 rejected", resp.Status, resp.Header.Get(HeaderDedupStatus), resp.Body)
+	}
+	if resp := h.send(payCharge, `{"amount":100}`, key1); resp.Header.Get(HeaderDedupStatus) != "unkeyed" {
+		t.Errorf("no identity on a forwarding route: got %d %q, want forwarded unkeyed", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	if got := up.count(); got != 1 {
+		t.Errorf("upstream requests: got %d, want 1 (the unkeyed one)", got)
 	}
 }
