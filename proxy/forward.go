@@ -52,7 +52,7 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 				pr.Out.Header["X-Forwarded-For"] = xff
 			}
 			pr.SetXForwarded()
-			keepForwarded(pr.In, pr.Out.Header)
+			keepForwarded(pr.In, pr.Out.Header, g.trusted)
 			// Header.Del and Set with names already canonical: the map
 			// operations alone.
 			delete(pr.Out.Header, HeaderDedupKey)
@@ -93,36 +93,59 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 }
 
 // keepForwarded puts the X-Forwarded-Proto and X-Forwarded-Host that in
-// carries into out, over the gateway's own view (plain http and its Host),
-// when in comes from a peer on a loopback or private address (an ingress, a
-// load balancer, a neighbour in the pod) and the values are sound (Proto
-// http or https, one Host without spaces or controls). Behind an ingress
+// carries into out, over the gateway's own view (http, and the Host the
+// request carried), when in comes from a trusted peer (an ingress, a load
+// balancer, a neighbour in the pod: see Options.TrustedProxies) and the
+// values are sound: every comma-separated item of every line a Proto of
+// http or https, or a Host without spaces or controls. Behind an ingress
 // that terminates TLS the app saw https and the public host before the
 // gateway stood in between, and may redirect to https or build URLs by
-// them. A peer on a public address is not trusted with them (Rails' default
-// trusted proxies, for the same reason): it could name any host to the
-// application.
-func keepForwarded(in *http.Request, out http.Header) {
-	if !privatePeer(in.RemoteAddr) {
+// them. Another peer is not trusted with them (Rails' default trusted
+// proxies, for the same reason): it could name any host to the application.
+func keepForwarded(in *http.Request, out http.Header, trusted []netip.Prefix) {
+	if !trustedPeer(in.RemoteAddr, trusted) {
 		return
 	}
-	if v := in.Header["X-Forwarded-Proto"]; len(v) == 1 && (strings.EqualFold(v[0], "https") || strings.EqualFold(v[0], "http")) {
+	if v := in.Header["X-Forwarded-Proto"]; everyItem(v, func(p string) bool { return strings.EqualFold(p, "https") || strings.EqualFold(p, "http") }) {
 		out["X-Forwarded-Proto"] = v
 	}
-	if v := in.Header["X-Forwarded-Host"]; len(v) == 1 && v[0] != "" && !strings.ContainsFunc(v[0], func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+	if v := in.Header["X-Forwarded-Host"]; everyItem(v, func(h string) bool {
+		return h != "" && !strings.ContainsFunc(h, func(r rune) bool { return r <= ' ' || r == 0x7f })
+	}) {
 		out["X-Forwarded-Host"] = v
 	}
 }
 
-// privatePeer reports whether addr, a request's RemoteAddr, is a loopback
-// or private (RFC 1918, RFC 4193) address.
-func privatePeer(addr string) bool {
+// everyItem reports whether lines hold at least one comma-separated item
+// and ok holds for each, trimmed of spaces.
+func everyItem(lines []string, ok func(string) bool) bool {
+	if len(lines) == 0 {
+		return false
+	}
+	for _, line := range lines {
+		for item := range strings.SplitSeq(line, ",") {
+			if !ok(strings.TrimSpace(item)) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// trustedPeer reports whether addr, a request's RemoteAddr, is in one of
+// the trusted prefixes.
+func trustedPeer(addr string, trusted []netip.Prefix) bool {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
 		return false
 	}
-	ip := ap.Addr().Unmap()
-	return ip.IsLoopback() || ip.IsPrivate()
+	ip := ap.Addr().Unmap().WithZone("")
+	for _, p := range trusted {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // gatewaySet are the request headers the gateway sets itself.

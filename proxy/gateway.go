@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,21 @@ type Options struct {
 	// support, like httptest.ResponseRecorder, are not bounded). Zero means
 	// 30s. Slow headers are the http.Server's job (ReadHeaderTimeout).
 	BodyTimeout time.Duration
+	// TrustedProxies are the peer addresses whose X-Forwarded-Proto and
+	// X-Forwarded-Host the upstream gets (see keepForwarded). Nil means
+	// DefaultTrustedProxies.
+	TrustedProxies []netip.Prefix
+}
+
+// DefaultTrustedProxies are the peers trusted with X-Forwarded-Proto and
+// X-Forwarded-Host when Options.TrustedProxies is nil: loopback, the
+// private ranges (RFC 1918, RFC 4193) and shared address space (RFC 6598,
+// 100.64.0.0/10, where some clouds put pods), where ingresses, load
+// balancers and pod neighbours connect from.
+var DefaultTrustedProxies = []netip.Prefix{
+	netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"),
+	netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("fc00::/7"),
 }
 
 // DefaultStoreTimeout is the StoreTimeout a zero Options gets (serve uses
@@ -71,6 +87,7 @@ const unroutedLogsPerSecond = 5
 type Gateway struct {
 	log          *zap.Logger
 	unroutedLog  *zap.Logger // log, sampled (see Gateway.unrouted)
+	trusted      []netip.Prefix
 	store        dedup.Store // instrumented
 	metrics      *metrics
 	gatherer     prometheus.Gatherer // nil unless New made the registry
@@ -135,6 +152,10 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 		newProvider:  providers.New,
 		buffers:      &bufferPool{},
 		maxWaiting:   defaultMaxWaiting,
+		trusted:      opts.TrustedProxies,
+	}
+	if g.trusted == nil {
+		g.trusted = DefaultTrustedProxies
 	}
 	if g.log == nil {
 		g.log = zap.NewNop()

@@ -13,6 +13,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/netip"
 	"runtime"
 	"strconv"
 	"strings"
@@ -377,9 +378,22 @@ func TestForwardedRequestReachesUpstreamIntact(t *testing.T) {
 // is on a loopback or private address and the values are sound; otherwise
 // the gateway sets its own view.
 func TestForwardedProtoAndHostBehindAnIngress(t *testing.T) {
+	for _, cfg := range []struct {
+		name    string
+		trusted []netip.Prefix
+	}{
+		{"default trusted proxies", nil},
+		{"configured", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("35.191.0.0/16")}},
+	} {
+		t.Run(cfg.name, func(t *testing.T) { testForwardedProtoAndHost(t, cfg.trusted) })
+	}
+}
+
+func testForwardedProtoAndHost(t *testing.T, trusted []netip.Prefix) {
 	up := newUpstream(t, nil)
 	var peer atomic.Pointer[string] // the sender's address the gateway sees; nil: the real one (loopback)
 	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{
+		trusted: trusted,
 		wrap: func(next http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if p := peer.Load(); p != nil {
@@ -391,6 +405,13 @@ func TestForwardedProtoAndHostBehindAnIngress(t *testing.T) {
 	})
 	own := strings.TrimPrefix(h.srv.URL, "http://")
 	ingress := []string{"X-Forwarded-Proto: https", "X-Forwarded-Host: hooks.example.com"}
+	byDefault := trusted == nil
+	pick := func(ifDefault, ifConfigured string) string {
+		if byDefault {
+			return ifDefault
+		}
+		return ifConfigured
+	}
 	tests := []struct {
 		name      string
 		peer      string // "" for loopback
@@ -399,9 +420,13 @@ func TestForwardedProtoAndHostBehindAnIngress(t *testing.T) {
 		wantHost  string
 	}{
 		{"set by the ingress", "", ingress, "https", "hooks.example.com"},
-		{"an ingress on a private address", "10.1.2.3:40000", ingress, "https", "hooks.example.com"},
-		{"an IPv6 private peer", "[fd00::7]:40000", ingress, "https", "hooks.example.com"},
+		{"an ingress on a private address", "10.1.2.3:40000", ingress, pick("https", "http"), pick("hooks.example.com", own)},
+		{"an IPv6 private peer", "[fd00::7]:40000", ingress, pick("https", "http"), pick("hooks.example.com", own)},
+		{"an IPv4-mapped private peer", "[::ffff:192.168.1.2]:40000", ingress, pick("https", "http"), pick("hooks.example.com", own)},
+		{"shared address space (RFC 6598)", "100.64.7.8:40000", ingress, pick("https", "http"), pick("hooks.example.com", own)},
+		{"a cloud load balancer's public range", "35.191.1.2:40000", ingress, pick("http", "https"), pick(own, "hooks.example.com")},
 		{"a public peer is not trusted", "203.0.113.9:40000", ingress, "http", own},
+		{"a proxy chain's comma list", "", []string{"X-Forwarded-Proto: https, https", "X-Forwarded-Host: a.example, b.example"}, "https, https", "a.example, b.example"},
 		{"only the proto", "", []string{"X-Forwarded-Proto: https"}, "https", own},
 		{"an unsound proto", "", []string{"X-Forwarded-Proto: javascript", "X-Forwarded-Host: a b"}, "http", own},
 		{"an empty proto", "", []string{"X-Forwarded-Proto:"}, "http", own},

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -125,6 +126,8 @@ type harnessOpts struct {
 	// logClock, when set, stamps the gateway's log entries (a fixed one
 	// makes zap's per-second sampling deterministic).
 	logClock zapcore.Clock
+	// trusted replaces the gateway's default trusted proxies.
+	trusted []netip.Prefix
 }
 
 func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
@@ -143,13 +146,14 @@ func newHarness(t *testing.T, cfg Config, ho harnessOpts) *harness {
 		logger = logger.WithOptions(zap.WithClock(ho.logClock))
 	}
 	gw, err := New(cfg, h.store, Options{
-		Logger:       logger,
-		Registerer:   h.reg,
-		Backend:      "memory",
-		Version:      "test",
-		Now:          ho.now,
-		Transport:    ho.transport,
-		StoreTimeout: ho.storeTimeout,
+		Logger:         logger,
+		Registerer:     h.reg,
+		Backend:        "memory",
+		Version:        "test",
+		Now:            ho.now,
+		Transport:      ho.transport,
+		StoreTimeout:   ho.storeTimeout,
+		TrustedProxies: ho.trusted,
 	})
 	if err != nil {
 		t.Fatalf("New: %v", err)

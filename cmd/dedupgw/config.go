@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -105,6 +106,32 @@ type Server struct {
 	// IdleTimeout bounds how long an idle keep-alive connection stays open.
 	// Nil means 120s.
 	IdleTimeout *time.Duration `config:"idle_timeout"`
+	// TrustedProxies are the peers (CIDR prefixes or single addresses)
+	// whose X-Forwarded-Proto and X-Forwarded-Host reach the upstream.
+	// Empty means proxy.DefaultTrustedProxies (loopback, private and shared
+	// address space).
+	TrustedProxies []string `config:"trusted_proxies"`
+}
+
+// trustedProxies returns TrustedProxies parsed, nil when it is empty, and
+// the index of the first entry that is neither a prefix nor an address.
+func (s Server) trustedProxies() ([]netip.Prefix, int, error) {
+	if len(s.TrustedProxies) == 0 {
+		return nil, 0, nil
+	}
+	out := make([]netip.Prefix, 0, len(s.TrustedProxies))
+	for i, v := range s.TrustedProxies {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			a, aerr := netip.ParseAddr(v)
+			if aerr != nil {
+				return nil, i, err
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, 0, nil
 }
 
 // Store selects the dedup backend.

@@ -675,6 +675,8 @@ func TestProblems(t *testing.T) {
 			`store.redis.addrs[2]: invalid port in "h:no-such-service" (want a number from 1 to 65535 or a service name, e.g. "redis:6379")`,
 		}},
 		{"listen on a service name", "listen: \":http\"\n" + minimal, nil, nil},
+		{"trusted proxies", "server:\n  trusted_proxies: [\"10.0.0.0/8\", \"35.191.0.1\", \"fd00::/8\"]\n" + minimal, nil, nil},
+		{"a trusted proxy that is neither", "server:\n  trusted_proxies: [\"10.0.0.0/8\", \"ingress\"]\n" + minimal, nil, []string{`server.trusted_proxies[1]: "ingress" is neither a CIDR prefix nor an address (e.g. "10.0.0.0/8" or "35.191.0.1")`}},
 		{"listen on port 0", "listen: \"127.0.0.1:0\"\n" + minimal, nil, nil},
 		{"listen beyond 65535", "listen: \":65536\"\n" + minimal, nil, []string{`listen: invalid port in ":65536" (want a number from 0 to 65535 or a service name, e.g. ":8080")`}},
 		{"redis negative", "store:\n  backend: redis\n  redis:\n    db: -1\n    pool_size: -2\n    dial_timeout: -1s\n    read_timeout: -1s\n" + minimal, nil, []string{

@@ -176,12 +176,14 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	if bs, ok := store.(*boltstore.Store); ok {
 		s.reg.MustRegister(bs.Collectors()...)
 	}
+	trusted, _, _ := f.Server.trustedProxies() // validated by loadConfig
 	gw, err := proxy.New(f.GatewayConfig(), store, proxy.Options{
-		Logger:      s.log,
-		Registerer:  s.reg,
-		Backend:     f.Store.Backend,
-		Version:     version,
-		BodyTimeout: bodyTimeout(f),
+		Logger:         s.log,
+		Registerer:     s.reg,
+		Backend:        f.Store.Backend,
+		Version:        version,
+		BodyTimeout:    bodyTimeout(f),
+		TrustedProxies: trusted,
 	})
 	if err != nil {
 		return fmt.Errorf("build gateway: %w", err)

@@ -495,3 +495,47 @@ func TestChangedKeys(t *testing.T) {
 		})
 	}
 }
+
+// server.trusted_proxies reaches the gateway: with a list that leaves
+// loopback out, a sender on loopback is no longer trusted with
+// X-Forwarded-Proto.
+func TestTrustedProxiesReachTheGateway(t *testing.T) {
+	for _, tt := range []struct {
+		name, server, want string
+	}{
+		{"default", "", "https"},
+		{"loopback left out", "server:\n  trusted_proxies: [\"35.191.0.0/16\"]\n", "http"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			seen := make(chan string, 1)
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				seen <- r.Header.Get("X-Forwarded-Proto")
+			}))
+			defer up.Close()
+			cfg := filepath.Join(t.TempDir(), "config.yaml")
+			text := fmt.Sprintf("listen: \"127.0.0.1:0\"\nadmin:\n  listen: \"127.0.0.1:0\"\nstore:\n  backend: memory\n%sroutes:\n  - name: a\n    path: /a\n    upstream: %q\n    keys: [body]\n", tt.server, up.URL)
+			if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			p := startInProcess(t, cfg)
+			req, _ := http.NewRequest(http.MethodPost, "http://"+p.addr+"/a", strings.NewReader(`{"id":1}`))
+			req.Header.Set("X-Forwarded-Proto", "https")
+			resp, err := p.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			select {
+			case got := <-seen:
+				if got != tt.want {
+					t.Errorf("upstream X-Forwarded-Proto: got %q, want %q", got, tt.want)
+				}
+			default:
+				t.Fatalf("the upstream got nothing (status %d)", resp.StatusCode)
+			}
+			if err := p.stop(); err != nil {
+				t.Errorf("run: %v", err)
+			}
+		})
+	}
+}

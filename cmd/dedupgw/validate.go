@@ -129,7 +129,8 @@ func isLoopback(addr string) bool {
 }
 
 // checkServer checks the server: block: each timeout it sets is positive,
-// and read_timeout (headers and body) is not shorter than the header timeout.
+// read_timeout (headers and body) is not shorter than the header timeout,
+// and every trusted proxy is a prefix or an address.
 func (f *File) checkServer(ps *Problems) {
 	s := f.Server
 	ok := true
@@ -144,6 +145,9 @@ func (f *File) checkServer(ps *Problems) {
 	positive("idle_timeout", s.IdleTimeout)
 	if ok && s.ReadTimeout != nil && *s.ReadTimeout < headerTimeout(f) {
 		ps.add("server.read_timeout", "%v must not be shorter than read_header_timeout %v (it bounds headers and body)", *s.ReadTimeout, headerTimeout(f))
+	}
+	if _, i, err := s.trustedProxies(); err != nil {
+		ps.add(fmt.Sprintf("server.trusted_proxies[%d]", i), "%q is neither a CIDR prefix nor an address (e.g. \"10.0.0.0/8\" or \"35.191.0.1\")", s.TrustedProxies[i])
 	}
 }
 
