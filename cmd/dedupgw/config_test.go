@@ -669,10 +669,11 @@ func TestProblems(t *testing.T) {
 		{"redis addrs empty list", "store:\n  backend: redis\n  redis:\n    addrs: []\n" + minimal, nil, []string{"store.redis.addrs: at least one address is required"}},
 		{"redis addrs empty variable", "store:\n  backend: redis\n  redis:\n    addrs: \"${REDIS_ADDRS}\"\n" + minimal, nil, []string{"store.redis.addrs: at least one address is required (environment variable REDIS_ADDRS is not set)"}},
 		{"redis bad addr", "store:\n  backend: redis\n  redis:\n    addrs: [nohost]\n" + minimal, nil, []string{`store.redis.addrs[0]: invalid address "nohost" (want host:port, e.g. "redis:6379")`}},
-		{"redis bad ports", "store:\n  backend: redis\n  redis:\n    addrs: [\"h:99999\", \"h:0\", \"h:no-such-service\"]\n" + minimal, nil, []string{
+		{"redis bad ports", "store:\n  backend: redis\n  redis:\n    addrs: [\"h:99999\", \"h:0\", \"h:no-such-service\", \"h:+0\"]\n" + minimal, nil, []string{
 			`store.redis.addrs[0]: invalid port in "h:99999" (want a number from 1 to 65535 or a service name, e.g. "redis:6379")`,
 			`store.redis.addrs[1]: invalid port in "h:0" (want a number from 1 to 65535 or a service name, e.g. "redis:6379")`,
 			`store.redis.addrs[2]: invalid port in "h:no-such-service" (want a number from 1 to 65535 or a service name, e.g. "redis:6379")`,
+			`store.redis.addrs[3]: invalid port in "h:+0" (want a number from 1 to 65535 or a service name, e.g. "redis:6379")`,
 		}},
 		{"listen on a service name", "listen: \":http\"\n" + minimal, nil, nil},
 		{"trusted proxies", "server:\n  trusted_proxies: [\"10.0.0.0/8\", \"35.191.0.1\", \"fd00::/8\"]\n" + minimal, nil, nil},

@@ -99,11 +99,10 @@ func (f *File) checkAddr(ps *Problems, key, addr, example string) bool {
 		want = "a number from 1 to 65535 or a service name" // 0 names no server
 	}
 	n, err := strconv.ParseUint(port, 10, 16)
-	if err != nil && !allDigits(port) {
-		n, err = 1, nil
-		if _, lerr := net.LookupPort("tcp", port); lerr != nil { // a service name, e.g. http
-			err = lerr
-		}
+	if err != nil && !allDigits(port) { // a service name, e.g. http
+		var named int
+		named, err = net.LookupPort("tcp", port)
+		n = uint64(max(named, 0))
 	}
 	if err != nil || store && n == 0 {
 		ps.add(key, "invalid port in %q (want %s, e.g. %q)", addr, want, example)
