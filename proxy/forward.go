@@ -35,10 +35,10 @@ func deliveryFrom(ctx context.Context) *delivery {
 }
 
 // newReverseProxy builds rt's reverse proxy. The outbound request goes to
-// rt.target joined with the inbound path, with X-Forwarded-For (appended to the
-// sender's chain), X-Forwarded-Host/Proto (see keepForwarded), and Dedup-Key
-// (see dedupKeyHeader) when the delivery is keyed. The sender's own Dedup-Key header never reaches
-// the upstream.
+// rt.target joined with the inbound path, with X-Forwarded-For (appended to
+// the sender's chain), X-Forwarded-Host/Proto (see keepForwarded), and
+// Dedup-Key (see dedupKeyHeader) when the delivery is keyed. The sender's
+// own Dedup-Key header never reaches the upstream.
 func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 	target := rt.target
 	errLog, err := zap.NewStdLogAt(rt.log, zap.WarnLevel)
