@@ -279,6 +279,7 @@ func TestRetryable(t *testing.T) {
 	}{
 		{"connection refused", fmt.Errorf("redisstore: %w", dial), true, true},
 		{"read timeout: maybe applied", read, true, false},
+		{"no connection free in the pool", fmt.Errorf("redisstore: %w", redis.ErrPoolTimeout), true, true},
 		{"connection lost", io.EOF, true, false},
 		{"an error reply", errorReply("ERR dedupgw: undecodable record"), false, false},
 		{"a master being demoted", errorReply("READONLY You can't write against a read only replica."), true, true},

@@ -323,7 +323,8 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 // eight tries over some 3.5s), when the failure left
 // Redis unchanged or the command is safe to repeat:
 //
-//   - a connection that could not be made (nothing was sent), and a
+//   - a connection that could not be made or taken from the pool in time
+//     (nothing was sent), and a
 //     refusal by which Redis did nothing (READONLY from a master being
 //     demoted, LOADING after a restart, MASTERDOWN, TRYAGAIN, CLUSTERDOWN),
 //     always;
@@ -380,7 +381,7 @@ func retryable(err error, waiting bool) bool {
 		return false
 	}
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) {
 		return true // nothing was sent
 	}
 	return !waiting
