@@ -37,6 +37,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -201,6 +202,7 @@ type Store struct {
 	sealedMu     sync.Mutex
 	sealed       []*segment
 	backlog      int64         // bytes of the sealed segments
+	retiring     int           // segments the writer sealed and no checkpoint has taken in yet
 	maxBacklog   int64         // maxBacklogBytes; tests lower it
 	freeSlots    []int         // checkpointed segment files, ready for reuse
 	nextSlot     int           // the slot number a new segment file gets
@@ -356,8 +358,12 @@ func Open(path string, opts Options) (*Store, error) {
 	go s.syncLoop()
 	go s.checkpointLoop()
 	if err := <-opened; err != nil {
-		s.log.Error("the journal cannot record: new keys are not claimed (each route's on_store_error decides) and readiness fails until it can; each journal file needs 4 MiB free beside the database",
-			zap.String("path", journalPath), zap.Error(err))
+		hint := "each journal file needs 4 MiB free beside the database"
+		if errors.Is(err, fs.ErrPermission) {
+			hint = "the gateway's user cannot create files in the database's directory"
+		}
+		s.log.Error("the journal cannot record: new keys are not claimed (each route's on_store_error decides) and readiness fails until it can",
+			zap.String("path", journalPath), zap.String("hint", hint), zap.Error(err))
 	}
 	interval := opts.SweepInterval
 	if interval == 0 {

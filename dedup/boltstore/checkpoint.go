@@ -117,6 +117,7 @@ func (s *Store) checkpoint() (err error) {
 	var remove []string
 	s.sealedMu.Lock()
 	s.sealed = slices.Delete(s.sealed, 0, len(segs))
+	s.retiring -= len(segs)
 	for _, seg := range segs {
 		s.backlog -= seg.size
 		if !s.keepSlot(seg.slot) {

@@ -409,6 +409,9 @@ func (w *writer) open() error {
 				}
 				s.sealedMu.Unlock()
 			}
+			if w.awaitSlot() {
+				return w.open() // a checkpoint handed a file back: reuse it
+			}
 		}
 		return err
 	}
@@ -451,14 +454,50 @@ func (w *writer) seal() {
 	}
 }
 
+// slotWait bounds how long the writer waits for a checkpoint to hand back
+// a journal file when it cannot make a new one (see awaitSlot).
+const slotWait = time.Second
+
+// awaitSlot waits, after a new segment file could not be made (a volume
+// with room for one or two journal files), for a checkpoint to hand back
+// one of the segments the writer sealed, for at most slotWait. It reports
+// whether a file is free for reuse now. Without it, each rotation on such
+// a volume failed the group that came first, commits among them.
+func (w *writer) awaitSlot() bool {
+	s := w.s
+	deadline := time.NewTimer(slotWait)
+	defer deadline.Stop()
+	for {
+		s.sealedMu.Lock()
+		free, coming := len(s.freeSlots) > 0, s.retiring > 0
+		s.sealedMu.Unlock()
+		if free || !coming {
+			return free
+		}
+		select {
+		case <-s.drained:
+		case <-deadline.C:
+			return false
+		case <-s.closing:
+			return false
+		}
+	}
+}
+
 // retire ends the current segment, if any, like seal, but returns it
 // (nil if there is none or no write into it was attempted) for the caller
-// to send to the syncer.
+// to send to the syncer, counted as retiring until a checkpoint takes it
+// in.
 func (w *writer) retire() *segment {
 	seg := w.detach()
 	if seg != nil && !seg.tried {
 		w.s.unused(seg)
 		return nil
+	}
+	if seg != nil {
+		w.s.sealedMu.Lock()
+		w.s.retiring++
+		w.s.sealedMu.Unlock()
 	}
 	return seg
 }
