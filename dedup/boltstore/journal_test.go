@@ -1662,7 +1662,9 @@ func TestOpenWhenTheFirstSegmentCannotBeReserved(t *testing.T) {
 // the checkpoint to hand the sealed file back, instead of failing the group
 // that came first. (Found by an operator trial on an 8 MB volume: about one
 // commit a second failed under load, and each such event was processed
-// again later, while readiness stayed green.)
+// again later, while readiness stayed green.) The test holds the
+// checkpointer until the writer has asked for a second file, so the
+// rotation cannot find the first one already back.
 func TestRotationWithRoomForOneFileWaitsForTheCheckpoint(t *testing.T) {
 	var made atomic.Int32 // new segment files asked for
 	s, _ := openTemp(t, Options{CheckpointInterval: time.Millisecond, preallocate: func(f *os.File) error {
@@ -1672,11 +1674,41 @@ func TestRotationWithRoomForOneFileWaitsForTheCheckpoint(t *testing.T) {
 		return preallocate(f)
 	}})
 	t.Cleanup(func() { _ = s.Close() })
-	for i := range 300 {
-		claimCommit(t, s, key("evt_"+strconv.Itoa(i)), time.Hour) // fails the test on a failed commit
-	}
-	if made.Load() < 2 {
-		t.Fatalf("new segment files asked for: got %d, want a rotation that needed one (the test shows nothing)", made.Load())
+	ctx := context.Background()
+	s.checkpointMu.Lock()
+	held := true
+	defer func() {
+		if held {
+			s.checkpointMu.Unlock()
+		}
+	}()
+	stop, done := make(chan struct{}), make(chan error, 1)
+	go func() { // claims and commits until stopped: a rotation comes 1ms after a segment's first entry
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			k := key("evt_" + strconv.Itoa(i))
+			res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+			if err == nil {
+				err = s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+			}
+			if err != nil {
+				done <- fmt.Errorf("%s: %w", k.ID, err)
+				return
+			}
+		}
+	}()
+	eventually(t, "the writer asking for a second journal file", func() bool { return made.Load() >= 2 })
+	s.checkpointMu.Unlock() // the checkpoint hands the first file back
+	held = false
+	eventually(t, "a checkpoint after the rotation", func() bool { return s.checkpoints.Load() > 0 })
+	close(stop)
+	if err := receive(t, done, "the claims and commits"); err != nil {
+		t.Errorf("a claim or commit across the rotation: got %v, want none failed", err)
 	}
 	if f := s.journalErr.Load(); f != nil {
 		t.Errorf("journal failure noted: %v, want none", f.err)
