@@ -167,11 +167,15 @@ const minEntry = walHeader + 9
 // entry's key and value alias b. floor is the checkpoint: entries at or
 // below it are in bbolt already, and resync looks only above it.
 func readWAL(b []byte, owner journalOwner, floor uint64, fn func(walEntry) error) error {
+	var damage []string
 	if len(b) < segmentHeaderV1 || string(b[:4]) != segmentMagic {
-		if len(b) >= 4 && binary.BigEndian.Uint32(b) != 0 {
+		switch {
+		case len(b) < 4 || binary.BigEndian.Uint32(b) == 0:
+			return nil // never written
+		case !magicDamaged(b, owner):
 			return fmt.Errorf("segment header: %w", errTorn)
 		}
-		return nil // never written
+		damage = append(damage, "0-4 (the segment's magic)")
 	}
 	start := segmentHeader
 	switch v := binary.BigEndian.Uint32(b[4:]); {
@@ -188,7 +192,6 @@ func readWAL(b []byte, owner journalOwner, floor uint64, fn func(walEntry) error
 	}
 	nonce := binary.BigEndian.Uint64(b[8:])
 	var prev uint64
-	var damage []string
 	budget := 2 * len(b) // bytes resync may checksum: Open stays linear in the file
 	for off := start; off < len(b); {
 		e, n, err := entryAt(b, off, nonce, prev)
@@ -220,6 +223,19 @@ func readWAL(b []byte, owner journalOwner, floor uint64, fn func(walEntry) error
 		return fmt.Errorf("bytes %s: %w", strings.Join(damage, ", "), errDamaged)
 	}
 	return nil
+}
+
+// magicDamaged reports whether b, a segment file whose first bytes are
+// neither the magic nor zero, has the rest of a current header naming
+// owner and an entry of its use right after it: then only the magic was
+// damaged (a header torn by a power loss has no entry behind it), and the
+// entries are replayed, the file reported damaged.
+func magicDamaged(b []byte, owner journalOwner) bool {
+	if len(b) < segmentHeader || binary.BigEndian.Uint32(b[4:]) != segmentVersion || binary.BigEndian.Uint64(b[16:]) != owner.id {
+		return false
+	}
+	_, n, err := entryAt(b, segmentHeader, binary.BigEndian.Uint64(b[8:]), 0)
+	return err == nil && n > 0
 }
 
 // entryAt decodes the entry of the use nonce at off, whose sequence number

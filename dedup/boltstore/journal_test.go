@@ -1097,6 +1097,9 @@ func TestJournalDamageLosesOnlyWhatItCovers(t *testing.T) {
 		{"second and third entries zeroed", func(b []byte, offs []int) { clear(b[offs[1]:offs[3]]) }, []int{0, 3, 4}, true},
 		{"first entry's length", func(b []byte, offs []int) { b[offs[0]] = 0xff }, []int{1, 2, 3, 4}, true},
 		{"torn last entry", func(b []byte, offs []int) { b[offs[4]+10] ^= 1 }, []int{0, 1, 2, 3}, false},
+		// Found by an operator trial: a damaged magic dropped the whole
+		// segment, logged at debug as a torn header.
+		{"the segment's magic", func(b []byte, _ []int) { b[0] = 'X' }, []int{0, 1, 2, 3, 4}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s, path := openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1})
