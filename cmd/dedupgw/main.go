@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 
@@ -26,7 +27,34 @@ import (
 )
 
 // version is stamped at build time with -ldflags "-X main.version=v1.2.3".
+// Unstamped, main makes it "dev" plus the commit go build recorded (see
+// devVersion).
 var version = "dev"
+
+// devVersion names an unstamped build by the VCS revision go build
+// recorded in info, "dev-<12 hex digits>", with "-dirty" for a modified
+// tree; "dev" without one. Two unstamped builds of different commits can
+// then be told apart (found in an upgrade trial).
+func devVersion(info *debug.BuildInfo, ok bool) string {
+	if !ok {
+		return "dev"
+	}
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "-dirty"
+			}
+		}
+	}
+	if rev == "" {
+		return "dev"
+	}
+	return "dev-" + rev[:min(12, len(rev))] + dirty
+}
 
 const usage = `dedupgw — webhook deduplication gateway
 
@@ -52,6 +80,9 @@ const (
 )
 
 func main() {
+	if version == "dev" {
+		version = devVersion(debug.ReadBuildInfo())
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

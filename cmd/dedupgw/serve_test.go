@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"testing"
@@ -537,5 +538,28 @@ func TestTrustedProxiesReachTheGateway(t *testing.T) {
 				t.Errorf("run: %v", err)
 			}
 		})
+	}
+}
+
+// TestDevVersion: an unstamped build is named by the commit go build
+// recorded, so two of them can be told apart.
+func TestDevVersion(t *testing.T) {
+	info := func(settings ...debug.BuildSetting) *debug.BuildInfo { return &debug.BuildInfo{Settings: settings} }
+	rev := debug.BuildSetting{Key: "vcs.revision", Value: "496e36b0123456789abcdef0123456789abcdef0"}
+	tests := []struct {
+		name string
+		info *debug.BuildInfo
+		ok   bool
+		want string
+	}{
+		{"no build info", nil, false, "dev"},
+		{"no VCS", info(), true, "dev"},
+		{"a commit", info(rev, debug.BuildSetting{Key: "vcs.modified", Value: "false"}), true, "dev-496e36b01234"},
+		{"a modified tree", info(rev, debug.BuildSetting{Key: "vcs.modified", Value: "true"}), true, "dev-496e36b01234-dirty"},
+	}
+	for _, tt := range tests {
+		if got := devVersion(tt.info, tt.ok); got != tt.want {
+			t.Errorf("%s: got %q, want %q", tt.name, got, tt.want)
+		}
 	}
 }
