@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -804,6 +805,7 @@ func TestE2EReloadOnSIGHUP(t *testing.T) {
 		`dedupgw_config_reloads_total{result="failure"}`: "2",
 		// bolt's own series (the file is bolt), not rebuilt by reloads
 		`dedupgw_bolt_checkpoint_failures_total`:   "0",
+		`dedupgw_bolt_swept_records_total`:         "0",
 		`dedupgw_bolt_journal_backlog_limit_bytes`: "6.7108864e+07",
 	} {
 		if got := metricValue(t, g, series); got != want {
@@ -812,6 +814,9 @@ func TestE2EReloadOnSIGHUP(t *testing.T) {
 	}
 	if got := metricValue(t, g, "dedupgw_bolt_journal_backlog_bytes"); got == "" {
 		t.Error("dedupgw_bolt_journal_backlog_bytes: got no sample, want one")
+	}
+	if got, err := strconv.ParseFloat(metricValue(t, g, "dedupgw_bolt_file_bytes"), 64); err != nil || got < 32<<10 {
+		t.Errorf("dedupgw_bolt_file_bytes: got %v (%v), want the file's size, at least bbolt's first 32 KiB", got, err)
 	}
 }
 

@@ -197,6 +197,8 @@ type Store struct {
 	checkpoints atomic.Uint64
 	// checkpointFailures counts checkpoints that failed (see Stats).
 	checkpointFailures atomic.Uint64
+	// swept counts the records sweeps deleted (see Stats).
+	swept atomic.Uint64
 
 	// sealed are journal segments waiting for a checkpoint, oldest first.
 	sealedMu     sync.Mutex
@@ -911,17 +913,29 @@ type Stats struct {
 	// checkpointer, which retries a second later, and by Sweep and Close);
 	// the journal keeps the writes meanwhile.
 	CheckpointFailures uint64
+	// SweptRecords counts the expired records sweeps deleted since Open.
+	SweptRecords uint64
+	// FileBytes is the bbolt file's size, 0 when it cannot be read. It does
+	// not shrink when records are deleted: bbolt keeps the pages for reuse.
+	FileBytes int64
 }
 
-// Stats returns the journal's backlog and checkpoint failures. It is cheap,
-// and answers after Close too.
+// Stats returns the journal's backlog, checkpoint failures, records swept
+// and the file's size. It is cheap (one stat of the file), and answers after
+// Close too.
 func (s *Store) Stats() Stats {
+	var size int64
+	if fi, err := os.Stat(s.db.Path()); err == nil {
+		size = fi.Size()
+	}
 	s.sealedMu.Lock()
 	defer s.sealedMu.Unlock()
 	return Stats{
 		BacklogBytes:       s.backlog,
 		MaxBacklogBytes:    s.maxBacklog,
 		CheckpointFailures: s.checkpointFailures.Load(),
+		SweptRecords:       s.swept.Load(),
+		FileBytes:          size,
 	}
 }
 

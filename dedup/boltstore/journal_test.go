@@ -1730,3 +1730,29 @@ func TestOpenWhereTheJournalMayNotBeCreated(t *testing.T) {
 		t.Errorf("error logs at Open: got %v, want one with the permission hint", got)
 	}
 }
+
+// Stats counts the records sweeps delete and reports the file's size, which
+// does not shrink with them: what the dedupgw_bolt_swept_records_total and
+// dedupgw_bolt_file_bytes series show.
+func TestStatsCountSweptRecordsAndFileSize(t *testing.T) {
+	ctx := context.Background()
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	s, path := openTemp(t, Options{Now: clk.Now, CheckpointInterval: -1})
+	t.Cleanup(func() { _ = s.Close() })
+	for i := range 600 {
+		claimCommit(t, s, key("evt_"+strconv.Itoa(i)), time.Minute)
+	}
+	clk.Advance(2 * time.Minute)
+	n, err := s.Sweep(ctx)
+	if err != nil || n != 600 {
+		t.Fatalf("Sweep: got (%d, %v), want (600, nil)", n, err)
+	}
+	st := s.Stats()
+	if st.SweptRecords != 600 {
+		t.Errorf("SweptRecords: got %d, want 600", st.SweptRecords)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || st.FileBytes != fi.Size() || st.FileBytes == 0 {
+		t.Errorf("FileBytes: got %d, want the file's size %d (%v)", st.FileBytes, fi.Size(), err)
+	}
+}

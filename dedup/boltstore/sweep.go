@@ -29,8 +29,8 @@ func (s *Store) sweepLoop(interval time.Duration) {
 				s.log.Warn("sweep failed", zap.Int("deleted", n), zap.Error(err))
 				continue
 			}
-			if n > 0 {
-				s.log.Debug("swept expired records", zap.Int("deleted", n), zap.Duration("took", time.Since(start)))
+			if n > 0 { // at most one line per SweepInterval
+				s.log.Info("swept expired records", zap.Int("deleted", n), zap.Duration("took", time.Since(start)))
 			}
 		}
 	}
@@ -79,6 +79,7 @@ func (s *Store) sweep(ctx context.Context) (int, error) {
 		}
 		n, more, err := s.sweepOnce(nowMs)
 		total += n
+		s.swept.Add(uint64(n))
 		if err != nil {
 			return total, fmt.Errorf("boltstore: sweep: %w", err)
 		}
