@@ -160,17 +160,12 @@ func newPipeliner(client redis.UniversalClient, inFlight, maxBatch, waitReplicas
 	return p
 }
 
-// run runs script on key with args, like script.Run(ctx, client, []string{key},
-// args...), in the next pipeline. The reply's error is ctx's when ctx ended
-// first and dedup.ErrClosed after close.
-func (p *pipeliner) run(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {
-	cmd, _ := p.runWaited(ctx, script, key, args...)
-	return cmd
-}
-
-// runWaited is run, also returning, when the pipeliner waits for replicas,
-// an error wrapping dedup.ErrNotReplicated if too few acknowledged the
-// pipeline the script travelled in (nil otherwise).
+// runWaited runs script on key with args, like script.Run(ctx, client,
+// []string{key}, args...), in the next pipeline. The reply's error is ctx's
+// when ctx ended first and dedup.ErrClosed after close. It also returns,
+// when the pipeliner waits for replicas, an error wrapping
+// dedup.ErrNotReplicated if too few acknowledged the pipeline the script
+// travelled in (nil otherwise).
 func (p *pipeliner) runWaited(ctx context.Context, script *redis.Script, key string, args ...any) (*redis.Cmd, error) {
 	o := newOp(ctx, script, key, args)
 	if err := p.do(o); err != nil {
@@ -183,14 +178,14 @@ func (p *pipeliner) runWaited(ctx context.Context, script *redis.Script, key str
 	return cmd, waitErr
 }
 
-// get runs GET key in the next pipeline; errors as for run.
+// get runs GET key in the next pipeline; errors as for runWaited.
 func (p *pipeliner) get(ctx context.Context, key string) *redis.StringCmd {
 	return p.command(ctx, "get", key)
 }
 
 // command runs the plain command args (name, key, arguments; one key, for
 // Cluster routing), whose reply is a string or nil, in the next pipeline;
-// errors as for run. args must not be changed until it returns.
+// errors as for runWaited. args must not be changed until it returns.
 func (p *pipeliner) command(ctx context.Context, args ...any) *redis.StringCmd {
 	cmd, _ := p.commandWaited(ctx, args...)
 	return cmd

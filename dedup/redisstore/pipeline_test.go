@@ -89,6 +89,12 @@ func (p *pipeliner) isClosed() bool {
 	return p.closed
 }
 
+// run is runWaited without the replicas' verdict.
+func (p *pipeliner) run(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {
+	cmd, _ := p.runWaited(ctx, script, key, args...)
+	return cmd
+}
+
 // waitFor polls cond every millisecond until it holds, failing t after 5s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()

@@ -284,21 +284,10 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	}
 	now := s.nowMS()
 	windowMS := durationMS(opts.Window)
-	var (
-		n       int64
-		err     error
-		waitErr error
+	n, waitErr, err := s.settle(ctx, "commit", commitScript, rk,
+		now, token, base36(now), base36(now+windowMS),
+		windowMS, encodeResult(opts.Status, "", opts.Response),
 	)
-	for attempt := 0; ; attempt++ {
-		var cmd *redis.Cmd
-		cmd, waitErr = s.pipe.runWaited(ctx, commitScript, rk,
-			now, token, base36(now), base36(now+windowMS),
-			windowMS, encodeResult(opts.Status, "", opts.Response),
-		)
-		if n, err = cmd.Int64(); err == nil || !s.again(ctx, "commit", err, attempt) {
-			break
-		}
-	}
 	if err != nil {
 		return fmt.Errorf("redisstore: commit: %w", err)
 	}
@@ -337,6 +326,20 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 //     the end of the context, or a closed Store.
 //
 // Each retry is logged at debug level.
+
+// settle runs script (commit.lua or release.lua, for op) on rk with args,
+// sending it again under the rules above. It returns the script's reply,
+// the replicas' verdict on the last try (see pipeliner.runWaited) and the
+// last try's error.
+func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk string, args ...any) (n int64, waitErr, err error) {
+	for attempt := 0; ; attempt++ {
+		var cmd *redis.Cmd
+		cmd, waitErr = s.pipe.runWaited(ctx, script, rk, args...)
+		if n, err = cmd.Int64(); err == nil || !s.again(ctx, op, err, attempt) {
+			return n, waitErr, err
+		}
+	}
+}
 
 // againFirst and againMax bound the pause before a retry; againTries
 // bounds the tries of a call whose context has no deadline.
@@ -402,19 +405,10 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	}
 	now := s.nowMS()
 	retainMS := durationMS(opts.Retain)
-	var (
-		n   int64
-		err error
+	n, _, err := s.settle(ctx, "release", releaseScript, rk,
+		now, token, base36(now), base36(now+retainMS),
+		retainMS, encodeResult(opts.Status, opts.Error, nil),
 	)
-	for attempt := 0; ; attempt++ {
-		n, err = s.pipe.run(ctx, releaseScript, rk,
-			now, token, base36(now), base36(now+retainMS),
-			retainMS, encodeResult(opts.Status, opts.Error, nil),
-		).Int64()
-		if err == nil || !s.again(ctx, "release", err, attempt) {
-			break
-		}
-	}
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
