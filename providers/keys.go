@@ -119,23 +119,13 @@ func parseKeySource(s string) (keySource, error) {
 		name := http.CanonicalHeaderKey(arg)
 		sfString := name == "Idempotency-Key"
 		return func(r *http.Request, _ []byte) (string, error) {
-			vs := r.Header.Values(name)
-			if len(vs) == 0 {
-				return "", nil
+			var normalize func(string) string
+			if sfString {
+				normalize = sfStringValue
 			}
-			value := func(v string) string {
-				if sfString {
-					if u, ok := unquoteSFString(v); ok {
-						return u
-					}
-				}
-				return v
-			}
-			v := value(vs[0])
-			for _, o := range vs[1:] {
-				if value(o) != v {
-					return "", fmt.Errorf("%w: %s appears %d times", ErrAmbiguousKey, name, len(vs))
-				}
+			v, ok := HeaderValue(r.Header, name, normalize)
+			if !ok {
+				return "", fmt.Errorf("%w: %s appears %d times", ErrAmbiguousKey, name, len(r.Header.Values(name)))
 			}
 			return v, nil
 		}, nil
@@ -164,6 +154,37 @@ func parseKeySource(s string) (keySource, error) {
 	default:
 		return nil, fmt.Errorf("unknown source")
 	}
+}
+
+// HeaderValue returns the value of header name in h, normalized by
+// normalize when it is not nil, and false when the header is repeated with
+// values that differ (once normalized): the request is then ambiguous, since
+// the gateway, a signature check and the application may each read another
+// line. An absent header is "", true.
+func HeaderValue(h http.Header, name string, normalize func(string) string) (string, bool) {
+	vs := h.Values(name)
+	if len(vs) == 0 {
+		return "", true
+	}
+	if normalize == nil {
+		normalize = func(v string) string { return v }
+	}
+	v := normalize(vs[0])
+	for _, o := range vs[1:] {
+		if normalize(o) != v {
+			return "", false
+		}
+	}
+	return v, true
+}
+
+// sfStringValue is the string the sf-string v holds, or v when it is not
+// one (see unquoteSFString).
+func sfStringValue(v string) string {
+	if u, ok := unquoteSFString(v); ok {
+		return u
+	}
+	return v
 }
 
 // unquoteSFString returns the string an RFC 8941 sf-string holds ("k-1"

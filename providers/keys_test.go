@@ -211,3 +211,30 @@ func FuzzUnquoteSFString(f *testing.F) {
 		}
 	})
 }
+
+// TestHeaderValue: a header is its one value, normalized when asked, and
+// ambiguous when its lines differ.
+func TestHeaderValue(t *testing.T) {
+	tests := []struct {
+		lines     []string
+		normalize func(string) string
+		want      string
+		wantOK    bool
+	}{
+		{nil, nil, "", true},
+		{[]string{"a"}, nil, "a", true},
+		{[]string{"a", "a"}, nil, "a", true},
+		{[]string{"a", "b"}, nil, "", false},
+		{[]string{`"a"`, "a"}, nil, "", false},
+		{[]string{`"a"`, "a"}, sfStringValue, "a", true},
+	}
+	for _, tt := range tests {
+		h := http.Header{}
+		for _, l := range tt.lines {
+			h.Add("X-Id", l)
+		}
+		if got, ok := HeaderValue(h, "X-Id", tt.normalize); got != tt.want || ok != tt.wantOK {
+			t.Errorf("HeaderValue(%q): got (%q, %v), want (%q, %v)", tt.lines, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 )
 
@@ -106,7 +105,7 @@ func (v *standardWebhooksVerifier) Verify(r *http.Request, body []byte) error {
 	// the application) might read instead: a captured delivery could be
 	// replayed under it.
 	for _, name := range []string{webhookIDHeader, svixIDHeader, tsH} {
-		if vs := r.Header.Values(name); len(vs) > 1 && slices.ContainsFunc(vs[1:], func(v string) bool { return v != vs[0] }) {
+		if _, ok := HeaderValue(r.Header, name, nil); !ok {
 			return fmt.Errorf("%w: %s repeated with different values", ErrBadSignature, name)
 		}
 	}

@@ -64,15 +64,12 @@ func (d *delivery) claimOptions(bodySHA string) dedup.ClaimOptions {
 // the client depends on who reads it, as for a key header). The scoped key
 // is scope + ":" + the client's key.
 func clientScope(r *http.Request, header string) (scope string, ok, ambiguous bool) {
-	vs := r.Header.Values(header)
-	if len(vs) == 0 || vs[0] == "" {
+	if r.Header.Get(header) == "" {
 		return "", false, false
 	}
-	v := vs[0]
-	for _, o := range vs[1:] {
-		if o != v {
-			return "", false, true
-		}
+	v, single := providers.HeaderValue(r.Header, header, nil)
+	if !single {
+		return "", false, true
 	}
 	sum := sha256.Sum256([]byte(v))
 	return hex.EncodeToString(sum[:])[:clientScopeLen], true, false
