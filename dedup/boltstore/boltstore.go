@@ -360,7 +360,7 @@ func Open(path string, opts Options) (*Store, error) {
 	go s.syncLoop()
 	go s.checkpointLoop()
 	if err := <-opened; err != nil {
-		hint := "each journal file needs 4 MiB free beside the database"
+		hint := fmt.Sprintf("each journal file needs %d MiB free beside the database", segmentBytes>>20)
 		if errors.Is(err, fs.ErrPermission) {
 			hint = "the gateway's user cannot create files in the database's directory"
 		}

@@ -132,9 +132,7 @@ func (s *Store) checkpoint() (err error) {
 	// What a removed or reused file still holds is at or below the
 	// checkpoint: replay skips it.
 	for _, path := range remove {
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			s.log.Warn("journal segment not removed", zap.String("segment", path), zap.Error(err))
-		}
+		s.removeSegment(path)
 	}
 	return nil
 }

@@ -513,9 +513,15 @@ func (s *Store) unused(seg *segment) {
 	kept := s.keepSlot(seg.slot)
 	s.sealedMu.Unlock()
 	if !kept {
-		if err := os.Remove(seg.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			s.log.Warn("journal segment not removed", zap.String("segment", seg.path), zap.Error(err))
-		}
+		s.removeSegment(seg.path)
+	}
+}
+
+// removeSegment removes a journal file beyond those kept for reuse; what it
+// holds is at or below the checkpoint, or was never written.
+func (s *Store) removeSegment(path string) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Warn("journal segment not removed", zap.String("segment", path), zap.Error(err))
 	}
 }
 
