@@ -289,18 +289,9 @@ func TestSettleRetriesWhileRedisIsDown(t *testing.T) {
 	for _, op := range []string{"commit", "release"} {
 		t.Run(op, func(t *testing.T) {
 			srv := redistest.StartWith(t, "--appendonly", "yes") // keeps the claim across the restart
-			core, logs := observer.New(zapcore.DebugLevel)
-			s, err := redisstore.New(redisstore.Config{Addrs: []string{srv.Addr()}, KeyPrefix: uniquePrefix()}, redisstore.Options{Logger: zap.New(core)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = s.Close() })
-			ctx := context.Background()
 			k := dedup.Key{Namespace: "n", ID: "evt_" + op}
-			res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
-			if err != nil || res.Outcome != dedup.Claimed {
-				t.Fatalf("Claim: got (%v, %v), want claimed", res.Outcome, err)
-			}
+			s, logs, res := observedClaim(t, redisstore.Config{Addrs: []string{srv.Addr()}}, k)
+			ctx := context.Background()
 			srv.Shutdown()
 
 			done := make(chan error, 1)
@@ -313,25 +304,7 @@ func TestSettleRetriesWhileRedisIsDown(t *testing.T) {
 					done <- s.Release(ctx, k, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 503})
 				}
 			}()
-			deadline := time.After(20 * time.Second)
-			for logs.FilterMessage(op+" not done; trying again").Len() == 0 {
-				select {
-				case err := <-done:
-					t.Fatalf("%s while Redis is down: got %v before any retry, want it to wait for Redis", op, err)
-				case <-deadline:
-					t.Fatalf("%s: no retry logged after 20s", op)
-				case <-time.After(5 * time.Millisecond):
-				}
-			}
-			srv.Start()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("%s once Redis is back: got %v, want nil", op, err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatalf("%s: still running 20s after Redis came back", op)
-			}
+			settledAfterRetry(t, logs, op, done, srv.Start)
 			rec, err := s.Get(ctx, k)
 			want := map[string]dedup.State{"commit": dedup.StateProcessed, "release": dedup.StateFailed}[op]
 			if err != nil || rec.State != want {
@@ -346,19 +319,10 @@ func TestSettleRetriesWhileRedisIsDown(t *testing.T) {
 // sent again, also while waiting for no replica, until it is accepted.
 func TestCommitRetriesWhileReadOnly(t *testing.T) {
 	srv := redistest.Start(t)
-	core, logs := observer.New(zapcore.DebugLevel)
-	s, err := redisstore.New(redisstore.Config{Addrs: []string{srv.Addr()}, KeyPrefix: uniquePrefix()}, redisstore.Options{Logger: zap.New(core)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	k := dedup.Key{Namespace: "n", ID: "evt_readonly"}
+	s, logs, res := observedClaim(t, redisstore.Config{Addrs: []string{srv.Addr()}}, k)
 	ctx := context.Background()
 	admin := srv.Client()
-	k := dedup.Key{Namespace: "n", ID: "evt_readonly"}
-	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
-	if err != nil || res.Outcome != dedup.Claimed {
-		t.Fatalf("Claim: got (%v, %v), want claimed", res.Outcome, err)
-	}
 	// A replica of a master that is not there keeps its data and refuses writes.
 	if err := admin.Do(ctx, "replicaof", "127.0.0.1", "1").Err(); err != nil {
 		t.Fatal(err)
@@ -370,27 +334,11 @@ func TestCommitRetriesWhileReadOnly(t *testing.T) {
 		defer cancel()
 		done <- s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
 	}()
-	deadline := time.After(20 * time.Second)
-	for logs.FilterMessage("commit not done; trying again").Len() == 0 {
-		select {
-		case err := <-done:
-			t.Fatalf("Commit on a read-only Redis: got %v before any retry, want it to wait", err)
-		case <-deadline:
-			t.Fatal("Commit: no retry logged after 20s")
-		case <-time.After(5 * time.Millisecond):
+	settledAfterRetry(t, logs, "commit", done, func() {
+		if err := admin.Do(ctx, "replicaof", "no", "one").Err(); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if err := admin.Do(ctx, "replicaof", "no", "one").Err(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Commit once Redis takes writes again: got %v, want nil", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Commit: still running 20s after Redis took writes again")
-	}
+	})
 	if rec, err := s.Get(ctx, k); err != nil || rec.State != dedup.StateProcessed {
 		t.Errorf("record: got (%v, %v), want processed", rec.State, err)
 	}
@@ -401,19 +349,10 @@ func TestCommitRetriesWhileReadOnly(t *testing.T) {
 // nothing (see Config.WaitTimeout). It fails, once.
 func TestCommitTimeoutIsNotRetriedWhileWaiting(t *testing.T) {
 	master, _ := redistest.StartReplicated(t)
-	core, logs := observer.New(zapcore.DebugLevel)
-	s, err := redisstore.New(redisstore.Config{Addrs: []string{master.Addr()}, KeyPrefix: uniquePrefix(),
-		WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond, ReadTimeout: 300 * time.Millisecond}, redisstore.Options{Logger: zap.New(core)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	ctx := context.Background()
 	k := dedup.Key{Namespace: "n", ID: "evt_wait_timeout"}
-	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
-	if err != nil || res.Outcome != dedup.Claimed {
-		t.Fatalf("Claim: got (%v, %v), want claimed", res.Outcome, err)
-	}
+	s, logs, res := observedClaim(t, redisstore.Config{Addrs: []string{master.Addr()},
+		WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond, ReadTimeout: 300 * time.Millisecond}, k)
+	ctx := context.Background()
 	master.Pause()
 	t.Cleanup(master.Resume)
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -423,5 +362,50 @@ func TestCommitTimeoutIsNotRetriedWhileWaiting(t *testing.T) {
 	}
 	if n := logs.FilterMessage("commit not done; trying again").Len(); n != 0 {
 		t.Errorf("retries of a timed-out commit while waiting for replicas: got %d, want none", n)
+	}
+}
+
+// observedClaim opens a store on cfg (with a fresh key prefix) whose log,
+// debug lines included, is the returned logs, and claims k on it for a
+// minute.
+func observedClaim(t *testing.T, cfg redisstore.Config, k dedup.Key) (*redisstore.Store, *observer.ObservedLogs, dedup.ClaimResult) {
+	t.Helper()
+	core, logs := observer.New(zapcore.DebugLevel)
+	cfg.KeyPrefix = uniquePrefix()
+	s, err := redisstore.New(cfg, redisstore.Options{Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	res, err := s.Claim(context.Background(), k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim: got (%v, %v), want claimed", res.Outcome, err)
+	}
+	return s, logs, res
+}
+
+// settledAfterRetry waits until the store logs that op is sent again,
+// failing t if op's call (its result on done) returned first; then calls
+// heal, and wants the call to succeed.
+func settledAfterRetry(t *testing.T, logs *observer.ObservedLogs, op string, done <-chan error, heal func()) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for logs.FilterMessage(op+" not done; trying again").Len() == 0 {
+		select {
+		case err := <-done:
+			t.Fatalf("%s while Redis cannot take it: got %v before any retry, want it to wait", op, err)
+		case <-deadline:
+			t.Fatalf("%s: no retry logged after 20s", op)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	heal()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s once Redis takes it again: got %v, want nil", op, err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s: still running 20s after Redis could take it again", op)
 	}
 }
