@@ -69,14 +69,19 @@ func (k Key) String() string { return k.Namespace + ":" + k.ID }
 // Response is an upstream answer stored on commit so a duplicate can be
 // answered with it (duplicate_response: replay).
 type Response struct {
-	Status int                 `json:"status"`
+	// Status is the upstream's 2xx status.
+	Status int `json:"status"`
+	// Header holds the response headers stored with it (the route's
+	// replay_headers, plus Content-Encoding when the body is encoded).
 	Header map[string][]string `json:"header,omitempty"`
-	Body   []byte              `json:"body,omitempty"`
+	// Body is the response body as the upstream sent it.
+	Body []byte `json:"body,omitempty"`
 }
 
 // Record is what a Store remembers about one key: the webhook receipt an
 // operator reads through GET /v1/keys/{route}/{key}.
 type Record struct {
+	// State is processing, processed or failed.
 	State State `json:"state"`
 	// FirstSeen is when the key was first claimed. It survives failed attempts.
 	FirstSeen time.Time `json:"first_seen"`
@@ -158,12 +163,14 @@ func (o ClaimOptions) Conflicts(fingerprint string) bool {
 
 // ClaimResult reports the outcome of a Claim.
 type ClaimResult struct {
+	// Outcome says what the claim found: Claimed, Duplicate, InFlight or
+	// Conflict.
 	Outcome Outcome
 	// Token is the owner token when Outcome is Claimed, empty otherwise.
 	Token string
 	// Record is the key's record after the claim: the new processing record when
-	// Claimed, the existing one for Duplicate and InFlight (Response set when one
-	// was stored).
+	// Claimed, the existing one for Duplicate, InFlight and Conflict (Response
+	// set when one was stored).
 	Record Record
 }
 

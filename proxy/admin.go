@@ -55,11 +55,17 @@ type keyRecord struct {
 //	GET    /readyz                   200 when store.Ping answers within 2s, else 503; 503 once g drains
 //	GET    /metrics                  Prometheus exposition of opts.Gatherer
 //	GET    /v1/keys/{route}/{key...} the key's record as JSON; 404 if absent or the route is unknown
-//	DELETE /v1/keys/{route}/{key...} forget the key (204); 404 if absent
+//	DELETE /v1/keys/{route}/{key...} forget the key (204); 404 if absent; 409 in-flight (with
+//	                                 Retry-After) while a delivery holds a live lease on it,
+//	                                 unless ?force=true (a force that is not a boolean: 400)
 //
-// Keys may contain "/". Routes are looked up in g's current routes, so keys
-// are found under the route's namespace. Store operations are measured in
-// g's store metrics.
+// GET paths serve HEAD too; another method gets 405 with Allow, another
+// path 404, and a path with an empty, "." or ".." segment 400, all as
+// problem+json. /v1/* needs opts.Token when it is set (401), and without
+// one answers only requests addressed to an IP address or localhost
+// unless opts.AnyHost (403). Keys may contain "/". Routes are looked up in
+// g's current routes, so keys are found under the route's namespace. Store
+// operations are measured in g's store metrics.
 func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 	a := &admin{
 		g:     g,

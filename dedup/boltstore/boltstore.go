@@ -7,9 +7,11 @@
 //
 // A Commit or Release returns once it is written to a write-ahead journal
 // beside the file (<file>.journal.<n>, see journal.go), so a processed key
-// survives kill -9; a syncer goroutine fdatasyncs it at once, and a power
-// loss can forget only what that fdatasync was covering (writeLoop says why
-// that is the right trade). A Forget returns after its fdatasync.
+// survives kill -9; a syncer goroutine fdatasyncs it right behind the
+// writer, at most once a millisecond (minFlushGap), and a power loss can
+// forget only what no finished fdatasync covered yet: the flush in
+// progress and the writes queued behind it (writeLoop says why that is the
+// right trade). A Forget returns after its fdatasync.
 // Concurrent writes are group-committed: one writer goroutine appends every
 // write that queued meanwhile in one append, and one fdatasync covers every
 // group written while the previous one ran; no write waits for a timer. Journaled writes are served from memory until a checkpointer
@@ -737,7 +739,8 @@ func (s *Store) endFinish(rk []byte, l *lease, written bool) {
 
 // Commit implements dedup.Store. It returns once the processed record is
 // written to the journal (it survives a crash of the process) and visible;
-// its fdatasync follows at once (see writeLoop).
+// its fdatasync follows without waiting for it, within a millisecond or so
+// (the syncer's pacing, minFlushGap; see writeLoop).
 func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts dedup.CommitOptions) error {
 	if err := s.enter(ctx, "commit"); err != nil {
 		return err

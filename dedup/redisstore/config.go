@@ -45,7 +45,7 @@ type Config struct {
 	SentinelPassword string
 	// DB selects the logical database on a single node or Sentinel master.
 	// Zero means database 0. A Cluster has only database 0: a non-zero DB
-	// with several addresses is an error.
+	// with several addresses, or with Cluster, is an error.
 	DB int
 	// TLS, when true, connects with TLS (minimum TLS 1.2, server name from
 	// the address, system roots). False means plain TCP.

@@ -489,7 +489,9 @@ func (s *Store) forgetOnce(ctx context.Context, rk string, now int64) *redis.Cmd
 
 // Ping implements dedup.Store: PING on the node, on the Sentinel master, or
 // on every Cluster master (a Cluster with one master down cannot serve part of
-// the keys, so it is not ready). It does not check replicas (see
+// the keys, so it is not ready), and on a Cluster also CLUSTER INFO, which
+// must report cluster_state:ok (see clusterServes; a user not allowed the
+// command skips that check). It does not check replicas (see
 // CheckReplicas): they are shared by every gateway, so a readiness that
 // failed with them would take every pod out of service at once, though
 // duplicates are still answered.
