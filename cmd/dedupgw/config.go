@@ -785,14 +785,17 @@ func caseCollisions(n *yaml.Node, path string, ps *Problems) {
 const envAdminURL = EnvPrefix + "ADMIN_URL"
 
 // envNotConfig are the DEDUPGW_* variables that are not configuration
-// overrides: the keys commands' admin URL, and the knobs of the benchmark
-// runner and of the test suites (each described in the README).
+// overrides: the keys commands' admin URL, and the knobs that the benchmark
+// runner, the test suites and the CI scripts read (TestEnvKnobsAreKnown
+// finds them in the repository, so that a developer's shell with one set
+// gets no "misspelt?" warning).
 var envNotConfig = []string{
 	envAdminURL,
 	EnvPrefix + "BENCH_PPROF",
-	EnvPrefix + "CHAOS", EnvPrefix + "CHAOS_KEEP",
+	EnvPrefix + "CHAOS", EnvPrefix + "CHAOS_KEEP", EnvPrefix + "CHAOS_RACE", EnvPrefix + "CHAOS_REPORT",
 	EnvPrefix + "MEASURE_KEYS", EnvPrefix + "REQUIRE_REDIS",
 	EnvPrefix + "SCALE", EnvPrefix + "SCALE_BATCH", EnvPrefix + "SCALE_DIR",
+	EnvPrefix + "SKIP_DOCKER",
 }
 
 // UnknownEnv returns the DEDUPGW_* names in environ ("NAME=value" entries,
