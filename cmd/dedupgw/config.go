@@ -908,6 +908,8 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 			}
 			decode(m[k], fv, key, ps)
 		}
+	case t == secretListType && !secretsAreStrings(raw, path, ps):
+		return
 	case t.Kind() == reflect.Slice:
 		list, ok := raw.([]any)
 		if !ok {
@@ -1065,6 +1067,39 @@ func toInt(raw any) (int64, error) {
 		return 0, fmt.Errorf("invalid integer %q", x)
 	}
 	return 0, fmt.Errorf("want an integer, got %s", describe(raw))
+}
+
+// secretsAreStrings reports whether raw, a secrets: value, is a string or a
+// list of strings, adding a problem for each entry that is not. YAML reads
+// an unquoted 0123456 as the octal number 42798, 1e5 as 100000 and a long
+// run of digits as a rounded float: turned back into text, such a secret
+// would be another key, and every delivery would fail its signature check
+// with nothing said at start-up. The value is not shown: it is a secret.
+func secretsAreStrings(raw any, path string, ps *Problems) bool {
+	const quote = "YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)"
+	switch x := raw.(type) {
+	case string:
+		return true
+	case []any:
+		ok := true
+		for i, e := range x {
+			switch e.(type) {
+			case string, nil:
+			case []any, map[string]any:
+				ps.add(fmt.Sprintf("%s[%d]", path, i), "want a string, got %s", describe(e))
+				ok = false
+			default:
+				ps.add(fmt.Sprintf("%s[%d]", path, i), "must be a string; %s", quote)
+				ok = false
+			}
+		}
+		return ok
+	case map[string]any:
+		ps.add(path, "want a list, got a mapping")
+		return false
+	}
+	ps.add(path, "want a list of strings; %s", quote)
+	return false
 }
 
 func describe(raw any) string {

@@ -858,6 +858,17 @@ func TestProblems(t *testing.T) {
 			`routes[0].window: invalid duration "" (want e.g. "300ms", "30s", "24h") (environment variable W is not set)`,
 		}},
 		{"secret set", route("    secrets: [\"${S}\"]\n"), map[string]string{"S": "whsec"}, nil},
+		// YAML would read these as numbers (42798, 100000, a rounded
+		// float, true): the secret would silently be another key.
+		{"unquoted numeric secrets", route("    secrets: [0123456, 1e5, 123456789012345678901234567890, \"0123456\", yes, true]\n"), nil, []string{
+			"routes[0].secrets[0]: must be a string; YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)",
+			"routes[0].secrets[1]: must be a string; YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)",
+			"routes[0].secrets[2]: must be a string; YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)",
+			"routes[0].secrets[5]: must be a string; YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)",
+		}},
+		{"one unquoted numeric secret is not shown", route("    secrets: 98127349812734981\n"), nil, []string{
+			"routes[0].secrets: want a list of strings; YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)",
+		}},
 		{"negative tolerance", route("    tolerance: -5s\n"), nil, []string{"routes[0].tolerance: must be greater than 0, got -5s (omit it for the default, 300s)"}},
 		{"zero tolerance", route("    tolerance: 0s\n"), nil, []string{"routes[0].tolerance: must be greater than 0, got 0s (omit it for the default, 300s)"}},
 		{"bad methods", route("    methods: [post, \"GET X\"]\n"), nil, []string{
