@@ -858,6 +858,16 @@ func TestProblems(t *testing.T) {
 			`routes[0].window: invalid duration "" (want e.g. "300ms", "30s", "24h") (environment variable W is not set)`,
 		}},
 		{"secret set", route("    secrets: [\"${S}\"]\n"), map[string]string{"S": "whsec"}, nil},
+		// Listed with the other problems, not found only once they are
+		// fixed, when the gateway is built.
+		{"standard-webhooks secrets, beside another problem", "log:\n  level: loud\n" +
+			"routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: standard-webhooks\n" +
+			"    secrets: [\"not base64!\", whsec_abc, whpk_abc, \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"]\n", nil, []string{
+			`log.level: invalid value "loud" (want debug, info, warn or error)`,
+			"routes[0].secrets[0]: a standard-webhooks secret must be whsec_ followed by base64",
+			"routes[0].secrets[1]: a standard-webhooks secret must be whsec_ followed by base64",
+			"routes[0].secrets[2]: a whpk_ secret must be a base64 Ed25519 public key",
+		}},
 		// YAML would read these as numbers (42798, 100000, a rounded
 		// float, true): the secret would silently be another key.
 		{"unquoted numeric secrets", route("    secrets: [0123456, 1e5, 123456789012345678901234567890, \"0123456\", yes, true]\n"), nil, []string{

@@ -311,6 +311,20 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 			ps.add(k, "%s", f.empty(k))
 		}
 	}
+	if provider == providers.StandardWebhooks {
+		// The secret's format (whsec_<base64>, whpk_<base64>) is checked
+		// here too, so it is listed with every other problem and names
+		// its route, not found only when the gateway is built.
+		for i, s := range r.Secrets {
+			if s == "" {
+				continue
+			}
+			if err := (providers.Config{Provider: provider, Secrets: []string{s}}).Validate(); err != nil {
+				_, msg, _ := strings.Cut(err.Error(), ": ")
+				ps.add(fmt.Sprintf("%s.secrets[%d]", key, i), "%s", msg)
+			}
+		}
+	}
 	if r.Tolerance != nil && *r.Tolerance <= 0 {
 		ps.add(key+".tolerance", "must be greater than 0, got %v (omit it for the default, 300s)", *r.Tolerance)
 	}
