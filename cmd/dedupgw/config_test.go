@@ -858,6 +858,12 @@ func TestProblems(t *testing.T) {
 			`routes[0].window: invalid duration "" (want e.g. "300ms", "30s", "24h") (environment variable W is not set)`,
 		}},
 		{"secret set", route("    secrets: [\"${S}\"]\n"), map[string]string{"S": "whsec"}, nil},
+		{"secret with an unset var inside", route("    secrets: [\"whsec_${SUFFIX}\", \"lit-${N}\"]\n"), map[string]string{"N": "1"}, []string{
+			"routes[0].secrets[0]: environment variable SUFFIX is not set (the secret would be only the rest of its text)",
+		}},
+		{"one secret string from an unset var", route("    secrets: \"${GH_SECRET}\"\n"), nil, []string{
+			"routes[0].secrets[0]: must not be empty (environment variable GH_SECRET is not set)",
+		}},
 		// Listed with the other problems, not found only once they are
 		// fixed, when the gateway is built.
 		{"standard-webhooks secrets, beside another problem", "log:\n  level: loud\n" +

@@ -306,9 +306,20 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		}
 	}
 	for i, s := range r.Secrets {
-		if s == "" {
-			k := fmt.Sprintf("%s.secrets[%d]", key, i)
+		k := fmt.Sprintf("%s.secrets[%d]", key, i)
+		unset := f.unset[k]
+		if i == 0 && len(r.Secrets) == 1 && len(unset) == 0 {
+			unset = f.unset[key+".secrets"] // written as one string, not a list
+		}
+		switch {
+		case s == "" && len(unset) > 0:
+			ps.add(k, "must not be empty (environment variable %s is not set)", strings.Join(unset, ", "))
+		case s == "":
 			ps.add(k, "%s", f.empty(k))
+		case len(unset) > 0:
+			// "whsec_${SUFFIX}" with SUFFIX unset is "whsec_": not empty,
+			// but not the secret either, and every delivery would fail.
+			ps.add(k, "environment variable %s is not set (the secret would be only the rest of its text)", strings.Join(unset, ", "))
 		}
 	}
 	if provider == providers.StandardWebhooks {
