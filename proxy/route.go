@@ -318,7 +318,7 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 		bad("upstream", "%s is not a URL", RedactURL(r.Upstream))
 	} else if u.Scheme != "http" && u.Scheme != "https" {
 		bad("upstream", "%s must be an http:// or https:// URL", RedactURL(r.Upstream))
-	} else if u.Host == "" {
+	} else if u.Hostname() == "" { // "http://:3000" would be dialled as this machine
 		bad("upstream", "%s has no host", RedactURL(r.Upstream))
 	} else if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
 		bad("upstream", "%s may not carry a query, fragment or user info", RedactURL(r.Upstream))

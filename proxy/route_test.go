@@ -41,6 +41,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"star inside path", func() []Route { r := good(); r.Path = "/a*/b"; return []Route{r} }, []string{"routes[0].path:"}},
 		{"bad upstream scheme", func() []Route { r := good(); r.Upstream = "ftp://x"; return []Route{r} }, []string{"routes[0].upstream: \"ftp://x\" must be an http:// or https:// URL"}},
 		{"upstream without host", func() []Route { r := good(); r.Upstream = "http://"; return []Route{r} }, []string{"routes[0].upstream:"}},
+		{"upstream with a port but no host", func() []Route { r := good(); r.Upstream = "http://:3000"; return []Route{r} }, []string{`routes[0].upstream: "http://:3000" has no host`}},
 		{"upstream with user info", func() []Route { r := good(); r.Upstream = "http://token@x/?key=s3cret"; return []Route{r} },
 			[]string{`routes[0].upstream: "http://xxxxx@x/?xxxxx" may not carry a query, fragment or user info`}},
 		{"duplicate names and paths", func() []Route { return []Route{good(), good()} },

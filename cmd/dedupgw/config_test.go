@@ -822,6 +822,9 @@ func TestProblems(t *testing.T) {
 			`routes[0].upstream: invalid upstream URL "ftp://x" (want http://host[:port][/path] or https://…)`,
 			`routes[1].upstream: invalid upstream URL "localhost:3000" (want http://host[:port][/path] or https://…)`,
 		}},
+		{"upstream host from an unset var", "routes:\n  - name: a\n    path: /a\n    upstream: http://${APP_HOST}:3000\n    keys: [body]\n", nil, []string{
+			`routes[0].upstream: invalid upstream URL "http://:3000" (want http://host[:port][/path] or https://…) (environment variable APP_HOST is not set)`,
+		}},
 		{"upstream with query", "routes:\n  - name: a\n    path: /a\n    upstream: http://x/?token=s3cret\n    provider: stripe\n", nil, []string{`routes[0].upstream: upstream URL "http://x/?xxxxx" must not have a query or fragment`}},
 		// Listed with the other problems, and the credentials not shown.
 		{"upstream with user info", "routes:\n  - name: a\n    path: /a\n    upstream: http://user:s3cret@x/\n    provider: stripe\n    window: 5\n", nil, []string{

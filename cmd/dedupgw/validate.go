@@ -275,8 +275,10 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 	checkPath(ps, key+".path", r.Path, f.empty(key+".path"))
 	if r.Upstream == "" {
 		ps.add(key+".upstream", "%s", f.empty(key+".upstream"))
-	} else if u, err := url.Parse(r.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		ps.add(key+".upstream", "invalid upstream URL %s (want http://host[:port][/path] or https://…)", proxy.RedactURL(r.Upstream))
+	} else if u, err := url.Parse(r.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
+		// No host name ("http://:3000", from "http://${APP_HOST}:3000"
+		// with APP_HOST unset) would be dialled as this machine.
+		ps.add(key+".upstream", "invalid upstream URL %s (want http://host[:port][/path] or https://…)%s", proxy.RedactURL(r.Upstream), f.unsetNote(key+".upstream"))
 	} else if u.User != nil {
 		// The transport would drop it silently, and it would be a secret
 		// in the config's logs.
