@@ -451,7 +451,7 @@ func (s *server) reload() {
 	if err := s.level.UnmarshalText([]byte(f.Log.Level)); err != nil {
 		s.log.Warn("log.level not applied", zap.Error(err))
 	}
-	if f.Admin.Token != old.Admin.Token {
+	if f.Admin.Token != old.Admin.Token || f.Admin.Insecure != old.Admin.Insecure {
 		s.setAdmin(f.Admin)
 	}
 	s.file = f

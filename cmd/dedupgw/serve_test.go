@@ -182,6 +182,39 @@ func TestServeLifecycleInProcess(t *testing.T) {
 	}
 }
 
+// TestReloadAppliesAdminInsecure: admin.insecure decides whether the keys
+// API answers requests addressed to a host name (the DNS-rebinding guard);
+// a reload that turns it off must turn the guard back on at once.
+func TestReloadAppliesAdminInsecure(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	cfg, text := tokenConfig(t, t.TempDir(), "http://127.0.0.1:1")
+	insecure := strings.Replace(text, "  token: one\n", "  insecure: true\n", 1)
+	writeFileAtomic(t, cfg, insecure)
+	p := startInProcess(t, cfg)
+	byName := func() int {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+p.admin+"/v1/keys/orders/k", nil)
+		req.Host = "dedupgw.example"
+		resp, err := p.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := byName(); got != http.StatusNotFound {
+		t.Errorf("keys API by host name with insecure: true: got %d, want 404 (answered, absent)", got)
+	}
+	writeFileAtomic(t, cfg, strings.Replace(insecure, "  insecure: true\n", "", 1))
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reloaded", 1)
+	if got := byName(); got != http.StatusForbidden {
+		t.Errorf("keys API by host name after a reload to insecure: false: got %d, want 403", got)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
 // TestReloadKeepsAdminGuarded: admin.listen needs a restart, so a reload
 // that moves it to loopback and drops the token must not drop the token of
 // the non-loopback listener still running.
