@@ -595,6 +595,11 @@ routes:
 		{"no command", nil, 2, nil, []string{"Usage:"}, nil},
 		{"unknown command", []string{"frobnicate"}, 2, nil, []string{`unknown command "frobnicate"`}, nil},
 		{"help", []string{"help"}, 0, []string{"dedupgw serve --config FILE"}, nil, nil},
+		// Asking for help is no command-line error: exit 0.
+		{"serve --help", []string{"serve", "--help"}, 0, nil, []string{"-config"}, nil},
+		{"validate -h", []string{"validate", "-h"}, 0, nil, []string{"-config"}, nil},
+		{"keys --help", []string{"keys", "--help"}, 0, []string{"dedupgw keys get"}, nil, []string{"unknown subcommand"}},
+		{"keys forget --help", []string{"keys", "forget", "--help"}, 0, nil, []string{"-force"}, nil},
 		{"keys without args", []string{"keys", "get"}, 2, nil, []string{"dedupgw keys get: missing ROUTE and KEY", "Usage:"}, nil},
 		{"keys without a key", []string{"keys", "get", "slow"}, 2, nil, []string{`dedupgw keys get: missing KEY after ROUTE "slow"`}, nil},
 		{"keys without a subcommand", []string{"keys"}, 2, nil, []string{"dedupgw keys: missing subcommand (get or forget)"}, nil},

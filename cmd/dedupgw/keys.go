@@ -38,6 +38,9 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	case len(args) == 0:
 		fmt.Fprintf(stderr, "dedupgw keys: missing subcommand (get or forget)\n%s", keysUsage)
 		return exitUsage
+	case args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help":
+		fmt.Fprint(stdout, keysUsage)
+		return exitOK
 	case args[0] != "get" && args[0] != "forget":
 		msg := fmt.Sprintf("unknown subcommand %q (want get or forget)", args[0])
 		if args[0] == "list" {
@@ -59,7 +62,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		force = fs.Bool("force", false, "forget the key even while a delivery of it is in flight")
 	}
 	if err := fs.Parse(args[1:]); err != nil {
-		return exitUsage
+		return usageExit(err)
 	}
 	if fs.NArg() > 2 && strings.HasPrefix(fs.Arg(2), "-") {
 		// Go's flag package stops at the first argument: --admin after

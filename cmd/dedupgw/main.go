@@ -112,23 +112,34 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // configFlag parses "--config FILE" (and no positional arguments) for serve
-// and validate.
-func configFlag(name string, args []string, stderr io.Writer) (string, bool) {
+// and validate. When ok is false the command exits with code: 0 after
+// -h/--help (the usage was printed), exitUsage for a wrong command line.
+func configFlag(name string, args []string, stderr io.Writer) (path string, code int, ok bool) {
 	fs := flag.NewFlagSet("dedupgw "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", "", "configuration file (YAML)")
+	file := fs.String("config", "", "configuration file (YAML)")
 	if err := fs.Parse(args); err != nil {
-		return "", false
+		return "", usageExit(err), false
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "dedupgw %s: unexpected argument %q\n", name, fs.Arg(0))
-		return "", false
+		return "", exitUsage, false
 	}
-	if *path == "" {
+	if *file == "" {
 		fmt.Fprintf(stderr, "dedupgw %s: missing --config FILE\n", name)
-		return "", false
+		return "", exitUsage, false
 	}
-	return *path, true
+	return *file, exitOK, true
+}
+
+// usageExit is the exit code after a flag set's Parse failed with err: 0
+// for -h or --help, which asked for the usage the flag package printed, and
+// exitUsage for a wrong command line.
+func usageExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	return exitUsage
 }
 
 // loadConfig loads and validates the file at path. The error is Problems when
@@ -205,9 +216,9 @@ func printConfigError(w io.Writer, path string, err error) {
 }
 
 func cmdValidate(args []string, stdout, stderr io.Writer) int {
-	path, ok := configFlag("validate", args, stderr)
+	path, code, ok := configFlag("validate", args, stderr)
 	if !ok {
-		return exitUsage
+		return code
 	}
 	f, err := loadConfig(path, os.LookupEnv)
 	if err == nil {

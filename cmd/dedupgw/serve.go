@@ -52,9 +52,9 @@ const (
 )
 
 func cmdServe(args []string, stderr io.Writer) int {
-	path, ok := configFlag("serve", args, stderr)
+	path, code, ok := configFlag("serve", args, stderr)
 	if !ok {
-		return exitUsage
+		return code
 	}
 	f, err := loadConfig(path, os.LookupEnv)
 	if err != nil {
