@@ -475,6 +475,30 @@ func wantWarning(t *testing.T, text, key, want string) {
 	}
 }
 
+// TestSecretWithWhiteSpaceIsWarned: a secret read from a file often ends
+// with its newline, which no provider signs with; validate says so, naming
+// the secret, without showing it.
+func TestSecretWithWhiteSpaceIsWarned(t *testing.T) {
+	route := "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: stripe\n    secrets: [%q]\n"
+	tests := []struct {
+		secret, want string
+	}{
+		{"whsec_abc\n", `routes[0].secrets[0]: route "a" has a secret that begins or ends with white space`},
+		{" whsec_abc", `routes[0].secrets[0]: route "a" has a secret that begins or ends with white space`},
+		{"whsec_a bc", ""}, // inside the secret: the provider's to judge
+		{"whsec_abc", ""},
+	}
+	for _, tt := range tests {
+		wantWarning(t, fmt.Sprintf(route, tt.secret), "routes[0].secrets[0]", tt.want)
+	}
+	f, _ := loadText(t, fmt.Sprintf(route, "whsec_s3cret\n"), nil)
+	for _, w := range f.Warnings() {
+		if strings.Contains(w.String(), "s3cret") {
+			t.Errorf("warning %q: got the secret in it, want it never shown", w)
+		}
+	}
+}
+
 // TestUnsignedProviderRoutesAreNamed: a provider route without secrets
 // verifies nothing; one warning names every such route.
 func TestUnsignedProviderRoutesAreNamed(t *testing.T) {
@@ -837,6 +861,9 @@ func TestProblems(t *testing.T) {
 		{"namespace with colon", route("    namespace: a:b\n"), nil, []string{`routes[0].namespace: must not contain ':' (it separates namespace and key), got "a:b"`}},
 		{"unknown provider", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: paypal\n", nil, []string{
 			`routes[0].provider: unknown provider "paypal" (want stripe, shopify, github, standard-webhooks, slack or generic)`,
+		}},
+		{"svix is standard-webhooks", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: Svix\n", nil, []string{
+			`routes[0].provider: unknown provider "Svix" (want stripe, shopify, github, standard-webhooks, slack or generic); Svix signs as Standard Webhooks: use standard-webhooks`,
 		}},
 		{"generic without keys", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: generic\n", nil, []string{
 			`routes[0].keys: provider generic needs keys (e.g. ["header:Idempotency-Key", "body"])`,

@@ -296,8 +296,12 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		provider = providers.Generic
 	case providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack, providers.Generic:
 	default:
-		ps.add(key+".provider", "unknown provider %q (want %s, %s, %s, %s, %s or %s)", r.Provider,
-			providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack, providers.Generic)
+		hint := ""
+		if strings.EqualFold(provider, "svix") {
+			hint = "; Svix signs as Standard Webhooks: use standard-webhooks"
+		}
+		ps.add(key+".provider", "unknown provider %q (want %s, %s, %s, %s, %s or %s)%s", r.Provider,
+			providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack, providers.Generic, hint)
 	}
 	if provider == providers.Generic && len(r.Keys) == 0 {
 		ps.add(key+".keys", "provider generic needs keys (e.g. [\"header:Idempotency-Key\", \"body\"])")
@@ -480,6 +484,9 @@ func (f *File) unsetNote(key string) string {
 // A key_prefix holding a Redis hash tag ({...}) on a Cluster puts every
 // key in one slot, on one node.
 //
+// A secret that begins or ends with white space (a trailing newline of a
+// file the variable was read from) is not what any provider signs with.
+//
 // store.redis.wait_replicas makes a claim fail while too few replicas
 // acknowledge it; a route with on_store_error: forward then forwards every
 // delivery without deduplication.
@@ -498,6 +505,14 @@ func (f *File) Warnings() []Problem {
 				Key: fmt.Sprintf("routes[%d].failed_retention", i),
 				Msg: fmt.Sprintf("route %q keeps failed keys (%v) longer than processed ones (window %v)", r.Name, *p.FailedRetention, *p.Window),
 			})
+		}
+		for j, secret := range r.Secrets {
+			if secret != "" && strings.TrimSpace(secret) != secret {
+				ws = append(ws, Problem{
+					Key: fmt.Sprintf("routes[%d].secrets[%d]", i, j),
+					Msg: fmt.Sprintf("route %q has a secret that begins or ends with white space (a trailing newline from the file it was read from?): deliveries signed with the secret itself fail their check", r.Name),
+				})
+			}
 		}
 		generic := r.Provider == "" || r.Provider == providers.Generic
 		if !generic && len(r.Secrets) == 0 {
