@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -52,6 +54,10 @@ type Processing struct {
 	At time.Time
 	// Via is the X-Forwarded-Host the gateway set: the replica's address.
 	Via string
+	// Incarnation is the replica process that forwarded the request, from
+	// a /i<n>/ upstream path prefix (see IncarnationPlaceholder); 0 when
+	// the path has none.
+	Incarnation int
 	// DedupKey is the Dedup-Key header the gateway sent.
 	DedupKey string
 }
@@ -194,9 +200,10 @@ func (a *App) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	a.processed[ev.ID] = append(a.processed[ev.ID], Processing{
-		At:       time.Now(),
-		Via:      r.Header.Get("X-Forwarded-Host"),
-		DedupKey: dk,
+		At:          time.Now(),
+		Via:         r.Header.Get("X-Forwarded-Host"),
+		Incarnation: incarnationOf(r.URL.Path),
+		DedupKey:    dk,
 	})
 	a.stats.Processed++
 	a.mu.Unlock()
@@ -240,4 +247,19 @@ func (a *App) Stats() AppStats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.stats
+}
+
+// incarnationOf reads n from a path starting /i<n>/ (a replica's upstream
+// path, see IncarnationPlaceholder), or returns 0.
+func incarnationOf(path string) int {
+	rest, ok := strings.CutPrefix(path, "/i")
+	if !ok {
+		return 0
+	}
+	digits, _, _ := strings.Cut(rest, "/")
+	n, err := strconv.Atoi(digits)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
 }

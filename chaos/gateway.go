@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -66,14 +67,17 @@ type Gateway struct {
 
 	bin    string
 	config func(addr, adminAddr string) string
+	text   string // the config as config wrote it, placeholder included
 
 	mu sync.Mutex
 	// started is set once the replica started: its addresses are then
 	// known to the caller and stay.
 	started bool
-	cmd     *exec.Cmd
-	done    chan struct{}
-	exitErr error
+	// incarnation counts the processes started (see Incarnation).
+	incarnation int
+	cmd         *exec.Cmd
+	done        chan struct{}
+	exitErr     error
 	// expected is set while an exit was asked for (Kill, Term, Close).
 	expected bool
 	// unexpected lists exits nobody asked for.
@@ -108,10 +112,32 @@ func (g *Gateway) choosePorts() error {
 	}
 	g.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(p1))
 	g.AdminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(p2))
-	if err := os.WriteFile(g.ConfigPath, []byte(g.config(g.Addr, g.AdminAddr)), 0o600); err != nil {
+	g.text = g.config(g.Addr, g.AdminAddr)
+	return g.writeConfig(g.incarnation)
+}
+
+// IncarnationPlaceholder, in a replica's config, is replaced by the number
+// of the process about to start (1 for the first, 2 after a restart…).
+// Put in a route's upstream path, it tells the application which process
+// forwarded a request, so that a kill explains only what the killed process
+// forwarded, however late a loaded machine let the application process it.
+const IncarnationPlaceholder = "{incarnation}"
+
+// writeConfig writes the config for process n.
+func (g *Gateway) writeConfig(n int) error {
+	text := strings.ReplaceAll(g.text, IncarnationPlaceholder, strconv.Itoa(n))
+	if err := os.WriteFile(g.ConfigPath, []byte(text), 0o600); err != nil {
 		return fmt.Errorf("write gateway config: %w", err)
 	}
 	return nil
+}
+
+// Incarnation is the number of the replica's current (or last) process: 0
+// before the first start, then 1, 2… See IncarnationPlaceholder.
+func (g *Gateway) Incarnation() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.incarnation
 }
 
 // URL is the base URL of the delivery listener.
@@ -155,6 +181,12 @@ func (g *Gateway) start(ctx context.Context) error {
 		g.mu.Unlock()
 		return fmt.Errorf("open gateway log: %w", err)
 	}
+	if err := g.writeConfig(g.incarnation + 1); err != nil {
+		_ = logf.Close()
+		g.mu.Unlock()
+		return err
+	}
+	g.incarnation++
 	fmt.Fprintf(logf, "{\"chaos\":\"start\",\"ts\":%q}\n", time.Now().UTC().Format(time.RFC3339Nano))
 	cmd := exec.Command(g.bin, "serve", "--config", g.ConfigPath)
 	cmd.Stdout, cmd.Stderr = logf, logf

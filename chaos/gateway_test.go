@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -74,5 +76,73 @@ func TestStartThatNeverGetsHealthyStopsTheProcess(t *testing.T) {
 	}
 	if u := g.Unexpected(); len(u) != 0 {
 		t.Errorf("Unexpected: got %q, want nothing for processes Start stopped itself", u)
+	}
+}
+
+// TestIncarnationReachesTheApplication: each process a replica starts
+// forwards with its own number in the upstream path, which the application
+// records, so that a kill explains only what the killed process forwarded.
+func TestIncarnationReachesTheApplication(t *testing.T) {
+	bin := gatewayBinary(t)
+	dir := t.TempDir()
+	app := NewApp(AppConfig{})
+	t.Cleanup(app.Close)
+	g, err := NewGateway(bin, dir, "i0", func(addr, admin string) string {
+		return fmt.Sprintf("listen: %q\nadmin:\n  listen: %q\nstore:\n  bolt:\n    path: %q\nroutes:\n  - name: stripe\n    path: /webhooks/stripe\n    upstream: %q\n    provider: stripe\n",
+			addr, admin, filepath.Join(dir, "i.db"), app.URL()+"/i"+IncarnationPlaceholder)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	deliver := func(id string) {
+		t.Helper()
+		resp, err := http.Post(g.URL()+"/webhooks/stripe", "application/json", strings.NewReader(`{"id":"`+id+`","object":"event"}`))
+		if err != nil {
+			t.Fatalf("deliver %s: %v", id, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("deliver %s: got %d, want 200", id, resp.StatusCode)
+		}
+	}
+	for n, id := range []string{"evt_first", "evt_second"} {
+		if n > 0 {
+			if err := g.Kill(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := g.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := g.Incarnation(), n+1; got != want {
+			t.Errorf("Incarnation after start %d: got %d, want %d", n+1, got, want)
+		}
+		deliver(id)
+		ps := app.Processed()[id]
+		if len(ps) != 1 || ps[0].Incarnation != n+1 {
+			t.Errorf("%s: got processings %+v, want one by incarnation %d", id, ps, n+1)
+		}
+	}
+}
+
+func TestIncarnationOf(t *testing.T) {
+	tests := []struct {
+		path string
+		want int
+	}{
+		{"/i3/webhooks/stripe", 3},
+		{"/i12", 12},
+		{"/webhooks/stripe", 0},
+		{"/ix/webhooks", 0},
+		{"/i/webhooks", 0},
+		{"/i-1/x", 0},
+	}
+	for _, tt := range tests {
+		if got := incarnationOf(tt.path); got != tt.want {
+			t.Errorf("incarnationOf(%q): got %d, want %d", tt.path, got, tt.want)
+		}
 	}
 }

@@ -37,6 +37,9 @@ type Fault struct {
 	Replica string
 	// Addr is the replica's delivery address (X-Forwarded-Host upstream).
 	Addr string
+	// Incarnation is the replica's process that a kill or term ended (see
+	// IncarnationPlaceholder); 0 when unknown.
+	Incarnation int
 	// Start is when the fault began (signal sent, Redis stopped, delay set);
 	// End when it was over (replica healthy again, Redis answering, delay
 	// removed).
@@ -438,7 +441,20 @@ func explain(ps []Processing, a Analysis, storeEvidence bool, acked time.Time) (
 			if p.Via != "" && f.Addr != "" && p.Via != f.Addr {
 				continue
 			}
-			if !f.Start.Before(p.At.Add(-100*time.Millisecond)) && f.Start.Before(p.At.Add(2*time.Second)) {
+			// Killed at most 2 s after the upstream's 2xx, before the
+			// commit that follows it within milliseconds. When the
+			// request names the process that forwarded it, that process
+			// must be the one killed, and the application may have
+			// processed it any time after the kill (a loaded machine
+			// schedules it late); otherwise allow 100 ms for that.
+			after := f.Start.Before(p.At.Add(2 * time.Second))
+			var during bool
+			if p.Incarnation > 0 && f.Incarnation > 0 {
+				during = p.Incarnation == f.Incarnation
+			} else {
+				during = !f.Start.Before(p.At.Add(-100 * time.Millisecond))
+			}
+			if during && after {
 				return CauseCrash, fmt.Sprintf("%s of %s at %s, %s after the upstream's 2xx via %s",
 					f.Kind, f.Replica, clock(f.Start), f.Start.Sub(p.At).Round(time.Millisecond), p.Via)
 			}

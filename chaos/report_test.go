@@ -69,6 +69,20 @@ func TestAnalyzeExplainsDuplicates(t *testing.T) {
 			want:      CauseCrash,
 		},
 		{
+			// On a loaded machine the application may process a request
+			// the killed process forwarded well after the kill.
+			name:      "kill of the forwarding process, processed 600 ms later",
+			processed: []Processing{{At: at(600 * ms), Via: "a", Incarnation: 1}, {At: at(2 * time.Second), Via: "a", Incarnation: 2}},
+			faults:    []Fault{{Kind: FaultKill, Replica: "r0", Addr: "a", Incarnation: 1, Start: at(0), End: at(300 * ms)}},
+			want:      CauseCrash,
+		},
+		{
+			name:      "processed by the restarted process just after the kill: not the crash",
+			processed: []Processing{{At: at(50 * ms), Via: "a", Incarnation: 2}, {At: at(2 * time.Second), Via: "a", Incarnation: 2}},
+			faults:    []Fault{{Kind: FaultKill, Replica: "r0", Addr: "a", Incarnation: 1, Start: at(0), End: at(300 * ms)}},
+			want:      CauseUnexplained,
+		},
+		{
 			name:      "kill after the sender was answered: the commit was done, the crash explains nothing",
 			processed: []Processing{{At: at(0), Via: "a"}, {At: at(2 * time.Second), Via: "a"}},
 			faults:    []Fault{{Kind: FaultKill, Replica: "r0", Addr: "a", Start: at(300 * ms), End: at(400 * ms)}},

@@ -157,7 +157,7 @@ func (s *Scenario) Run(ctx context.Context) (*Report, error) {
 	urls := make([]string, s.Replicas)
 	for i := range gws {
 		g, err := NewGateway(s.Bin, s.Dir, fmt.Sprintf("r%d", i), func(addr, admin string) string {
-			return s.gatewayConfig(addr, admin, store, app.URL())
+			return s.gatewayConfig(addr, admin, store, app.URL()+"/i"+IncarnationPlaceholder)
 		})
 		if err != nil {
 			return nil, err
@@ -321,7 +321,7 @@ func (s *Scenario) inject(ctx context.Context, fs FaultSpec, gws []*Gateway, red
 	switch fs.Kind {
 	case FaultKill, FaultTerm:
 		g := gws[fs.Replica%len(gws)]
-		f.Replica, f.Addr = g.Name, g.Addr
+		f.Replica, f.Addr, f.Incarnation = g.Name, g.Addr, g.Incarnation()
 		f.Start = time.Now()
 		if fs.Kind == FaultKill {
 			f.Err = g.Kill()
