@@ -81,9 +81,8 @@ func cmdServe(args []string, stderr io.Writer) int {
 		log.Info("garbage collector paced for a heap floor (GOGC is not set)", zap.Uint64("heap_floor_bytes", floor))
 	}
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
+	sigs, stopSignals := notifySignals()
+	defer stopSignals()
 
 	s := &server{path: path, env: os.LookupEnv, log: log, level: level, file: f}
 	if err := s.run(sigs); err != nil {
@@ -91,6 +90,50 @@ func cmdServe(args []string, stderr io.Writer) int {
 		return exitFail
 	}
 	return exitOK
+}
+
+// notifySignals relays SIGHUP, SIGINT and SIGTERM to the returned channel
+// until stop is called. Reload and stop requests wait in channels of their
+// own: signal.Notify drops a signal whose channel is full, so with one
+// channel a SIGTERM that came while a SIGHUP was still queued (the store
+// opening at start-up, a reload running) was lost, and the gateway kept
+// serving. SIGHUPs queued together coalesce into one reload (it reads the
+// latest file); a queued stop is relayed before a queued reload.
+func notifySignals() (sigs <-chan os.Signal, stop func()) {
+	hup := make(chan os.Signal, 1)
+	term := make(chan os.Signal, 2) // the stop, and a second one cutting the drain short
+	signal.Notify(hup, syscall.SIGHUP)
+	signal.Notify(term, syscall.SIGINT, syscall.SIGTERM)
+	out := make(chan os.Signal)
+	done := make(chan struct{})
+	go func() {
+		for {
+			var sig os.Signal
+			select {
+			case sig = <-term:
+			default:
+				select {
+				case sig = <-term:
+				case sig = <-hup:
+				case <-done:
+					return
+				}
+			}
+			select {
+			case out <- sig:
+			case <-done:
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return out, func() {
+		once.Do(func() {
+			signal.Stop(hup)
+			signal.Stop(term)
+			close(done)
+		})
+	}
 }
 
 // newLogger builds the process logger from the log: block, writing to w.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"reflect"
 	"runtime/debug"
@@ -179,39 +180,6 @@ func TestServeLifecycleInProcess(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "y.db")); !os.IsNotExist(err) {
 		t.Errorf("y.db: got %v, want it never created (store changes need a restart)", err)
-	}
-}
-
-// TestReloadAppliesAdminInsecure: admin.insecure decides whether the keys
-// API answers requests addressed to a host name (the DNS-rebinding guard);
-// a reload that turns it off must turn the guard back on at once.
-func TestReloadAppliesAdminInsecure(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	cfg, text := tokenConfig(t, t.TempDir(), "http://127.0.0.1:1")
-	insecure := strings.Replace(text, "  token: one\n", "  insecure: true\n", 1)
-	writeFileAtomic(t, cfg, insecure)
-	p := startInProcess(t, cfg)
-	byName := func() int {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+p.admin+"/v1/keys/orders/k", nil)
-		req.Host = "dedupgw.example"
-		resp, err := p.client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	if got := byName(); got != http.StatusNotFound {
-		t.Errorf("keys API by host name with insecure: true: got %d, want 404 (answered, absent)", got)
-	}
-	writeFileAtomic(t, cfg, strings.Replace(insecure, "  insecure: true\n", "", 1))
-	p.sigs <- syscall.SIGHUP
-	p.waitLog("config reloaded", 1)
-	if got := byName(); got != http.StatusForbidden {
-		t.Errorf("keys API by host name after a reload to insecure: false: got %d, want 403", got)
-	}
-	if err := p.stop(); err != nil {
-		t.Errorf("run: got %v, want nil", err)
 	}
 }
 
@@ -593,6 +561,86 @@ func TestDevVersion(t *testing.T) {
 	for _, tt := range tests {
 		if got := devVersion(tt.info, tt.ok); got != tt.want {
 			t.Errorf("%s: got %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestReloadAppliesAdminInsecure: admin.insecure decides whether /v1/*
+// answers a request addressed by a name (DNS rebinding guard). A reload that
+// changes it must apply it, both ways, like admin.token.
+func TestReloadAppliesAdminInsecure(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	cfg, text := tokenConfig(t, t.TempDir(), "http://127.0.0.1:1")
+	noToken := strings.Replace(text, "  token: one\n", "", 1)
+	writeFileAtomic(t, cfg, noToken)
+	p := startInProcess(t, cfg)
+	byName := func() int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "http://"+p.admin+"/v1/keys/orders/k", nil)
+		req.Host = "some.name"
+		resp, err := p.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := byName(); got != http.StatusForbidden {
+		t.Fatalf("keys API by name before any reload: got %d, want 403", got)
+	}
+
+	writeFileAtomic(t, cfg, strings.Replace(noToken, "  listen: 127.0.0.1:0\n", "  listen: 127.0.0.1:0\n  insecure: true\n", 1))
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reloaded", 1)
+	if got := byName(); got != http.StatusNotFound {
+		t.Errorf("keys API by name after a reload set admin.insecure: got %d, want 404 (answered, key absent)", got)
+	}
+
+	writeFileAtomic(t, cfg, noToken)
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reloaded", 2)
+	if got := byName(); got != http.StatusForbidden {
+		t.Errorf("keys API by name after a reload dropped admin.insecure: got %d, want 403 (guard back on)", got)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
+// TestStopSignalNotLostBehindReload: a SIGTERM that arrives while a SIGHUP
+// is still waiting to be read (the store opening at start-up, a reload
+// running) must still reach the server; with one signal channel of
+// capacity 1 signal.Notify dropped it and the gateway kept serving.
+func TestStopSignalNotLostBehindReload(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	sigs, stop := notifySignals()
+	defer stop()
+	// probe sees each signal once os/signal has handed it to every channel
+	// notified of it, sigs's included: nothing reads sigs meanwhile, as
+	// while serve opens its store.
+	probe := make(chan os.Signal, 2)
+	signal.Notify(probe, syscall.SIGHUP, syscall.SIGTERM)
+	defer signal.Stop(probe)
+	deadline := time.After(5 * time.Second)
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM} {
+		if err := syscall.Kill(os.Getpid(), sig); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-probe:
+		case <-deadline:
+			t.Fatalf("%v not delivered within 5s", sig)
+		}
+	}
+	got := map[os.Signal]bool{}
+	// Read both before stop: a SIGHUP arriving once nothing is notified of
+	// it would end the test process.
+	for !got[syscall.SIGTERM] || !got[syscall.SIGHUP] {
+		select {
+		case s := <-sigs:
+			got[s] = true
+		case <-deadline:
+			t.Fatalf("got signals %v within 5s, want SIGHUP and SIGTERM", got)
 		}
 	}
 }
