@@ -174,6 +174,18 @@ type server struct {
 	reg   *prometheus.Registry
 	// admin is the current admin handler; a reload rebuilds it (token).
 	admin atomic.Pointer[http.Handler]
+	// longestTimeout is the longest upstream_timeout of every configuration
+	// served since start-up: a delivery keeps the route it started with
+	// across a reload, so the drain must outlast the timeouts of the routes
+	// a reload replaced, not only of the file in force.
+	longestTimeout time.Duration
+}
+
+// drainTimeout bounds the drain on SIGTERM: the longest upstream_timeout a
+// delivery still running may have been started with, plus drainMargin for
+// its commit or release.
+func (s *server) drainTimeout() time.Duration {
+	return max(s.longestTimeout, s.file.maxUpstreamTimeout()) + drainMargin
 }
 
 // run serves until SIGTERM or SIGINT arrives on sigs (SIGHUP reloads) or a
@@ -311,7 +323,7 @@ loop:
 	// or release), then close the gateway, which cancels and releases
 	// whatever is left.
 	gw.Drain()
-	drain := s.file.maxUpstreamTimeout() + drainMargin
+	drain := s.drainTimeout()
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	start := time.Now()
@@ -497,6 +509,7 @@ func (s *server) reload() {
 	if f.Admin.Token != old.Admin.Token || f.Admin.Insecure != old.Admin.Insecure {
 		s.setAdmin(f.Admin)
 	}
+	s.longestTimeout = max(s.longestTimeout, old.maxUpstreamTimeout())
 	s.file = f
 	s.log.Info("config reloaded", zap.String("config", s.path), zap.Int("routes", len(f.Routes)))
 }

@@ -644,3 +644,28 @@ func TestStopSignalNotLostBehindReload(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainOutlastsTimeoutsReloadedAway: a reload that shortens
+// upstream_timeout leaves deliveries already running on the old routes, with
+// the old timeout; the drain on SIGTERM must still wait for them, or they are
+// cancelled and released while the application may finish them, and the
+// provider's retry is processed a second time.
+func TestDrainOutlastsTimeoutsReloadedAway(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	cfg, text := tokenConfig(t, t.TempDir(), "http://127.0.0.1:1")
+	long := text + "defaults:\n  upstream_timeout: 40s\n  lease: 50s\n"
+	writeFileAtomic(t, cfg, long)
+	p := startInProcess(t, cfg)
+	if got, want := p.srv.drainTimeout(), 40*time.Second+drainMargin; got != want {
+		t.Fatalf("drain before any reload: got %v, want %v", got, want)
+	}
+	writeFileAtomic(t, cfg, text+"defaults:\n  upstream_timeout: 2s\n  lease: 4s\n")
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reloaded", 1)
+	if got, want := p.srv.drainTimeout(), 40*time.Second+drainMargin; got != want {
+		t.Errorf("drain after a reload shortened upstream_timeout: got %v, want %v (a delivery started before it may run 40s)", got, want)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
