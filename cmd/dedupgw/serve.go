@@ -510,8 +510,37 @@ func (s *server) reload() {
 		s.setAdmin(f.Admin)
 	}
 	s.longestTimeout = max(s.longestTimeout, old.maxUpstreamTimeout())
+	warnNamespaceChanges(s.log, old, f)
 	s.file = f
 	s.log.Info("config reloaded", zap.String("config", s.path), zap.Int("routes", len(f.Routes)))
+}
+
+// namespaceOf is a route's key scope: its namespace, else its name.
+func namespaceOf(r Route) string {
+	if r.Namespace != "" {
+		return r.Namespace
+	}
+	return r.Name
+}
+
+// warnNamespaceChanges warns about each path served before and after a
+// reload whose keys now live in another namespace: a route renamed without
+// namespace: (the namespace defaults to the name) no longer sees the keys it
+// recorded, so every event it already forwarded is forwarded again on its
+// next copy, and the reload is otherwise silent about it.
+func warnNamespaceChanges(log *zap.Logger, old, f *File) {
+	was := make(map[string]string, len(old.Routes))
+	for _, r := range old.Routes {
+		was[r.Path] = namespaceOf(r)
+	}
+	for _, r := range f.Routes {
+		prev, ok := was[r.Path]
+		if ns := namespaceOf(r); ok && ns != prev {
+			log.Warn("route's key namespace changed: keys recorded before the reload are not consulted, so copies of events already forwarded are forwarded again (set namespace: to the old one to keep them)",
+				zap.String("route", r.Name), zap.String("path", r.Path),
+				zap.String("namespace", ns), zap.String("previous_namespace", prev))
+		}
+	}
 }
 
 // startupPingTimeout bounds the store check at start-up.

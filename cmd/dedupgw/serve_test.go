@@ -669,3 +669,34 @@ func TestDrainOutlastsTimeoutsReloadedAway(t *testing.T) {
 		t.Errorf("run: got %v, want nil", err)
 	}
 }
+
+// TestReloadWarnsWhenARouteChangesNamespace: renaming a route (its namespace
+// defaults to its name) makes it forget every key it recorded; the reload
+// must say so rather than only "config reloaded".
+func TestReloadWarnsWhenARouteChangesNamespace(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	cfg, text := tokenConfig(t, t.TempDir(), "http://127.0.0.1:1")
+	p := startInProcess(t, cfg)
+	const warning = "route's key namespace changed: keys recorded before the reload are not consulted, so copies of events already forwarded are forwarded again (set namespace: to the old one to keep them)"
+
+	// Renamed, namespace kept: nothing to warn about.
+	writeFileAtomic(t, cfg, strings.Replace(text, "  - name: orders\n", "  - name: orders2\n    namespace: orders\n", 1))
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reloaded", 1)
+	if n := p.logs.FilterMessage(warning).Len(); n != 0 {
+		t.Errorf("rename keeping the namespace: got %d warnings, want none", n)
+	}
+
+	// Renamed without namespace: its keys are now in orders3.
+	writeFileAtomic(t, cfg, strings.Replace(text, "  - name: orders\n", "  - name: orders3\n", 1))
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reloaded", 2)
+	if w := p.logs.FilterMessage(warning).All(); len(w) != 1 {
+		t.Errorf("rename dropping the namespace: got %d warnings, want 1", len(w))
+	} else if m := w[0].ContextMap(); m["route"] != "orders3" || m["path"] != "/hooks/orders" || m["namespace"] != "orders3" || m["previous_namespace"] != "orders" {
+		t.Errorf("warning fields: got %v", m)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
