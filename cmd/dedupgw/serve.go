@@ -98,15 +98,17 @@ func cmdServe(args []string, stderr io.Writer) int {
 // channel a SIGTERM that came while a SIGHUP was still queued (the store
 // opening at start-up, a reload running) was lost, and the gateway kept
 // serving. SIGHUPs queued together coalesce into one reload (it reads the
-// latest file); a queued stop is relayed before a queued reload.
+// latest file); a queued stop is relayed before a queued reload. The relay
+// goroutine has exited when stop returns.
 func notifySignals() (sigs <-chan os.Signal, stop func()) {
 	hup := make(chan os.Signal, 1)
 	term := make(chan os.Signal, 2) // the stop, and a second one cutting the drain short
 	signal.Notify(hup, syscall.SIGHUP)
 	signal.Notify(term, syscall.SIGINT, syscall.SIGTERM)
 	out := make(chan os.Signal)
-	done := make(chan struct{})
+	done, exited := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(exited)
 		for {
 			var sig os.Signal
 			select {
@@ -132,6 +134,7 @@ func notifySignals() (sigs <-chan os.Signal, stop func()) {
 			signal.Stop(hup)
 			signal.Stop(term)
 			close(done)
+			<-exited
 		})
 	}
 }
