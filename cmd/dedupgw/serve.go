@@ -515,7 +515,42 @@ func (s *server) reload() {
 	s.longestTimeout = max(s.longestTimeout, old.maxUpstreamTimeout())
 	warnNamespaceChanges(s.log, old, f)
 	s.file = f
-	s.log.Info("config reloaded", zap.String("config", s.path), zap.Int("routes", len(f.Routes)))
+	fields := []zap.Field{zap.String("config", s.path), zap.Int("routes", len(f.Routes))}
+	if added, removed, changed := routeChanges(old, f); len(added)+len(removed)+len(changed) > 0 {
+		fields = append(fields, zap.Strings("routes_added", added), zap.Strings("routes_removed", removed), zap.Strings("routes_changed", changed))
+	}
+	if !reflect.DeepEqual(old.Defaults, f.Defaults) {
+		fields = append(fields, zap.Bool("defaults_changed", true))
+	}
+	s.log.Info("config reloaded", fields...)
+}
+
+// routeChanges names the routes a reload from old to f added, removed and
+// changed (any key of the route itself; a change of defaults: is reported
+// apart), by route name, each list in f's or old's order, so an operator
+// reading "config reloaded" sees what the reload did.
+func routeChanges(old, f *File) (added, removed, changed []string) {
+	was := make(map[string]Route, len(old.Routes))
+	for _, r := range old.Routes {
+		was[r.Name] = r
+	}
+	is := make(map[string]bool, len(f.Routes))
+	for _, r := range f.Routes {
+		is[r.Name] = true
+		prev, ok := was[r.Name]
+		switch {
+		case !ok:
+			added = append(added, r.Name)
+		case !reflect.DeepEqual(prev, r):
+			changed = append(changed, r.Name)
+		}
+	}
+	for _, r := range old.Routes {
+		if !is[r.Name] {
+			removed = append(removed, r.Name)
+		}
+	}
+	return added, removed, changed
 }
 
 // namespaceOf is a route's key scope: its namespace, else its name.

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -156,6 +157,9 @@ func TestServeLifecycleInProcess(t *testing.T) {
 	}
 	if got := p.level.Level(); got != zap.DebugLevel {
 		t.Errorf("log level after reload: got %v, want debug", got)
+	}
+	if line := p.logs.FilterMessage("config reloaded").All()[0].ContextMap(); line["routes_changed"] != nil || line["defaults_changed"] != nil {
+		t.Errorf("config reloaded: got %v, want no routes or defaults named (neither changed)", line)
 	}
 	tests := []struct {
 		token string
@@ -698,5 +702,27 @@ func TestReloadWarnsWhenARouteChangesNamespace(t *testing.T) {
 	}
 	if err := p.stop(); err != nil {
 		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
+func TestRouteChanges(t *testing.T) {
+	route := func(name, path string) Route { return Route{Name: name, Path: path, Upstream: "http://127.0.0.1:3000"} }
+	old := &File{Routes: []Route{route("a", "/a"), route("b", "/b"), route("c", "/c")}}
+	f := &File{Routes: []Route{route("a", "/a"), route("c", "/c2"), route("d", "/d")}}
+	added, removed, changed := routeChanges(old, f)
+	for _, tt := range []struct {
+		name      string
+		got, want []string
+	}{
+		{"added", added, []string{"d"}},
+		{"removed", removed, []string{"b"}},
+		{"changed", changed, []string{"c"}},
+	} {
+		if !slices.Equal(tt.got, tt.want) {
+			t.Errorf("%s: got %q, want %q", tt.name, tt.got, tt.want)
+		}
+	}
+	if a, r, c := routeChanges(old, old); len(a)+len(r)+len(c) != 0 {
+		t.Errorf("same file: got added %q, removed %q, changed %q; want none", a, r, c)
 	}
 }
