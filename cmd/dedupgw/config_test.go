@@ -1246,3 +1246,26 @@ func TestNearestKey(t *testing.T) {
 		}
 	}
 }
+
+// TestUnsignedKeySourceIsWarned: on a signed route, a key source the
+// signature does not cover lets a captured delivery be resent under any
+// key, pre-claiming real events' keys; validate names the sources.
+func TestUnsignedKeySourceIsWarned(t *testing.T) {
+	route := "routes:\n  - name: orders\n    path: /o\n    upstream: http://x\n    provider: generic\n    keys: %s\n%s"
+	signed := "    secrets: [s]\n"
+	tests := []struct {
+		name, keys, extra, want string
+	}{
+		{"header", `["header:Idempotency-Key", "json:data.object.id", "body"]`, signed,
+			`routes[0].keys: route "orders" verifies signatures, but its key source(s) header:Idempotency-Key are not covered by them`},
+		{"query", `["query:id"]`, signed, `routes[0].keys: route "orders" verifies signatures, but its key source(s) query:id are not covered`},
+		{"signed header", `["header:X-Event-Id"]`, signed + "    signature:\n      template: \"{header:X-Event-Id}.{body}\"\n", ""},
+		{"body", `["json:id", "body"]`, signed, ""},
+		{"unsigned route", `["query:id"]`, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wantWarning(t, fmt.Sprintf(route, tt.keys, tt.extra), "routes[0].keys", tt.want)
+		})
+	}
+}

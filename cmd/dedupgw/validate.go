@@ -524,6 +524,15 @@ func (f *File) Warnings() []Problem {
 				Msg: fmt.Sprintf("route %q describes a signature but has no secrets:, so it verifies nothing: anyone who can reach the gateway can send events on it; set secrets (the scheme is used only with them)", r.Name),
 			})
 		}
+		if srcs := providers.UnsignedKeySources(providers.Config{
+			Provider: r.Provider, Keys: r.Keys, Secrets: r.Secrets,
+			Signature: providers.GenericSignature(r.Signature),
+		}); len(srcs) > 0 {
+			ws = append(ws, Problem{
+				Key: fmt.Sprintf("routes[%d].keys", i),
+				Msg: fmt.Sprintf("route %q verifies signatures, but its key source(s) %s are not covered by them: whoever captured one signed delivery can resend it under any key, so the application processes it again, and a real event's key claimed that way before the event arrives makes its genuine delivery a duplicate that is never forwarded; key on what the signature covers (json:, body) or sign the header ({header:NAME} in signature.template)", r.Name, strings.Join(srcs, ", ")),
+			})
+		}
 		if generic && len(r.Secrets) == 0 && r.ClientIdentity == "" && p.DuplicateResponse != nil && *p.DuplicateResponse == proxy.Replay {
 			ws = append(ws, Problem{
 				Key: fmt.Sprintf("routes[%d].client_identity", i),

@@ -1,0 +1,76 @@
+package providers
+
+import (
+	"net/http"
+	"strings"
+)
+
+// UnsignedKeySources returns the entries of cfg.Keys that cfg's signature
+// does not cover, in order: a query: source always; a header: source unless
+// the scheme signs that header (Standard Webhooks' webhook-id and svix-id,
+// or a generic route's {header:NAME} or timestamp header); json: and body
+// unless the scheme leaves the body unsigned (a generic template without
+// {body}). It returns nil when cfg has no secrets (nothing is verified, and
+// that is said elsewhere), when cfg.Keys is empty (a provider's preset: the
+// ID headers GitHub and Shopify do not sign are a documented trade-off), or
+// when cfg does not build.
+//
+// On a signed route such a source lets whoever captured one genuine
+// delivery resend it under any key it likes: the signature still verifies,
+// so the application gets the event again, and a real event's key claimed
+// that way before the event arrives makes its genuine delivery a duplicate
+// that is never forwarded.
+func UnsignedKeySources(cfg Config) []string {
+	if len(cfg.Secrets) == 0 || len(cfg.Keys) == 0 {
+		return nil
+	}
+	if _, err := New(cfg); err != nil {
+		return nil
+	}
+	bodySigned := true
+	signedHeaders := map[string]bool{}
+	switch cfg.Provider {
+	case StandardWebhooks:
+		for _, h := range []string{webhookIDHeader, svixIDHeader, webhookTimestampHeader, svixTimestampHeader} {
+			signedHeaders[http.CanonicalHeaderKey(h)] = true
+		}
+	case Generic, "":
+		s := cfg.Signature
+		tmpl := s.Template
+		if tmpl == "" {
+			tmpl = defaultGenericTemplate
+		}
+		parts, err := parseTemplate(tmpl)
+		if err != nil {
+			return nil
+		}
+		bodySigned = false
+		for _, p := range parts {
+			switch p.kind {
+			case 'b':
+				bodySigned = true
+			case 'h':
+				signedHeaders[p.literal] = true
+			case 't':
+				signedHeaders[http.CanonicalHeaderKey(s.TimestampHeader)] = true
+			}
+		}
+	}
+	var out []string
+	for _, k := range cfg.Keys {
+		kind, arg, _ := strings.Cut(k, ":")
+		switch {
+		case k == "body" || kind == "json":
+			if !bodySigned {
+				out = append(out, k)
+			}
+		case kind == "header":
+			if !signedHeaders[http.CanonicalHeaderKey(arg)] {
+				out = append(out, k)
+			}
+		default: // query:, which no scheme signs
+			out = append(out, k)
+		}
+	}
+	return out
+}

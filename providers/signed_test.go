@@ -1,0 +1,36 @@
+package providers
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestUnsignedKeySources(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want []string
+	}{
+		{"no secrets", Config{Provider: Generic, Keys: []string{"query:id"}}, nil},
+		{"preset", Config{Provider: GitHub, Secrets: []string{"s"}}, nil},
+		{"stripe body sources", Config{Provider: Stripe, Secrets: []string{"s"}, Keys: []string{"json:id", "body"}}, nil},
+		{"stripe header", Config{Provider: Stripe, Secrets: []string{"s"}, Keys: []string{"header:Idempotency-Key", "json:id"}}, []string{"header:Idempotency-Key"}},
+		{"github query", Config{Provider: GitHub, Secrets: []string{"s"}, Keys: []string{"query:id", "body"}}, []string{"query:id"}},
+		{"standard webhooks ids", Config{Provider: StandardWebhooks, Secrets: []string{"whsec_c2VjcmV0"}, Keys: []string{"header:Webhook-Id", "header:svix-id", "header:X-Other"}}, []string{"header:X-Other"}},
+		{"generic default template", Config{Provider: Generic, Secrets: []string{"s"}, Keys: []string{"header:Idempotency-Key", "json:data.object.id", "body"}}, []string{"header:Idempotency-Key"}},
+		{"generic signed header", Config{Provider: Generic, Secrets: []string{"s"}, Keys: []string{"header:x-event-id", "body"},
+			Signature: GenericSignature{Template: "{header:X-Event-Id}.{body}"}}, nil},
+		{"generic timestamp header", Config{Provider: Generic, Secrets: []string{"s"}, Keys: []string{"header:X-Timestamp"},
+			Signature: GenericSignature{TimestampHeader: "X-Timestamp", Template: "{timestamp}.{body}"}}, nil},
+		{"generic body unsigned", Config{Provider: Generic, Secrets: []string{"s"}, Keys: []string{"json:id", "header:X-Id"},
+			Signature: GenericSignature{Template: "{header:X-Id}"}}, []string{"json:id"}},
+		{"generic query", Config{Provider: Generic, Secrets: []string{"s"}, Keys: []string{"query:id", "json:id"}}, []string{"query:id"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := UnsignedKeySources(tt.cfg); !slices.Equal(got, tt.want) {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
