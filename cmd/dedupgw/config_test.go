@@ -1269,3 +1269,25 @@ func TestUnsignedKeySourceIsWarned(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedNamespaceIsWarned: a namespace shared by routes that verify
+// their deliveries differently lets a sender one accepts claim the other's
+// keys first.
+func TestSharedNamespaceIsWarned(t *testing.T) {
+	stripe := "  - name: stripe\n    path: /s\n    upstream: http://x\n    provider: stripe\n    secrets: [whsec_a]\n"
+	tests := []struct {
+		name, second, want string
+	}{
+		{"unsigned", "  - name: legacy\n    path: /l\n    upstream: http://x\n    keys: [\"json:id\"]\n    namespace: stripe\n",
+			`routes[1].namespace: routes "stripe" and "legacy" share the key namespace "stripe" but verify their deliveries differently (stripe signatures and no signature)`},
+		{"other secret", "  - name: s2\n    path: /s2\n    upstream: http://x\n    provider: stripe\n    secrets: [whsec_b]\n    namespace: stripe\n",
+			`routes[1].namespace: routes "stripe" and "s2" share the key namespace "stripe"`},
+		{"same verification", "  - name: s2\n    path: /s2\n    upstream: http://x\n    provider: stripe\n    secrets: [whsec_a]\n    namespace: stripe\n", ""},
+		{"own namespace", "  - name: legacy\n    path: /l\n    upstream: http://x\n    keys: [\"json:id\"]\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wantWarning(t, "routes:\n"+stripe+tt.second, "routes[1].namespace", tt.want)
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -540,6 +541,7 @@ func (f *File) Warnings() []Problem {
 			})
 		}
 	}
+	ws = append(ws, f.sharedNamespaceWarnings()...)
 	if len(unsigned) > 0 {
 		verb := "verify"
 		if len(unsigned) == 1 {
@@ -563,6 +565,60 @@ func (f *File) Warnings() []Problem {
 		})
 	}
 	return ws
+}
+
+// sharedNamespaceWarnings warns about each route that shares its key
+// namespace with an earlier route whose deliveries are verified otherwise
+// (another provider, other secrets, or none): a sender the other route
+// accepts can claim this route's keys first, and the genuine deliveries of
+// those events are then answered as duplicates and never forwarded.
+func (f *File) sharedNamespaceWarnings() []Problem {
+	var ws []Problem
+	first := make(map[string]int) // namespace → index of its first route
+	for i, r := range f.Routes {
+		ns := namespaceOf(r)
+		j, seen := first[ns]
+		if !seen {
+			first[ns] = i
+			continue
+		}
+		o := f.Routes[j]
+		if sameVerification(r, o) {
+			continue
+		}
+		ws = append(ws, Problem{
+			Key: fmt.Sprintf("routes[%d].namespace", i),
+			Msg: fmt.Sprintf("routes %q and %q share the key namespace %q but verify their deliveries differently (%s and %s): a sender one of them accepts can claim the other's event keys first, and the other's genuine deliveries of those events are then answered as duplicates and never forwarded; give each route its own namespace", o.Name, r.Name, ns, verificationOf(o), verificationOf(r)),
+		})
+	}
+	return ws
+}
+
+// sameVerification reports whether a and b check the same signatures: the
+// same provider with the same set of secrets (none counts as a set).
+func sameVerification(a, b Route) bool {
+	if providerOf(a) != providerOf(b) {
+		return false
+	}
+	sa, sb := slices.Sorted(slices.Values(a.Secrets)), slices.Sorted(slices.Values(b.Secrets))
+	return slices.Equal(slices.Compact(sa), slices.Compact(sb)) && (len(sa) == 0 || a.Signature == b.Signature)
+}
+
+// verificationOf describes how r's deliveries are verified, without its
+// secrets.
+func verificationOf(r Route) string {
+	if len(r.Secrets) == 0 {
+		return "no signature"
+	}
+	return providerOf(r) + " signatures"
+}
+
+// providerOf is r's provider name, generic when unset.
+func providerOf(r Route) string {
+	if r.Provider == "" {
+		return providers.Generic
+	}
+	return r.Provider
 }
 
 // hasHashTag reports whether s holds a Redis Cluster hash tag: a "{"
