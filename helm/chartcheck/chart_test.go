@@ -306,8 +306,6 @@ func TestRenderFailures(t *testing.T) {
 			"--set", "routes[0].keys={body}", "--set-string", "routes[0].tolerance=-5m"}, []string{`routes[0].tolerance: "-5m" must be greater than 0`}},
 		{"a zero server timeout", []string{"--set-string", "server.idle_timeout=0"}, []string{`server.idle_timeout: "0" must be greater than 0`}},
 		{"a negative dial timeout", []string{"--set-string", "store.redis.dial_timeout=-1s"}, []string{`store.redis.dial_timeout: "-1s" must not be negative`}},
-		{"an open admin API behind a LoadBalancer", []string{"--set", "service.type=LoadBalancer", "--set", "admin.insecure=true"},
-			[]string{"service.type=LoadBalancer publishes the admin port (9090)", "admin.insecure=true"}},
 		{"a scrape timeout beyond the interval", []string{"--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.interval=5s"},
 			[]string{"serviceMonitor.scrapeTimeout 10s is longer than serviceMonitor.interval 5s"}},
 		{"a rolling update on bolt", []string{"--set", "strategy.rollingUpdate.maxSurge=0"},

@@ -484,6 +484,62 @@ func TestPVCResourcePolicy(t *testing.T) {
 	renderFails(t, []string{"--set", "persistence.resourcePolicy=delete"}, "/persistence/resourcePolicy")
 }
 
+// TestPublishedServiceKeepsAdminInside checks that a LoadBalancer or
+// NodePort Service publishes the webhook port only: the admin port (/metrics,
+// /readyz, /v1/keys) moves to a ClusterIP Service of its own, which the
+// ServiceMonitor still finds, and the pods' ports are unchanged.
+func TestPublishedServiceKeepsAdminInside(t *testing.T) {
+	for _, typ := range []string{"ClusterIP", "LoadBalancer", "NodePort"} {
+		for _, insecure := range []string{"false", "true"} {
+			t.Run(typ+"/insecure="+insecure, func(t *testing.T) {
+				r := decodeStrict(t, render(t, "dedupgw", "a", "ns", "--set", "service.type="+typ,
+					"--set", "admin.insecure="+insecure, "--set", "serviceMonitor.enabled=true"))
+				checkGatewayPods(t, r)
+				main := r.Services["a-dedupgw"]
+				if main == nil {
+					t.Fatalf("no Service a-dedupgw; got %v", keys(r.Services))
+				}
+				if string(main.Spec.Type) != typ {
+					t.Errorf("Service a-dedupgw type: got %q, want %q", main.Spec.Type, typ)
+				}
+				if p := servicePort(main, "http"); p == nil || p.Port != 8080 {
+					t.Errorf("Service a-dedupgw: got ports %+v, want http on 8080", main.Spec.Ports)
+				}
+				adminSvc := main
+				if typ != "ClusterIP" {
+					if p := servicePort(main, "admin"); p != nil {
+						t.Errorf("Service a-dedupgw (%s) publishes the admin port %d outside the cluster", typ, p.Port)
+					}
+					adminSvc = r.Services["a-dedupgw-admin"]
+					if adminSvc == nil {
+						t.Fatalf("no Service a-dedupgw-admin for the admin port; got %v", keys(r.Services))
+					}
+					if adminSvc.Spec.Type != "ClusterIP" {
+						t.Errorf("Service a-dedupgw-admin type: got %q, want ClusterIP", adminSvc.Spec.Type)
+					}
+					if len(adminSvc.Spec.Ports) != 1 {
+						t.Errorf("Service a-dedupgw-admin: got ports %+v, want only admin", adminSvc.Spec.Ports)
+					}
+				} else if len(r.Services) != 1 {
+					t.Errorf("ClusterIP: got Services %v, want only a-dedupgw", keys(r.Services))
+				}
+				if p := servicePort(adminSvc, "admin"); p == nil || p.Port != 9090 {
+					t.Errorf("Service %s: got ports %+v, want admin on 9090", adminSvc.Name, adminSvc.Spec.Ports)
+				}
+				sm := r.ServiceMonitors["a-dedupgw"]
+				if sm == nil || len(sm.Spec.Endpoints) != 1 {
+					t.Fatalf("ServiceMonitor a-dedupgw: got %+v", sm)
+				}
+				// The ServiceMonitor selects by labels: the Service holding its
+				// port must carry them.
+				if !selects(sm.Spec.Selector.MatchLabels, adminSvc.Labels) || servicePort(adminSvc, sm.Spec.Endpoints[0].Port) == nil {
+					t.Errorf("ServiceMonitor %+v does not reach port %q of Service %s", sm.Spec, sm.Spec.Endpoints[0].Port, adminSvc.Name)
+				}
+			})
+		}
+	}
+}
+
 // TestLiteralSecretsRefused checks that a literal password or route secret
 // fails the render (it would be stored in clear in the ConfigMap) without
 // repeating the secret, while ${VAR} references render.

@@ -50,6 +50,20 @@ app.kubernetes.io/name: {{ include "dedupgw.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
+{{/* dedupgw.servicePublished is "true" when service.type publishes the Service's ports outside the cluster (LoadBalancer, NodePort): the admin port then gets a ClusterIP Service of its own. */}}
+{{- define "dedupgw.servicePublished" -}}
+{{- if has .Values.service.type (list "LoadBalancer" "NodePort") }}true{{ end }}
+{{- end }}
+
+{{/* dedupgw.adminServiceName names the Service that carries the admin port: the main Service, or "<fullname>-admin" when the main one is published. */}}
+{{- define "dedupgw.adminServiceName" -}}
+{{- if include "dedupgw.servicePublished" . }}
+{{- printf "%s-admin" (include "dedupgw.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- else }}
+{{- include "dedupgw.fullname" . }}
+{{- end }}
+{{- end }}
+
 {{/* dedupgw.serviceAccountName is the ServiceAccount the pods run as. */}}
 {{- define "dedupgw.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
@@ -175,9 +189,6 @@ error never repeats the value. */}}
 {{- $_ := include "dedupgw.terminationGracePeriodSeconds" . }}
 {{- include "dedupgw.validateLeases" . }}
 {{- include "dedupgw.validateDurations" . }}
-{{- if and $standalone (has .Values.service.type (list "LoadBalancer" "NodePort")) .Values.admin.insecure }}
-{{- fail (printf "service.type=%s publishes the admin port (%d) outside the cluster too, and admin.insecure=true leaves /v1/keys without a token: anyone could read and forget keys. Drop admin.insecure (the chart then generates a token), or keep service.type=ClusterIP and expose only the webhook port" .Values.service.type (int .Values.service.adminPort)) }}
-{{- end }}
 {{- if and $standalone .Values.serviceMonitor.enabled }}
 {{- $iv := include "dedupgw.durationExact" (dict "value" .Values.serviceMonitor.interval "lenient" true) }}
 {{- $to := include "dedupgw.durationExact" (dict "value" .Values.serviceMonitor.scrapeTimeout "lenient" true) }}
