@@ -114,6 +114,7 @@ func TestTerminationGracePeriod(t *testing.T) {
 		{"route 90s over defaults 60s", append(route("90s"), "--set-string", "defaults.upstream_timeout=60s", "--set-string", "defaults.lease=2m"), 105},
 		{"explicit and long enough", []string{"--set-string", "defaults.upstream_timeout=2m", "--set", "terminationGracePeriodSeconds=130"}, 130},
 		{"explicit with a ${VAR} timeout", []string{"--set-string", "defaults.upstream_timeout=${UPSTREAM_TIMEOUT}", "--set", "terminationGracePeriodSeconds=300"}, 300},
+		{"a preStop sleep comes before the drain", []string{"--set", "preStopSleepSeconds=5"}, 50},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -141,11 +142,35 @@ func TestTerminationGracePeriod(t *testing.T) {
 			[]string{"defaults.upstream_timeout", `cannot read "${UPSTREAM_TIMEOUT}" as a duration`, "set terminationGracePeriodSeconds"}},
 		{"negative route timeout, derived", route("-5s"),
 			[]string{"routes[0].upstream_timeout", `cannot read "-5s"`}},
+		{"explicit without room for the preStop sleep", []string{"--set", "preStopSleepSeconds=10", "--set", "terminationGracePeriodSeconds=45"},
+			[]string{"terminationGracePeriodSeconds=45 is too short", "up to 45 s", "at least 50"}},
 	}
 	for _, tt := range failures {
 		t.Run(tt.name, func(t *testing.T) {
 			renderFails(t, tt.args, tt.want...)
 		})
+	}
+}
+
+// TestPreStopSleep checks that preStopSleepSeconds renders a preStop sleep
+// hook on the standalone gateway container, and none by default.
+func TestPreStopSleep(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want int64
+	}{{nil, 0}, {[]string{"--set", "preStopSleepSeconds=5"}, 5}} {
+		r := decodeStrict(t, render(t, "dedupgw", "a", "ns", tt.args...))
+		c := r.deployment(t, "a-dedupgw").Spec.Template.Spec.Containers[0]
+		var got int64
+		if c.Lifecycle != nil && c.Lifecycle.PreStop != nil && c.Lifecycle.PreStop.Sleep != nil {
+			got = c.Lifecycle.PreStop.Sleep.Seconds
+		}
+		if got != tt.want {
+			t.Errorf("%v: preStop sleep: got %d s (lifecycle %+v), want %d", tt.args, got, c.Lifecycle, tt.want)
+		}
+		if tt.want == 0 && c.Lifecycle != nil {
+			t.Errorf("%v: got lifecycle %+v, want none", tt.args, c.Lifecycle)
+		}
 	}
 }
 

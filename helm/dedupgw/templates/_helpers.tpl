@@ -372,15 +372,24 @@ terminationGracePeriodSeconds is set; a value set shorter than the drain plus
 */}}
 {{- define "dedupgw.terminationGracePeriodSeconds" -}}
 {{- $drainStr := include "dedupgw.drainSeconds" . }}
-{{- $drain := int $drainStr }}
+{{- $drain := add (int $drainStr) (int (include "dedupgw.preStopSleepSeconds" .)) }}
 {{- $set := .Values.terminationGracePeriodSeconds }}
 {{- if kindIs "invalid" $set }}
 {{- add $drain 10 }}
 {{- else if and (ne $drainStr "unknown") (lt (int $set) (add $drain 5)) }}
-{{- fail (printf "terminationGracePeriodSeconds=%d is too short: on SIGTERM the gateway drains for up to %d s (the longest upstream_timeout + 5 s), so the kubelet would kill it mid-drain. Set it to at least %d, or leave it empty (null) to have the chart derive it (%d)" (int $set) $drain (add $drain 5) (add $drain 10)) }}
+{{- fail (printf "terminationGracePeriodSeconds=%d is too short: on SIGTERM the gateway drains for up to %d s (the longest upstream_timeout + 5 s, after preStopSleepSeconds), so the kubelet would kill it mid-drain. Set it to at least %d, or leave it empty (null) to have the chart derive it (%d)" (int $set) $drain (add $drain 5) (add $drain 10)) }}
 {{- else }}
 {{- int $set }}
 {{- end }}
+{{- end }}
+
+{{/*
+dedupgw.preStopSleepSeconds is how long the standalone pod's preStop hook
+sleeps before the kubelet sends SIGTERM: 0 in sidecar mode (the app's pod
+spec owns the hooks) or when unset.
+*/}}
+{{- define "dedupgw.preStopSleepSeconds" -}}
+{{- if include "dedupgw.sidecarMode" . }}0{{ else }}{{ int (.Values.preStopSleepSeconds | default 0) }}{{ end }}
 {{- end }}
 
 {{/*
@@ -530,6 +539,14 @@ containers. Standalone and sidecar use the same container.
   {{- with .Values.securityContext }}
   securityContext:
     {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with int (include "dedupgw.preStopSleepSeconds" .) }}
+  # Keep serving while the endpoint removal reaches every load balancer
+  # and ingress; SIGTERM (and the drain) follow the sleep.
+  lifecycle:
+    preStop:
+      sleep:
+        seconds: {{ . }}
   {{- end }}
   volumeMounts:
     - name: dedupgw-config
