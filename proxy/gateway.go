@@ -78,15 +78,17 @@ const DefaultStoreTimeout = 5 * time.Second
 
 const defaultBodyTimeout = 30 * time.Second
 
-// unroutedLogsPerSecond is how many requests that reached no route are
-// logged each second; the rest are only counted.
-const unroutedLogsPerSecond = 5
+// sampledLogsPerSecond is how many lines of one message a sampled log
+// writes each second: requests that reached no route, deliveries whose
+// signature was rejected. Anyone can send those, as fast as they like; the
+// rest are only counted.
+const sampledLogsPerSecond = 5
 
 // Gateway is the deduplicating reverse proxy. It is an http.Handler; its
 // routes can be swapped with Reload while it serves.
 type Gateway struct {
 	log          *zap.Logger
-	unroutedLog  *zap.Logger // log, sampled (see Gateway.unrouted)
+	sampledLog   *zap.Logger // log, sampled (see sampledLogsPerSecond)
 	trusted      []netip.Prefix
 	store        dedup.Store // instrumented
 	metrics      *metrics
@@ -161,8 +163,8 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 		g.log = zap.NewNop()
 	}
 	g.log = g.log.Named("proxy")
-	g.unroutedLog = g.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-		return zapcore.NewSamplerWithOptions(c, time.Second, unroutedLogsPerSecond, 0)
+	g.sampledLog = g.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, sampledLogsPerSecond, 0)
 	}))
 	if g.backend == "" {
 		g.backend = "unknown"
@@ -212,6 +214,7 @@ func (g *Gateway) build(cfg Config) (*routeTable, error) {
 	}
 	for _, rt := range t.all {
 		rt.log = g.log.With(zap.String("route", rt.Name))
+		rt.sampledLog = g.sampledLog.With(zap.String("route", rt.Name))
 		rt.proxy = g.newReverseProxy(rt)
 	}
 	return t, nil

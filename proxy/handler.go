@@ -137,7 +137,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if v := rt.provider.Verifier; v != nil {
 		if err := v.Verify(r, body); err != nil {
-			rt.log.Warn("signature rejected", requestIDField(d.requestID), zap.Error(err))
+			// Sampled: anyone can send forged deliveries as fast as
+			// they like; dedupgw_deliveries_total counts them all.
+			rt.sampledLog.Warn("signature rejected", requestIDField(d.requestID), zap.Error(err))
 			g.reject(w, d, outcomeRejectedSignature, probSignature.with(rt.Name, "the delivery's signature is missing, does not match a configured secret, or its timestamp is outside the tolerance"))
 			return
 		}
@@ -655,13 +657,13 @@ func clipForLog(s string) string {
 }
 
 // unrouted answers r, which reached no route, with p, counts it by reason
-// and logs it (sampled: see unroutedLogsPerSecond) with its path, so that a
+// and logs it (sampled: see sampledLogsPerSecond) with its path, so that a
 // provider posting to a misspelt URL leaves a trace.
 func (g *Gateway) unrouted(w http.ResponseWriter, r *http.Request, reason string, p problem) {
 	closeIfUnread(w, r)
 	writeProblem(w, p, 0)
 	g.metrics.unrouted.WithLabelValues(reason).Inc()
-	if ce := g.unroutedLog.Check(zap.InfoLevel, "request reached no route"); ce != nil {
+	if ce := g.sampledLog.Check(zap.InfoLevel, "request reached no route"); ce != nil {
 		ce.Write(zap.String("reason", reason), zap.Int("status", p.Status), zap.String("method", clipForLog(r.Method)),
 			zap.String("path", clipForLog(r.URL.EscapedPath())), zap.String("remote_addr", r.RemoteAddr))
 	}

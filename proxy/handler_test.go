@@ -456,7 +456,7 @@ func testForwardedProtoAndHost(t *testing.T, trusted []netip.Prefix) {
 
 // TestUnroutedRequestsLeaveATrace checks that a request reaching no route
 // (a provider posting to a misspelt URL) is counted by reason and logged
-// with its path, at most unroutedLogsPerSecond times a second, so that
+// with its path, at most sampledLogsPerSecond times a second, so that
 // scanners cannot flood the log.
 func TestUnroutedRequestsLeaveATrace(t *testing.T) {
 	up := newUpstream(t, nil)
@@ -489,8 +489,8 @@ func TestUnroutedRequestsLeaveATrace(t *testing.T) {
 		}
 	}
 	logged := h.logs.FilterMessage("request reached no route").All()
-	if len(logged) != unroutedLogsPerSecond {
-		t.Fatalf("log entries within one second: got %d, want %d (sampled)", len(logged), unroutedLogsPerSecond)
+	if len(logged) != sampledLogsPerSecond {
+		t.Fatalf("log entries within one second: got %d, want %d (sampled)", len(logged), sampledLogsPerSecond)
 	}
 	first := logged[0].ContextMap()
 	for field, want := range map[string]any{"reason": unroutedNoRoute, "status": int64(http.StatusNotFound), "method": "POST", "path": "/hooks/ordres"} {

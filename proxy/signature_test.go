@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -196,5 +197,32 @@ func TestLongRequestIDIsClippedInLogs(t *testing.T) {
 		if got := len(e.ContextMap()["request_id"].(string)); got > maxLoggedKey+len("…") {
 			t.Errorf("%q: got a request_id of %d bytes, want at most %d", e.Message, got, maxLoggedKey+len("…"))
 		}
+	}
+}
+
+// TestRejectedSignaturesAreSampledInTheLog: anyone can post forged
+// deliveries as fast as they like, so their warnings are sampled (at most
+// sampledLogsPerSecond a second), while the metric counts every one.
+func TestRejectedSignaturesAreSampledInTheLog(t *testing.T) {
+	up := newUpstream(t, nil)
+	r := Route{
+		Name:     "stripe",
+		Path:     "/webhooks/stripe",
+		Upstream: up.URL,
+		Provider: providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}},
+	}
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{logClock: fixedLogClock{}})
+	const forgeries = 3 * sampledLogsPerSecond
+	for i := range forgeries {
+		body := fmt.Sprintf(`{"id":"evt_%d"}`, i)
+		if resp := h.send("/webhooks/stripe", body, stripeSigned("whsec_attacker", body, time.Now())); resp.Status != http.StatusUnauthorized {
+			t.Fatalf("forgery %d: got %d, want 401", i, resp.Status)
+		}
+	}
+	if got := len(h.logs.FilterMessage("signature rejected").All()); got != sampledLogsPerSecond {
+		t.Errorf("signature rejected log lines within one second: got %d, want %d (sampled)", got, sampledLogsPerSecond)
+	}
+	if got := counterValue(t, h.gw.metrics.deliveries, "stripe", outcomeRejectedSignature); got != forgeries {
+		t.Errorf("rejected_signature: got %v, want %d", got, forgeries)
 	}
 }
