@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -513,7 +514,7 @@ func (s *server) reload() {
 		s.setAdmin(f.Admin)
 	}
 	s.longestTimeout = max(s.longestTimeout, old.maxUpstreamTimeout())
-	warnNamespaceChanges(s.log, old, f)
+	warnKeyChanges(s.log, old, f)
 	s.file = f
 	fields := []zap.Field{zap.String("config", s.path), zap.Int("routes", len(f.Routes))}
 	if added, removed, changed := routeChanges(old, f); len(added)+len(removed)+len(changed) > 0 {
@@ -561,22 +562,38 @@ func namespaceOf(r Route) string {
 	return r.Name
 }
 
-// warnNamespaceChanges warns about each path served before and after a
-// reload whose keys now live in another namespace: a route renamed without
-// namespace: (the namespace defaults to the name) no longer sees the keys it
-// recorded, so every event it already forwarded is forwarded again on its
-// next copy, and the reload is otherwise silent about it.
-func warnNamespaceChanges(log *zap.Logger, old, f *File) {
-	was := make(map[string]string, len(old.Routes))
+// warnKeyChanges warns about each path served before and after a reload
+// whose events now get other keys, which the reload is otherwise silent
+// about: every event the route already forwarded is forwarded again on its
+// next copy.
+//   - Its keys live in another namespace: a route renamed without
+//     namespace: (the namespace defaults to the name).
+//   - Its key sources changed (keys:, or the provider whose preset they
+//     are), unless the old list is the start of the new one: a source
+//     added at the end gives a key only to events that had none.
+func warnKeyChanges(log *zap.Logger, old, f *File) {
+	was := make(map[string]Route, len(old.Routes))
 	for _, r := range old.Routes {
-		was[r.Path] = namespaceOf(r)
+		was[r.Path] = r
 	}
 	for _, r := range f.Routes {
 		prev, ok := was[r.Path]
-		if ns := namespaceOf(r); ok && ns != prev {
+		if !ok {
+			continue
+		}
+		if ns, pns := namespaceOf(r), namespaceOf(prev); ns != pns {
 			log.Warn("route's key namespace changed: keys recorded before the reload are not consulted, so copies of events already forwarded are forwarded again (set namespace: to the old one to keep them)",
 				zap.String("route", r.Name), zap.String("path", r.Path),
-				zap.String("namespace", ns), zap.String("previous_namespace", prev))
+				zap.String("namespace", ns), zap.String("previous_namespace", pns))
+			continue
+		}
+		kept := providerOf(r) == providerOf(prev) && len(r.Keys) >= len(prev.Keys) &&
+			slices.Equal(prev.Keys, r.Keys[:len(prev.Keys)])
+		if !kept {
+			log.Warn("route's key sources changed: events get other keys than those recorded before the reload, so copies of events already forwarded may be forwarded again (add new sources after the old ones to keep their keys)",
+				zap.String("route", r.Name), zap.String("path", r.Path),
+				zap.String("provider", providerOf(r)), zap.String("previous_provider", providerOf(prev)),
+				zap.Strings("keys", r.Keys), zap.Strings("previous_keys", prev.Keys))
 		}
 	}
 }

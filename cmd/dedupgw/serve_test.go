@@ -700,6 +700,28 @@ func TestReloadWarnsWhenARouteChangesNamespace(t *testing.T) {
 	} else if m := w[0].ContextMap(); m["route"] != "orders3" || m["path"] != "/hooks/orders" || m["namespace"] != "orders3" || m["previous_namespace"] != "orders" {
 		t.Errorf("warning fields: got %v", m)
 	}
+
+	// The key sources: one added after the old ones keeps every old key;
+	// another first source does not.
+	const keysWarning = "route's key sources changed: events get other keys than those recorded before the reload, so copies of events already forwarded may be forwarded again (add new sources after the old ones to keep their keys)"
+	renamed := strings.Replace(text, "  - name: orders\n", "  - name: orders3\n", 1)
+	for i, step := range []struct {
+		keys string
+		want int
+	}{
+		{`["header:Idempotency-Key", "body"]`, 0},
+		{`["body", "header:Idempotency-Key"]`, 1},
+	} {
+		writeFileAtomic(t, cfg, strings.Replace(renamed, `keys: ["header:Idempotency-Key"]`, "keys: "+step.keys, 1))
+		p.sigs <- syscall.SIGHUP
+		p.waitLog("config reloaded", 3+i)
+		if n := p.logs.FilterMessage(keysWarning).Len(); n != step.want {
+			t.Errorf("keys %s: got %d key-source warnings in all, want %d", step.keys, n, step.want)
+		}
+	}
+	if n := p.logs.FilterMessage(warning).Len(); n != 1 {
+		t.Errorf("namespace warnings after the key changes: got %d, want still 1", n)
+	}
 	if err := p.stop(); err != nil {
 		t.Errorf("run: got %v, want nil", err)
 	}
