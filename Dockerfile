@@ -27,6 +27,7 @@ RUN set -e; \
     go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/usr/local/bin/dedupgw ./cmd/dedupgw; \
     /out/usr/local/bin/dedupgw version; \
     mkdir -p /out/etc/dedupgw /out/etc/ssl/certs /out/var/lib/dedupgw; \
+    chmod 0770 /out/var/lib/dedupgw; \
     cp /etc/ssl/certs/ca-certificates.crt /out/etc/ssl/certs/ca-certificates.crt; \
     printf '%s\n' \
       '# Default dedupgw configuration baked into the image.' \
@@ -63,7 +64,12 @@ LABEL org.opencontainers.image.title="dedupgw" \
       org.opencontainers.image.version="${VERSION}"
 COPY --from=build /out/etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /out/etc/dedupgw/config.yaml /etc/dedupgw/config.yaml
-COPY --from=build --chown=65532:65532 /out/var/lib/dedupgw /var/lib/dedupgw
+# The data directory belongs to the image's user and to group 0, writable by
+# both: a platform that runs the image under a uid of its own choosing in
+# group 0 (OpenShift's restricted policy) can still write the bolt file.
+# COPY of a directory copies what is in it, so the parent is copied to keep
+# the directory's own mode (0770).
+COPY --from=build --chown=65532:0 /out/var/lib /var/lib
 COPY --from=build /out/usr/local/bin/dedupgw /usr/local/bin/dedupgw
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 USER 65532:65532

@@ -58,6 +58,7 @@ image=dedupgw:smoke
 standin=dgw-go-standin:local
 container=dgw-smoke-$$
 volume=dgw-smoke-data-$$
+volume_uid=dgw-smoke-uid-$$
 dockerd_pid=
 upstream_pid=
 
@@ -84,7 +85,7 @@ cleanup() {
 			dk logs "$container" 2>&1 | tail -40 >&2
 		fi
 		dk rm -f "$container" >/dev/null 2>&1
-		dk volume rm -f "$volume" >/dev/null 2>&1
+		dk volume rm -f "$volume" "$volume_uid" >/dev/null 2>&1
 		kill "$dockerd_pid" 2>/dev/null
 		for _ in $(seq 1 100); do
 			kill -0 "$dockerd_pid" 2>/dev/null || break
@@ -322,5 +323,22 @@ third_status=$(sed -n 's/^[Dd]edup-[Ss]tatus: //p' <<<"$third")
 count=$(curl -fsS "http://127.0.0.1:$up_port/count")
 [[ $third_status == duplicate && $count == 1 ]] || fail "after restart: got $third_status with $count upstream deliveries, want duplicate with 1"
 step "after a container restart the key is still known (bolt on the volume)"
+
+# 9. A platform that runs the image under a uid of its own in group 0
+# (OpenShift's restricted policy) can write a fresh volume: the image's data
+# directory is group 0 and group-writable. /readyz answers once the bolt
+# file is open.
+dk rm -f "$container" >/dev/null
+dk volume create "$volume_uid" >/dev/null
+dk run -d --name "$container" --network host --user 1000700000:0 \
+	--read-only --cap-drop ALL --security-opt no-new-privileges \
+	-v "$volume_uid:/var/lib/dedupgw" \
+	-e "DEDUPGW_LISTEN=127.0.0.1:$gw_port" \
+	-e "DEDUPGW_ADMIN_LISTEN=127.0.0.1:$admin_port" \
+	-e "UPSTREAM_URL=http://127.0.0.1:$up_port" \
+	"$image" >/dev/null
+wait_for curl -fsS "http://127.0.0.1:$admin_port/readyz" ||
+	fail "as uid 1000700000 in group 0 on a fresh volume: /readyz never answered 2xx (is the data directory writable?)"
+step "as an arbitrary uid in group 0 on a fresh volume: the bolt file opens"
 
 echo "docker-smoke: PASS"
