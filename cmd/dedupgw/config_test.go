@@ -1290,4 +1290,10 @@ func TestSharedNamespaceIsWarned(t *testing.T) {
 			wantWarning(t, "routes:\n"+stripe+tt.second, "routes[1].namespace", tt.want)
 		})
 	}
+	// Two routes that verify nothing verify alike, whatever their
+	// providers: neither lets in a sender the other would refuse.
+	t.Run("both unsigned, other providers", func(t *testing.T) {
+		wantWarning(t, "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: stripe\n    namespace: shared\n"+
+			"  - name: b\n    path: /b\n    upstream: http://x\n    keys: [\"json:id\"]\n    namespace: shared\n", "routes[1].namespace", "")
+	})
 }
