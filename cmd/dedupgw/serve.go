@@ -29,6 +29,7 @@ import (
 	"github.com/dedupgw/dedupgw/dedup/boltstore"
 	"github.com/dedupgw/dedupgw/dedup/memstore"
 	"github.com/dedupgw/dedupgw/dedup/redisstore"
+	"github.com/dedupgw/dedupgw/providers"
 	"github.com/dedupgw/dedupgw/proxy"
 )
 
@@ -569,8 +570,10 @@ func namespaceOf(r Route) string {
 //   - Its keys live in another namespace: a route renamed without
 //     namespace: (the namespace defaults to the name).
 //   - Its key sources changed (keys:, or the provider whose preset they
-//     are), unless the old list is the start of the new one: a source
-//     added at the end gives a key only to events that had none.
+//     are when keys: is empty), unless the old list is the start of the
+//     new one: a source added at the end gives a key only to events that
+//     had none. A change of client_identity, which scopes every key, is
+//     such a change too.
 func warnKeyChanges(log *zap.Logger, old, f *File) {
 	was := make(map[string]Route, len(old.Routes))
 	for _, r := range old.Routes {
@@ -587,15 +590,35 @@ func warnKeyChanges(log *zap.Logger, old, f *File) {
 				zap.String("namespace", ns), zap.String("previous_namespace", pns))
 			continue
 		}
-		kept := providerOf(r) == providerOf(prev) && len(r.Keys) >= len(prev.Keys) &&
-			slices.Equal(prev.Keys, r.Keys[:len(prev.Keys)])
+		keys, prevKeys := effectiveKeys(r), effectiveKeys(prev)
+		kept := len(keys) >= len(prevKeys) && slices.Equal(prevKeys, keys[:len(prevKeys)]) &&
+			http.CanonicalHeaderKey(r.ClientIdentity) == http.CanonicalHeaderKey(prev.ClientIdentity)
 		if !kept {
 			log.Warn("route's key sources changed: events get other keys than those recorded before the reload, so copies of events already forwarded may be forwarded again (add new sources after the old ones to keep their keys)",
 				zap.String("route", r.Name), zap.String("path", r.Path),
 				zap.String("provider", providerOf(r)), zap.String("previous_provider", providerOf(prev)),
-				zap.Strings("keys", r.Keys), zap.Strings("previous_keys", prev.Keys))
+				zap.Strings("keys", keys), zap.Strings("previous_keys", prevKeys),
+				zap.String("client_identity", r.ClientIdentity), zap.String("previous_client_identity", prev.ClientIdentity))
 		}
 	}
+}
+
+// effectiveKeys is the key sources r keys on: its keys:, else its
+// provider's preset, with header names in canonical form (header:x-id and
+// header:X-Id read the same header).
+func effectiveKeys(r Route) []string {
+	keys := r.Keys
+	if len(keys) == 0 {
+		keys = providers.PresetKeys(providerOf(r))
+	}
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		if name, ok := strings.CutPrefix(k, "header:"); ok {
+			k = "header:" + http.CanonicalHeaderKey(name)
+		}
+		out[i] = k
+	}
+	return out
 }
 
 // startupPingTimeout bounds the store check at start-up.

@@ -748,3 +748,41 @@ func TestRouteChanges(t *testing.T) {
 		t.Errorf("same file: got added %q, removed %q, changed %q; want none", a, r, c)
 	}
 }
+
+// TestWarnKeyChangesComparesEffectiveKeys: a route without keys: keys on
+// its provider's preset, so the key sources a reload compares are the
+// preset's there. Explicit keys replacing a preset give other keys (warned,
+// however short the old list looked); explicit keys equal to the preset,
+// or the same explicit keys under another provider, give the same keys
+// (not warned). client_identity scopes every key, so changing it warns too.
+func TestWarnKeyChangesComparesEffectiveKeys(t *testing.T) {
+	const keysWarning = "route's key sources changed: events get other keys than those recorded before the reload, so copies of events already forwarded may be forwarded again (add new sources after the old ones to keep their keys)"
+	route := func(provider string, keys ...string) Route {
+		return Route{Name: "r", Path: "/r", Upstream: "http://127.0.0.1:3000", Provider: provider, Keys: keys}
+	}
+	scoped := func(r Route, header string) Route { r.ClientIdentity = header; return r }
+	tests := []struct {
+		name     string
+		old, new Route
+		want     int
+	}{
+		{"preset replaced by explicit keys", route("stripe"), route("stripe", "json:data.object.id"), 1},
+		{"preset replaced by body", route("stripe"), route("stripe", "body"), 1},
+		{"preset extended at the end", route("github"), route("github", "header:X-GitHub-Delivery", "body"), 0},
+		{"explicit keys equal to the preset dropped", route("stripe", "json:id"), route("stripe"), 0},
+		{"same explicit keys, other provider", route("generic", "json:id"), route("stripe", "json:id"), 0},
+		{"preset of another provider", route("stripe"), route("slack"), 1},
+		{"client_identity added", route("generic", "header:Idempotency-Key"), scoped(route("generic", "header:Idempotency-Key"), "Authorization"), 1},
+		{"client_identity recased", scoped(route("generic", "header:Idempotency-Key"), "authorization"), scoped(route("generic", "header:Idempotency-Key"), "Authorization"), 0},
+		{"unchanged", route("stripe"), route("stripe"), 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			core, logs := observer.New(zapcore.WarnLevel)
+			warnKeyChanges(zap.New(core), &File{Routes: []Route{tt.old}}, &File{Routes: []Route{tt.new}})
+			if got := logs.FilterMessage(keysWarning).Len(); got != tt.want {
+				t.Errorf("got %d key-source warnings, want %d", got, tt.want)
+			}
+		})
+	}
+}
