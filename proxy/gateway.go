@@ -84,6 +84,15 @@ const defaultBodyTimeout = 30 * time.Second
 // rest are only counted.
 const sampledLogsPerSecond = 5
 
+// sampled returns log, writing at most sampledLogsPerSecond lines of each
+// message a second. Loggers derived from the result with With share its
+// counts.
+func sampled(log *zap.Logger) *zap.Logger {
+	return log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, sampledLogsPerSecond, 0)
+	}))
+}
+
 // Gateway is the deduplicating reverse proxy. It is an http.Handler; its
 // routes can be swapped with Reload while it serves.
 type Gateway struct {
@@ -163,9 +172,7 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 		g.log = zap.NewNop()
 	}
 	g.log = g.log.Named("proxy")
-	g.sampledLog = g.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-		return zapcore.NewSamplerWithOptions(c, time.Second, sampledLogsPerSecond, 0)
-	}))
+	g.sampledLog = sampled(g.log)
 	if g.backend == "" {
 		g.backend = "unknown"
 	}
@@ -214,7 +221,10 @@ func (g *Gateway) build(cfg Config) (*routeTable, error) {
 	}
 	for _, rt := range t.all {
 		rt.log = g.log.With(zap.String("route", rt.Name))
-		rt.sampledLog = g.sampledLog.With(zap.String("route", rt.Name))
+		// A sampler of its own: a sampler's With shares its counts, so
+		// forgeries flooding one route would hide every other route's
+		// rejected signatures.
+		rt.sampledLog = sampled(rt.log)
 		rt.proxy = g.newReverseProxy(rt)
 	}
 	return t, nil

@@ -35,8 +35,8 @@ type route struct {
 	provider *providers.Provider
 	proxy    *httputil.ReverseProxy
 	log      *zap.Logger
-	// sampledLog is log, sampled: for what any sender can cause at will
-	// (see sampledLogsPerSecond).
+	// sampledLog is log, sampled on its own counts: for what any sender
+	// can cause at will (see sampledLogsPerSecond).
 	sampledLog *zap.Logger
 	// metrics are the route's series, set by the Gateway before the route
 	// serves (New, Reload).

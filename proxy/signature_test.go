@@ -226,3 +226,33 @@ func TestRejectedSignaturesAreSampledInTheLog(t *testing.T) {
 		t.Errorf("rejected_signature: got %v, want %d", got, forgeries)
 	}
 }
+
+// TestRejectedSignatureSamplingIsPerRoute: forgeries flooding one route
+// must not hide another route's rejected signatures (a secret rotated at
+// the provider but not in the gateway), which the log is there to show.
+func TestRejectedSignatureSamplingIsPerRoute(t *testing.T) {
+	up := newUpstream(t, nil)
+	route := func(name, path string) Route {
+		return Route{Name: name, Path: path, Upstream: up.URL,
+			Provider: providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}}}
+	}
+	h := newHarness(t, Config{Routes: []Route{route("flooded", "/webhooks/flooded"), route("quiet", "/webhooks/quiet")}},
+		harnessOpts{logClock: fixedLogClock{}})
+	for i := range 3 * sampledLogsPerSecond {
+		body := fmt.Sprintf(`{"id":"evt_%d"}`, i)
+		h.send("/webhooks/flooded", body, stripeSigned("whsec_attacker", body, time.Now()))
+	}
+	body := `{"id":"evt_real"}`
+	if resp := h.send("/webhooks/quiet", body, stripeSigned("whsec_rotated", body, time.Now())); resp.Status != http.StatusUnauthorized {
+		t.Fatalf("quiet route: got %d, want 401", resp.Status)
+	}
+	quiet := 0
+	for _, e := range h.logs.FilterMessage("signature rejected").All() {
+		if e.ContextMap()["route"] == "quiet" {
+			quiet++
+		}
+	}
+	if quiet != 1 {
+		t.Errorf("quiet route's signature rejected lines after a flood on another route: got %d, want 1", quiet)
+	}
+}
