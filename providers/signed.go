@@ -2,6 +2,7 @@ package providers
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 )
 
@@ -11,9 +12,9 @@ import (
 // or a generic route's {header:NAME} or timestamp header); json: and body
 // unless the scheme leaves the body unsigned (a generic template without
 // {body}). It returns nil when cfg has no secrets (nothing is verified, and
-// that is said elsewhere), when cfg.Keys is empty (a provider's preset: the
-// ID headers GitHub and Shopify do not sign are a documented trade-off), or
-// when cfg does not build.
+// that is said elsewhere), when cfg.Keys is empty or the provider's preset
+// written out (the ID headers GitHub and Shopify do not sign are a
+// documented trade-off), or when cfg does not build.
 //
 // On a signed route such a source lets whoever captured one genuine
 // delivery resend it under any key it likes: the signature still verifies,
@@ -21,7 +22,7 @@ import (
 // that way before the event arrives makes its genuine delivery a duplicate
 // that is never forwarded.
 func UnsignedKeySources(cfg Config) []string {
-	if len(cfg.Secrets) == 0 || len(cfg.Keys) == 0 {
+	if len(cfg.Secrets) == 0 || len(cfg.Keys) == 0 || slices.Equal(cfg.Keys, PresetKeys(cfg.Provider)) {
 		return nil
 	}
 	if _, err := New(cfg); err != nil {

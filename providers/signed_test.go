@@ -13,6 +13,7 @@ func TestUnsignedKeySources(t *testing.T) {
 	}{
 		{"no secrets", Config{Provider: Generic, Keys: []string{"query:id"}}, nil},
 		{"preset", Config{Provider: GitHub, Secrets: []string{"s"}}, nil},
+		{"preset written out", Config{Provider: GitHub, Secrets: []string{"s"}, Keys: PresetKeys(GitHub)}, nil},
 		{"stripe body sources", Config{Provider: Stripe, Secrets: []string{"s"}, Keys: []string{"json:id", "body"}}, nil},
 		{"stripe header", Config{Provider: Stripe, Secrets: []string{"s"}, Keys: []string{"header:Idempotency-Key", "json:id"}}, []string{"header:Idempotency-Key"}},
 		{"github query", Config{Provider: GitHub, Secrets: []string{"s"}, Keys: []string{"query:id", "body"}}, []string{"query:id"}},

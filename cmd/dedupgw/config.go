@@ -1076,7 +1076,7 @@ func toInt(raw any) (int64, error) {
 // would be another key, and every delivery would fail its signature check
 // with nothing said at start-up. The value is not shown: it is a secret.
 func secretsAreStrings(raw any, path string, ps *Problems) bool {
-	const quote = "YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)"
+	const quote = "YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)"
 	switch x := raw.(type) {
 	case string:
 		return true

@@ -907,13 +907,13 @@ func TestProblems(t *testing.T) {
 		// YAML would read these as numbers (42798, 100000, a rounded
 		// float, true): the secret would silently be another key.
 		{"unquoted numeric secrets", route("    secrets: [0123456, 1e5, 123456789012345678901234567890, \"0123456\", yes, true]\n"), nil, []string{
-			"routes[0].secrets[0]: must be a string; YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)",
-			"routes[0].secrets[1]: must be a string; YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)",
-			"routes[0].secrets[2]: must be a string; YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)",
-			"routes[0].secrets[5]: must be a string; YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)",
+			"routes[0].secrets[0]: must be a string; YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)",
+			"routes[0].secrets[1]: must be a string; YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)",
+			"routes[0].secrets[2]: must be a string; YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)",
+			"routes[0].secrets[5]: must be a string; YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)",
 		}},
 		{"one unquoted numeric secret is not shown", route("    secrets: 98127349812734981\n"), nil, []string{
-			"routes[0].secrets: want a list of strings; YAML reads it as a number or a boolean, which changes its text (0123 is octal, 1e5 a float); quote it (the value is not shown)",
+			"routes[0].secrets: want a list of strings; YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)",
 		}},
 		{"negative tolerance", route("    tolerance: -5s\n"), nil, []string{"routes[0].tolerance: must be greater than 0, got -5s (omit it for the default, 300s)"}},
 		{"zero tolerance", route("    tolerance: 0s\n"), nil, []string{"routes[0].tolerance: must be greater than 0, got 0s (omit it for the default, 300s)"}},
@@ -1280,8 +1280,11 @@ func TestSharedNamespaceIsWarned(t *testing.T) {
 	}{
 		{"unsigned", "  - name: legacy\n    path: /l\n    upstream: http://x\n    keys: [\"json:id\"]\n    namespace: stripe\n",
 			`routes[1].namespace: routes "stripe" and "legacy" share the key namespace "stripe" but verify their deliveries differently (stripe signatures and no signature)`},
-		{"other secret", "  - name: s2\n    path: /s2\n    upstream: http://x\n    provider: stripe\n    secrets: [whsec_b]\n    namespace: stripe\n",
-			`routes[1].namespace: routes "stripe" and "s2" share the key namespace "stripe"`},
+		{"another provider", "  - name: gh\n    path: /g\n    upstream: http://x\n    provider: github\n    secrets: [gh]\n    keys: [\"json:id\"]\n    namespace: stripe\n",
+			`routes[1].namespace: routes "stripe" and "gh" share the key namespace "stripe" but verify their deliveries differently (stripe signatures and github signatures)`},
+		// An endpoint being moved: two Stripe secrets, one namespace, so
+		// each event is processed once.
+		{"other secret, same provider", "  - name: s2\n    path: /s2\n    upstream: http://x\n    provider: stripe\n    secrets: [whsec_b]\n    namespace: stripe\n", ""},
 		{"same verification", "  - name: s2\n    path: /s2\n    upstream: http://x\n    provider: stripe\n    secrets: [whsec_a]\n    namespace: stripe\n", ""},
 		{"own namespace", "  - name: legacy\n    path: /l\n    upstream: http://x\n    keys: [\"json:id\"]\n", ""},
 	}

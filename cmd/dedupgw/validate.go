@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/url"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -531,7 +530,7 @@ func (f *File) Warnings() []Problem {
 		}); len(srcs) > 0 {
 			ws = append(ws, Problem{
 				Key: fmt.Sprintf("routes[%d].keys", i),
-				Msg: fmt.Sprintf("route %q verifies signatures, but its key source(s) %s are not covered by them: whoever captured one signed delivery can resend it under any key, so the application processes it again, and a real event's key claimed that way before the event arrives makes its genuine delivery a duplicate that is never forwarded; key on what the signature covers (json:, body) or sign the header ({header:NAME} in signature.template)", r.Name, strings.Join(srcs, ", ")),
+				Msg: fmt.Sprintf("route %q verifies signatures, but its key source(s) %s are not covered by them: whoever captured one signed delivery can resend it under any key, so the application processes it again, and a real event's key claimed that way before the event arrives makes its genuine delivery a duplicate that is never forwarded; key on what the signature covers (json:, body) or, on a generic route, sign the header ({header:NAME} in signature.template)", r.Name, strings.Join(srcs, ", ")),
 			})
 		}
 		if generic && len(r.Secrets) == 0 && r.ClientIdentity == "" && p.DuplicateResponse != nil && *p.DuplicateResponse == proxy.Replay {
@@ -594,19 +593,17 @@ func (f *File) sharedNamespaceWarnings() []Problem {
 	return ws
 }
 
-// sameVerification reports whether a and b check the same signatures: the
-// same provider with the same set of secrets, or no secrets on either (two
-// routes that verify nothing accept the same senders, whatever their
-// providers).
+// sameVerification reports whether a and b let in the same kind of sender:
+// both verify nothing, whatever their providers, or both check signatures
+// of the same provider. Other secrets of the same provider do not count: a
+// provider endpoint being moved has two routes with two secrets sharing
+// one namespace, so that each event is processed once (keeping them apart
+// would process each twice during the move).
 func sameVerification(a, b Route) bool {
-	if len(a.Secrets) == 0 && len(b.Secrets) == 0 {
-		return true
+	if len(a.Secrets) == 0 || len(b.Secrets) == 0 {
+		return len(a.Secrets) == 0 && len(b.Secrets) == 0
 	}
-	if providerOf(a) != providerOf(b) {
-		return false
-	}
-	sa, sb := slices.Sorted(slices.Values(a.Secrets)), slices.Sorted(slices.Values(b.Secrets))
-	return slices.Equal(slices.Compact(sa), slices.Compact(sb)) && (len(sa) == 0 || a.Signature == b.Signature)
+	return providerOf(a) == providerOf(b)
 }
 
 // verificationOf describes how r's deliveries are verified, without its
