@@ -908,15 +908,17 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 			}
 			decode(m[k], fv, key, ps)
 		}
-	case t == secretListType && !secretsAreStrings(raw, path, ps):
-		return
 	case t.Kind() == reflect.Slice:
+		secrets := t == secretListType
 		list, ok := raw.([]any)
 		if !ok {
-			if s, isStr := raw.(string); isStr && t == secretListType {
+			if s, isStr := raw.(string); isStr && secrets {
 				list = []any{s}
 			} else if isStr && t.Elem().Kind() == reflect.String {
 				list = splitList(s) // a comma list, as in the environment
+			} else if secrets && numberOrBool(raw) {
+				ps.add(path, "want a list of strings; %s", secretNotString)
+				return
 			} else {
 				ps.add(path, "want a list, got %s", describe(raw))
 				return
@@ -925,7 +927,12 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 		out := reflect.MakeSlice(t, len(list), len(list))
 		n := len(*ps)
 		for i, e := range list {
-			decode(e, out.Index(i), fmt.Sprintf("%s[%d]", path, i), ps)
+			key := fmt.Sprintf("%s[%d]", path, i)
+			if secrets && numberOrBool(e) {
+				ps.add(key, "must be a string; %s", secretNotString)
+				continue
+			}
+			decode(e, out.Index(i), key, ps)
 		}
 		// A list of routes is kept with its faulty entries partly decoded, so
 		// their other problems are reported too; a list of scalars is all or
@@ -1069,36 +1076,20 @@ func toInt(raw any) (int64, error) {
 	return 0, fmt.Errorf("want an integer, got %s", describe(raw))
 }
 
-// secretsAreStrings reports whether raw, a secrets: value, is a string or a
-// list of strings, adding a problem for each entry that is not. YAML reads
-// an unquoted 0123456 as the octal number 42798, 1e5 as 100000 and a long
-// run of digits as a rounded float: turned back into text, such a secret
-// would be another key, and every delivery would fail its signature check
-// with nothing said at start-up. The value is not shown: it is a secret.
-func secretsAreStrings(raw any, path string, ps *Problems) bool {
-	const quote = "YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)"
-	switch x := raw.(type) {
-	case string:
+// secretNotString is the problem with a secret that YAML read as a number
+// or a boolean: an unquoted 0123456 is the octal number 42798, 1e5 the
+// float 100000, a long run of digits a rounded float. Turned back into
+// text, such a secret would be another key, and every delivery would fail
+// its signature check with nothing said at start-up. The value is not
+// shown: it is a secret.
+const secretNotString = "YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)"
+
+// numberOrBool reports whether raw is a YAML number or boolean.
+func numberOrBool(raw any) bool {
+	switch raw.(type) {
+	case int, int64, uint64, float64, bool:
 		return true
-	case []any:
-		ok := true
-		for i, e := range x {
-			switch e.(type) {
-			case string, nil:
-			case []any, map[string]any:
-				ps.add(fmt.Sprintf("%s[%d]", path, i), "want a string, got %s", describe(e))
-				ok = false
-			default:
-				ps.add(fmt.Sprintf("%s[%d]", path, i), "must be a string; %s", quote)
-				ok = false
-			}
-		}
-		return ok
-	case map[string]any:
-		ps.add(path, "want a list, got a mapping")
-		return false
 	}
-	ps.add(path, "want a list of strings; %s", quote)
 	return false
 }
 
