@@ -262,6 +262,22 @@ type Route struct {
 	Policy `config:",squash"`
 }
 
+// providerOf is r's provider name, generic when unset.
+func providerOf(r Route) string {
+	if r.Provider == "" {
+		return providers.Generic
+	}
+	return r.Provider
+}
+
+// namespaceOf is r's key scope: its namespace, else its name.
+func namespaceOf(r Route) string {
+	if r.Namespace != "" {
+		return r.Namespace
+	}
+	return r.Name
+}
+
 // Signature is the generic provider's signature scheme; see
 // providers.GenericSignature for what empty fields mean.
 type Signature struct {
@@ -575,17 +591,9 @@ func (f *File) GatewayConfig() proxy.Config {
 	cfg := proxy.Config{Routes: make([]proxy.Route, 0, len(f.Routes))}
 	for i, r := range f.Routes {
 		p := f.effective(i)
-		ns := r.Namespace
-		if ns == "" {
-			ns = r.Name
-		}
 		methods := r.Methods
 		if len(methods) == 0 {
 			methods = []string{"POST"}
-		}
-		provider := r.Provider
-		if provider == "" {
-			provider = providers.Generic
 		}
 		tol := defaultTolerance
 		if r.Tolerance != nil {
@@ -595,7 +603,7 @@ func (f *File) GatewayConfig() proxy.Config {
 			Name:                  r.Name,
 			Path:                  r.Path,
 			Upstream:              r.Upstream,
-			Namespace:             ns,
+			Namespace:             namespaceOf(r),
 			Methods:               slices.Clone(methods),
 			Window:                *p.Window,
 			FailedRetention:       failedRetention(p),
@@ -612,7 +620,7 @@ func (f *File) GatewayConfig() proxy.Config {
 			ReplayHeaders:         append([]string{}, p.ReplayHeaders...),
 			ClientIdentity:        r.ClientIdentity,
 			Provider: providers.Config{
-				Provider:  provider,
+				Provider:  providerOf(r),
 				Keys:      slices.Clone(r.Keys),
 				Secrets:   slices.Clone(r.Secrets),
 				Tolerance: tol,

@@ -555,14 +555,6 @@ func routeChanges(old, f *File) (added, removed, changed []string) {
 	return added, removed, changed
 }
 
-// namespaceOf is a route's key scope: its namespace, else its name.
-func namespaceOf(r Route) string {
-	if r.Namespace != "" {
-		return r.Namespace
-	}
-	return r.Name
-}
-
 // warnKeyChanges warns about each path served before and after a reload
 // whose events now get other keys, which the reload is otherwise silent
 // about: every event the route already forwarded is forwarded again on its

@@ -290,10 +290,8 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		ps.add(key+".namespace", "must not contain ':' (it separates namespace and key), got %q", r.Namespace)
 	}
 
-	provider := r.Provider
+	provider := providerOf(r)
 	switch provider {
-	case "":
-		provider = providers.Generic
 	case providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack, providers.Generic:
 	default:
 		hint := ""
@@ -514,7 +512,7 @@ func (f *File) Warnings() []Problem {
 				})
 			}
 		}
-		generic := r.Provider == "" || r.Provider == providers.Generic
+		generic := providerOf(r) == providers.Generic
 		if !generic && len(r.Secrets) == 0 {
 			unsigned = append(unsigned, strconv.Quote(r.Name))
 		}
@@ -568,9 +566,9 @@ func (f *File) Warnings() []Problem {
 
 // sharedNamespaceWarnings warns about each route that shares its key
 // namespace with an earlier route whose deliveries are verified otherwise
-// (another provider, other secrets, or none): a sender the other route
-// accepts can claim this route's keys first, and the genuine deliveries of
-// those events are then answered as duplicates and never forwarded.
+// (see verificationOf): a sender the other route accepts can claim this
+// route's keys first, and the genuine deliveries of those events are then
+// answered as duplicates and never forwarded.
 func (f *File) sharedNamespaceWarnings() []Problem {
 	var ws []Problem
 	first := make(map[string]int) // namespace → index of its first route
@@ -582,7 +580,7 @@ func (f *File) sharedNamespaceWarnings() []Problem {
 			continue
 		}
 		o := f.Routes[j]
-		if sameVerification(r, o) {
+		if verificationOf(r) == verificationOf(o) {
 			continue
 		}
 		ws = append(ws, Problem{
@@ -593,34 +591,17 @@ func (f *File) sharedNamespaceWarnings() []Problem {
 	return ws
 }
 
-// sameVerification reports whether a and b let in the same kind of sender:
-// both verify nothing, whatever their providers, or both check signatures
-// of the same provider. Other secrets of the same provider do not count: a
-// provider endpoint being moved has two routes with two secrets sharing
-// one namespace, so that each event is processed once (keeping them apart
+// verificationOf describes which senders r lets in, without its secrets:
+// "no signature" whatever its provider, or that provider's signatures.
+// Two routes of one provider with other secrets verify alike: a provider
+// endpoint being moved has two routes with two secrets sharing one
+// namespace, so that each event is processed once (keeping them apart
 // would process each twice during the move).
-func sameVerification(a, b Route) bool {
-	if len(a.Secrets) == 0 || len(b.Secrets) == 0 {
-		return len(a.Secrets) == 0 && len(b.Secrets) == 0
-	}
-	return providerOf(a) == providerOf(b)
-}
-
-// verificationOf describes how r's deliveries are verified, without its
-// secrets.
 func verificationOf(r Route) string {
 	if len(r.Secrets) == 0 {
 		return "no signature"
 	}
 	return providerOf(r) + " signatures"
-}
-
-// providerOf is r's provider name, generic when unset.
-func providerOf(r Route) string {
-	if r.Provider == "" {
-		return providers.Generic
-	}
-	return r.Provider
 }
 
 // hasHashTag reports whether s holds a Redis Cluster hash tag: a "{"
