@@ -183,11 +183,7 @@ func New(cfg Config) (*Provider, error) {
 	default:
 		return nil, fmt.Errorf("provider: unknown provider %q (want stripe, shopify, github, standard-webhooks, slack or generic)", cfg.Provider)
 	}
-	keys := cfg.Keys
-	if len(keys) == 0 {
-		keys = PresetKeys(name)
-	}
-	key, err := ParseKeys(keys)
+	key, err := ParseKeys(cfg.KeySources())
 	if err != nil {
 		return nil, err
 	}
@@ -200,6 +196,15 @@ func New(cfg Config) (*Provider, error) {
 func (cfg Config) Validate() error {
 	_, err := New(cfg)
 	return err
+}
+
+// KeySources returns the key sources a route configured with cfg keys on:
+// cfg.Keys, else its provider's preset (see PresetKeys).
+func (cfg Config) KeySources() []string {
+	if len(cfg.Keys) > 0 {
+		return cfg.Keys
+	}
+	return PresetKeys(cfg.Provider)
 }
 
 // PresetKeys returns a copy of a provider's preset key sources, or nil for

@@ -175,3 +175,20 @@ func TestProviderConcurrentUse(t *testing.T) {
 		}
 	}
 }
+
+func TestKeySources(t *testing.T) {
+	tests := []struct {
+		cfg  Config
+		want []string
+	}{
+		{Config{Provider: Stripe}, []string{"json:id"}},
+		{Config{Provider: Stripe, Keys: []string{"body"}}, []string{"body"}},
+		{Config{Provider: Generic}, nil},
+		{Config{}, nil},
+	}
+	for _, tt := range tests {
+		if got := tt.cfg.KeySources(); !slices.Equal(got, tt.want) {
+			t.Errorf("%+v.KeySources(): got %q, want %q", tt.cfg, got, tt.want)
+		}
+	}
+}

@@ -723,10 +723,7 @@ func validAPIKey(key string) bool {
 
 // expectedKey describes where rt looks for its key, for a 400's detail.
 func expectedKey(rt *route) string {
-	keys := rt.Provider.Keys
-	if len(keys) == 0 {
-		keys = providers.PresetKeys(rt.provider.Name)
-	}
+	keys := rt.Provider.KeySources()
 	if len(keys) == 0 {
 		return "a key"
 	}

@@ -599,10 +599,7 @@ func warnKeyChanges(log *zap.Logger, old, f *File) {
 // provider's preset, with header names in canonical form (header:x-id and
 // header:X-Id read the same header).
 func effectiveKeys(r Route) []string {
-	keys := r.Keys
-	if len(keys) == 0 {
-		keys = providers.PresetKeys(providerOf(r))
-	}
+	keys := providers.Config{Provider: r.Provider, Keys: r.Keys}.KeySources()
 	out := make([]string, len(keys))
 	for i, k := range keys {
 		if name, ok := strings.CutPrefix(k, "header:"); ok {
