@@ -44,19 +44,36 @@ func githubRoute(upstreamURL string) Route {
 	}
 }
 
+// stripeRoute is a Stripe route named name on path, verifying with
+// stripeSecret.
+func stripeRoute(name, path, upstreamURL string) Route {
+	return Route{
+		Name:     name,
+		Path:     path,
+		Upstream: upstreamURL,
+		Provider: providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}},
+	}
+}
+
+// forge posts n deliveries signed with another secret than stripeSecret to
+// path and wants each refused with 401.
+func forge(t *testing.T, h *harness, path string, n int) {
+	t.Helper()
+	for i := range n {
+		body := fmt.Sprintf(`{"id":"evt_%d"}`, i)
+		if resp := h.send(path, body, stripeSigned("whsec_attacker", body, time.Now())); resp.Status != http.StatusUnauthorized {
+			t.Fatalf("forgery %d on %s: got %d, want 401", i, path, resp.Status)
+		}
+	}
+}
+
 // TestSignedStripeDeliveries (issue 4): a forged delivery carrying a real
 // event ID is refused with 401 and records nothing, so it can neither reach
 // the application nor block the genuine delivery, which is forwarded once;
 // Stripe's retry (signed again, later) is a duplicate.
 func TestSignedStripeDeliveries(t *testing.T) {
 	up := newUpstream(t, nil)
-	r := Route{
-		Name:     "stripe",
-		Path:     "/webhooks/stripe",
-		Upstream: up.URL,
-		Provider: providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}},
-	}
-	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	h := newHarness(t, Config{Routes: []Route{stripeRoute("stripe", "/webhooks/stripe", up.URL)}}, harnessOpts{})
 	const event = `{"id":"evt_real","type":"payment_intent.succeeded","data":{"object":{"amount":1000}}}`
 	const altered = `{"id":"evt_real","type":"payment_intent.succeeded","data":{"object":{"amount":1}}}`
 	now := time.Now()
@@ -205,20 +222,9 @@ func TestLongRequestIDIsClippedInLogs(t *testing.T) {
 // sampledLogsPerSecond a second), while the metric counts every one.
 func TestRejectedSignaturesAreSampledInTheLog(t *testing.T) {
 	up := newUpstream(t, nil)
-	r := Route{
-		Name:     "stripe",
-		Path:     "/webhooks/stripe",
-		Upstream: up.URL,
-		Provider: providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}},
-	}
-	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{logClock: fixedLogClock{}})
+	h := newHarness(t, Config{Routes: []Route{stripeRoute("stripe", "/webhooks/stripe", up.URL)}}, harnessOpts{logClock: fixedLogClock{}})
 	const forgeries = 3 * sampledLogsPerSecond
-	for i := range forgeries {
-		body := fmt.Sprintf(`{"id":"evt_%d"}`, i)
-		if resp := h.send("/webhooks/stripe", body, stripeSigned("whsec_attacker", body, time.Now())); resp.Status != http.StatusUnauthorized {
-			t.Fatalf("forgery %d: got %d, want 401", i, resp.Status)
-		}
-	}
+	forge(t, h, "/webhooks/stripe", forgeries)
 	if got := len(h.logs.FilterMessage("signature rejected").All()); got != sampledLogsPerSecond {
 		t.Errorf("signature rejected log lines within one second: got %d, want %d (sampled)", got, sampledLogsPerSecond)
 	}
@@ -232,16 +238,9 @@ func TestRejectedSignaturesAreSampledInTheLog(t *testing.T) {
 // the provider but not in the gateway), which the log is there to show.
 func TestRejectedSignatureSamplingIsPerRoute(t *testing.T) {
 	up := newUpstream(t, nil)
-	route := func(name, path string) Route {
-		return Route{Name: name, Path: path, Upstream: up.URL,
-			Provider: providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}}}
-	}
-	h := newHarness(t, Config{Routes: []Route{route("flooded", "/webhooks/flooded"), route("quiet", "/webhooks/quiet")}},
-		harnessOpts{logClock: fixedLogClock{}})
-	for i := range 3 * sampledLogsPerSecond {
-		body := fmt.Sprintf(`{"id":"evt_%d"}`, i)
-		h.send("/webhooks/flooded", body, stripeSigned("whsec_attacker", body, time.Now()))
-	}
+	routes := []Route{stripeRoute("flooded", "/webhooks/flooded", up.URL), stripeRoute("quiet", "/webhooks/quiet", up.URL)}
+	h := newHarness(t, Config{Routes: routes}, harnessOpts{logClock: fixedLogClock{}})
+	forge(t, h, "/webhooks/flooded", 3*sampledLogsPerSecond)
 	body := `{"id":"evt_real"}`
 	if resp := h.send("/webhooks/quiet", body, stripeSigned("whsec_rotated", body, time.Now())); resp.Status != http.StatusUnauthorized {
 		t.Fatalf("quiet route: got %d, want 401", resp.Status)
