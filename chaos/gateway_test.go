@@ -12,23 +12,32 @@ import (
 	"time"
 )
 
-// TestFirstStartSurvivesATakenPort: another process may take a port between
-// FreePort and the replica's listen (go test runs packages side by side).
-// The first start then moves to fresh ports instead of failing the run, and
-// the lost race is not reported as a crash.
-func TestFirstStartSurvivesATakenPort(t *testing.T) {
+// stripeGateway prepares, without starting it, a replica named name with a
+// bolt file in a temporary directory and one unsigned Stripe route to
+// upstream; it is closed when the test ends.
+func stripeGateway(t *testing.T, name, upstream string) *Gateway {
+	t.Helper()
 	bin := gatewayBinary(t)
 	dir := t.TempDir()
-	app := NewApp(AppConfig{})
-	t.Cleanup(app.Close)
-	g, err := NewGateway(bin, dir, "p0", func(addr, admin string) string {
+	g, err := NewGateway(bin, dir, name, func(addr, admin string) string {
 		return fmt.Sprintf("listen: %q\nadmin:\n  listen: %q\nstore:\n  bolt:\n    path: %q\nroutes:\n  - name: stripe\n    path: /webhooks/stripe\n    upstream: %q\n    provider: stripe\n",
-			addr, admin, filepath.Join(dir, "p.db"), app.URL())
+			addr, admin, filepath.Join(dir, name+".db"), upstream)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = g.Close() })
+	return g
+}
+
+// TestFirstStartSurvivesATakenPort: another process may take a port between
+// FreePort and the replica's listen (go test runs packages side by side).
+// The first start then moves to fresh ports instead of failing the run, and
+// the lost race is not reported as a crash.
+func TestFirstStartSurvivesATakenPort(t *testing.T) {
+	app := NewApp(AppConfig{})
+	t.Cleanup(app.Close)
+	g := stripeGateway(t, "p0", app.URL())
 	taken := g.Addr
 	ln, err := net.Listen("tcp", taken)
 	if err != nil {
@@ -83,18 +92,9 @@ func TestStartThatNeverGetsHealthyStopsTheProcess(t *testing.T) {
 // forwards with its own number in the upstream path, which the application
 // records, so that a kill explains only what the killed process forwarded.
 func TestIncarnationReachesTheApplication(t *testing.T) {
-	bin := gatewayBinary(t)
-	dir := t.TempDir()
 	app := NewApp(AppConfig{})
 	t.Cleanup(app.Close)
-	g, err := NewGateway(bin, dir, "i0", func(addr, admin string) string {
-		return fmt.Sprintf("listen: %q\nadmin:\n  listen: %q\nstore:\n  bolt:\n    path: %q\nroutes:\n  - name: stripe\n    path: /webhooks/stripe\n    upstream: %q\n    provider: stripe\n",
-			addr, admin, filepath.Join(dir, "i.db"), app.URL()+"/i"+IncarnationPlaceholder)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = g.Close() })
+	g := stripeGateway(t, "i0", app.URL()+"/i"+IncarnationPlaceholder)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	deliver := func(id string) {
