@@ -150,6 +150,11 @@ func newLogger(cfg Log, w zapcore.WriteSyncer) (*zap.Logger, zap.AtomicLevel, er
 	}
 	ec := zap.NewProductionEncoderConfig()
 	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	// Durations carry their unit ("35s", "1.2ms"): zap's default writes bare
+	// seconds, which a reader of "drain":35 or "took":0.0012 has to guess.
+	// Per-delivery timings are numbers with the unit in the name instead
+	// (duration_ms), for log queries.
+	ec.EncodeDuration = zapcore.StringDurationEncoder
 	var enc zapcore.Encoder
 	switch cfg.Format {
 	case "json":

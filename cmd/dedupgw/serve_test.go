@@ -431,6 +431,22 @@ func TestNewLogger(t *testing.T) {
 	}
 }
 
+// TestLoggedDurationsNameTheirUnit: a duration field (the drain's, the
+// sweeper's) reads "1.5s", not zap's bare 1.5.
+func TestLoggedDurationsNameTheirUnit(t *testing.T) {
+	for format, want := range map[string]string{"json": `"drained_in":"1.5s"`, "console": `"drained_in": "1.5s"`} {
+		var buf strings.Builder
+		log, _, err := newLogger(Log{Level: "info", Format: format}, zapcore.AddSync(&buf))
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.Info("dedupgw stopped", zap.Duration("drained_in", 1500*time.Millisecond))
+		if got := buf.String(); !strings.Contains(got, want) {
+			t.Errorf("%s: got %q, want it to contain %q", format, got, want)
+		}
+	}
+}
+
 func TestReadTimeout(t *testing.T) {
 	tests := []struct {
 		maxBody int64
