@@ -932,6 +932,7 @@ func TestProblems(t *testing.T) {
 			`routes[0].signature.header: invalid header name "X Sig"`,
 			`routes[0].signature.template: uses {timestamp} but signature.timestamp_header is not set`,
 		}},
+		{"signature algorithm and encoding in any case", route("    signature:\n      algorithm: SHA512\n      encoding: Base64\n"), nil, nil},
 		{"signature on stripe", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: stripe\n    signature:\n      header: X-Sig\n", nil, []string{
 			"routes[0].signature: only provider generic takes a signature block; stripe has its own scheme",
 		}},

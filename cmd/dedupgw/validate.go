@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -353,8 +354,8 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		if provider != providers.Generic {
 			ps.add(key+".signature", "only provider generic takes a signature block; %s has its own scheme", provider)
 		}
-		oneOfOrEmpty(ps, key+".signature.algorithm", r.Signature.Algorithm, "sha1", "sha256", "sha512")
-		oneOfOrEmpty(ps, key+".signature.encoding", r.Signature.Encoding, "hex", "base64")
+		oneOfFold(ps, key+".signature.algorithm", r.Signature.Algorithm, "sha1", "sha256", "sha512")
+		oneOfFold(ps, key+".signature.encoding", r.Signature.Encoding, "hex", "base64")
 		if h := r.Signature.Header; h != "" && !isToken(h) {
 			ps.add(key+".signature.header", "invalid header name %q", h)
 		}
@@ -436,6 +437,14 @@ func oneOf(ps *Problems, key, v string, allowed ...string) {
 func oneOfOrEmpty(ps *Problems, key, v string, allowed ...string) {
 	if v != "" {
 		oneOf(ps, key, v, allowed...)
+	}
+}
+
+// oneOfFold is oneOfOrEmpty in any case (SHA256, Base64), for the values the
+// providers package reads that way.
+func oneOfFold(ps *Problems, key, v string, allowed ...string) {
+	if v != "" && !slices.ContainsFunc(allowed, func(a string) bool { return strings.EqualFold(v, a) }) {
+		ps.add(key, "invalid value %q (want %s)", v, orList(allowed))
 	}
 }
 
