@@ -343,6 +343,10 @@ func TestRenderFailures(t *testing.T) {
 			[]string{"imagePullSecrets is set, but in sidecar mode the chart renders no pod"}},
 		{"a ServiceMonitor in sidecar mode", []string{"--set", "mode=sidecar", "--set", "serviceMonitor.enabled=true"},
 			[]string{"serviceMonitor.enabled is set, but in sidecar mode"}},
+		{"a NetworkPolicy in sidecar mode", []string{"--set", "mode=sidecar", "--set", "networkPolicy.enabled=true"},
+			[]string{"networkPolicy.enabled is set, but in sidecar mode"}},
+		{"a NetworkPolicy peer that is not a mapping", []string{"--set", "networkPolicy.enabled=true", "--set", "networkPolicy.adminFrom[0]=monitoring"},
+			[]string{"/networkPolicy/adminFrom/0"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

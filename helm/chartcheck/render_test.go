@@ -17,6 +17,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -147,6 +148,7 @@ type rendered struct {
 	ServiceAccounts map[string]*corev1.ServiceAccount
 	Secrets         map[string]*corev1.Secret
 	ServiceMonitors map[string]*serviceMonitor
+	NetworkPolicies map[string]*networkingv1.NetworkPolicy
 	Kinds           []string
 }
 
@@ -195,6 +197,7 @@ func decode(stream []byte) (*rendered, error) {
 		ServiceAccounts: map[string]*corev1.ServiceAccount{},
 		Secrets:         map[string]*corev1.Secret{},
 		ServiceMonitors: map[string]*serviceMonitor{},
+		NetworkPolicies: map[string]*networkingv1.NetworkPolicy{},
 	}
 	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
 	for {
@@ -250,6 +253,11 @@ func decode(stream []byte) (*rendered, error) {
 			o := &corev1.Secret{}
 			err = strict(doc, o)
 			r.Secrets[o.Name] = o
+			obj = o
+		case "networking.k8s.io/v1/NetworkPolicy":
+			o := &networkingv1.NetworkPolicy{}
+			err = strict(doc, o)
+			r.NetworkPolicies[o.Name] = o
 			obj = o
 		case "monitoring.coreos.com/v1/ServiceMonitor":
 			o := &serviceMonitor{}

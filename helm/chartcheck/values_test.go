@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -739,5 +740,83 @@ func TestVarRefsForNumbers(t *testing.T) {
 		if !strings.Contains(raw, want) {
 			t.Errorf("got config.yaml\n%s\nwant it to hold %q", raw, want)
 		}
+	}
+}
+
+// TestNetworkPolicy checks networkPolicy: off by default; on, it selects the
+// gateway's pods and admits the webhook port from webhookFrom (anyone when
+// empty) and the admin port only from adminFrom (no one when empty).
+func TestNetworkPolicy(t *testing.T) {
+	if r := decodeStrict(t, render(t, "dedupgw", "a", "ns")); len(r.NetworkPolicies) != 0 {
+		t.Errorf("default values: got NetworkPolicies %v, want none", keys(r.NetworkPolicies))
+	}
+	tests := []struct {
+		name                string
+		args                []string
+		wantWebhookFrom     int // peers of the webhook rule; 0: from anyone
+		wantAdminFrom       int // peers of the admin rule; 0: no admin rule
+		wantAdminNamespaces string
+	}{
+		{"no peers", nil, 0, 0, ""},
+		{"Prometheus's namespace", []string{"--set", "networkPolicy.adminFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring"}, 0, 1, "monitoring"},
+		{"an ingress controller's namespace and Prometheus", []string{
+			"--set", "networkPolicy.webhookFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=ingress-nginx",
+			"--set", "networkPolicy.adminFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+		}, 1, 1, "monitoring"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"--set", "networkPolicy.enabled=true"}, tt.args...)
+			r := decodeStrict(t, render(t, "dedupgw", "a", "ns", args...))
+			np := r.NetworkPolicies["a-dedupgw"]
+			if np == nil {
+				t.Fatalf("no NetworkPolicy a-dedupgw; got %v", keys(r.NetworkPolicies))
+			}
+			d := r.deployment(t, "a-dedupgw")
+			if !selects(np.Spec.PodSelector.MatchLabels, d.Spec.Template.Labels) {
+				t.Errorf("podSelector %v does not select the gateway's pods %v", np.Spec.PodSelector.MatchLabels, d.Spec.Template.Labels)
+			}
+			if got := np.Spec.PolicyTypes; !slices.Equal(got, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+				t.Errorf("policyTypes: got %v, want [Ingress] (egress is left to the cluster)", got)
+			}
+			c := container(t, d.Spec.Template.Spec, "dedupgw")
+			port := func(rule networkingv1.NetworkPolicyIngressRule) int32 {
+				if len(rule.Ports) != 1 || rule.Ports[0].Port == nil {
+					t.Fatalf("rule ports: got %+v, want one named port", rule.Ports)
+				}
+				for _, p := range c.Ports {
+					if p.Name == rule.Ports[0].Port.String() {
+						return p.ContainerPort
+					}
+				}
+				t.Fatalf("rule port %q is no port of the gateway container (%+v)", rule.Ports[0].Port.String(), c.Ports)
+				return 0
+			}
+			wantRules := 1
+			if tt.wantAdminFrom > 0 {
+				wantRules = 2
+			}
+			if len(np.Spec.Ingress) != wantRules {
+				t.Fatalf("ingress rules: got %d (%+v), want %d", len(np.Spec.Ingress), np.Spec.Ingress, wantRules)
+			}
+			webhook := np.Spec.Ingress[0]
+			if got := port(webhook); got != 8080 {
+				t.Errorf("first rule's port: got %d, want the webhook port 8080", got)
+			}
+			if got := len(webhook.From); got != tt.wantWebhookFrom {
+				t.Errorf("webhook rule: got %d peers (%+v), want %d", got, webhook.From, tt.wantWebhookFrom)
+			}
+			if tt.wantAdminFrom == 0 {
+				return
+			}
+			admin := np.Spec.Ingress[1]
+			if got := port(admin); got != 9090 {
+				t.Errorf("second rule's port: got %d, want the admin port 9090", got)
+			}
+			if len(admin.From) != tt.wantAdminFrom || admin.From[0].NamespaceSelector == nil ||
+				admin.From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != tt.wantAdminNamespaces {
+				t.Errorf("admin rule: got peers %+v, want the namespace %s", admin.From, tt.wantAdminNamespaces)
+			}
+		})
 	}
 }

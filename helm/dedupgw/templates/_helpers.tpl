@@ -115,6 +115,9 @@ set here would silently go nowhere (a private image would not pull). */}}
 {{- if .Values.serviceMonitor.enabled }}
 {{- fail "serviceMonitor.enabled is set, but in sidecar mode the chart renders no Service to scrape: scrape the pod's dedupgw-admin port from your app's chart (a PodMonitor, or a ServiceMonitor on your app's Service)" }}
 {{- end }}
+{{- if .Values.networkPolicy.enabled }}
+{{- fail "networkPolicy.enabled is set, but in sidecar mode the chart renders no pod: a NetworkPolicy selects your app's pods, so write it in your app's chart (admit the dedupgw-http port, and the dedupgw-admin port only from Prometheus)" }}
+{{- end }}
 {{- end }}
 {{- $backend := .Values.store.backend }}
 {{- if not (has $backend (list "bolt" "redis" "memory")) }}
