@@ -18,6 +18,17 @@ const (
 	DefaultWaitTimeout  = 100 * time.Millisecond
 )
 
+// sentinelConnLifetime is how long a connection to a Sentinel master lives.
+// go-redis learns of a failover from the +switch-master of the one sentinel
+// it listens to, or when it dials, asking that sentinel (another one, if it
+// does not answer) where the master is. While the sentinel it listens to is
+// down, a failover another one makes goes unnoticed, and the old master takes
+// the claims and commits, losing them when it is demoted (some 10s later,
+// or never while partitioned). Connections that live a second end that
+// within about a second, for a dial and a sentinel round trip per
+// connection and second.
+const sentinelConnLifetime = time.Second
+
 // Config is the plain-data description of the Redis deployment, the
 // store.redis block of the configuration file.
 type Config struct {
@@ -186,6 +197,10 @@ func (c Config) universalOptions() *redis.UniversalOptions {
 	}
 	if c.WaitReplicas > 0 {
 		o.MaxRetries = -1 // see WaitTimeout
+	}
+	if c.MasterName != "" {
+		o.ConnMaxLifetime = sentinelConnLifetime
+		o.ConnMaxLifetimeJitter = sentinelConnLifetime / 4
 	}
 	if c.TLS {
 		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}

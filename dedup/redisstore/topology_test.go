@@ -514,6 +514,83 @@ func TestSentinelFailover(t *testing.T) {
 	wantDuplicate(t, s, after)
 }
 
+// A store follows a failover that the sentinel it listens to never
+// announces: that sentinel is down (a rolling restart, a lost node) while
+// another one promotes the replica. go-redis learns of a new master only from
+// its sentinel's +switch-master or when it dials, so the store kept writing
+// to the old master, which still takes writes until the sentinels demote it
+// (some 10s later; here never, as after a partition), and every claim and
+// commit of that time was lost with it: an operator trial lost 1,705 of 3,000
+// events' records in 17s. Its connections now live about a second, and each
+// new one asks a sentinel that answers where the master is.
+func TestSentinelFailoverWithoutItsSentinel(t *testing.T) {
+	ctx := context.Background()
+	st := redistest.StartSentinel(t)
+	other := st.AddSentinel()
+	s := newStore(t, redisstore.Config{Addrs: []string{st.Sentinel.Addr(), other.Addr()}, MasterName: st.MasterName}, nil)
+	before := dedup.Key{Namespace: "stripe", ID: "evt_before_failover"}
+	claimCommit(t, s, before)
+	if n, err := st.Master.Client().Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1: got (%d, %v), want (1, nil)", n, err)
+	}
+	// The old master refuses to be demoted, so it goes on taking writes.
+	if err := st.Master.Client().Do(ctx, "acl", "setuser", "default", "-replicaof", "-slaveof").Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	listening, quiet := st.Sentinel, other
+	eventually(t, "the store to listen to a sentinel", func() bool {
+		if subscribers(t, other) > 0 {
+			listening, quiet = other, st.Sentinel
+			return true
+		}
+		return subscribers(t, st.Sentinel) > 0
+	})
+	listening.Stop()
+	st.FailoverBy(quiet)
+
+	newMaster := st.Replica.Client()
+	const follow = 5 * time.Second
+	deadline := time.Now().Add(follow)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		after := dedup.Key{Namespace: "stripe", ID: "evt_after_failover_" + strconv.Itoa(i)}
+		res, err := s.Claim(ctx, after, dedup.ClaimOptions{Lease: time.Minute})
+		if err == nil && res.Outcome == dedup.Claimed {
+			err = s.Commit(ctx, after, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+		}
+		if n, _ := newMaster.Exists(ctx, s.Key(after)).Result(); err == nil && n == 1 {
+			wantDuplicate(t, s, after)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("first delivery after a failover its sentinel missed: got none on the new master after %v (%d tried, last error %v), want one", follow, i+1, err)
+		}
+		<-tick.C
+	}
+	wantDuplicate(t, s, before)
+}
+
+// subscribers returns how many clients of the sentinel sent listen to a
+// channel (go-redis's failover client listens for +switch-master).
+func subscribers(t *testing.T, sent *redistest.Server) int {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: sent.Addr(), MaxRetries: -1})
+	defer c.Close()
+	list, err := c.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("CLIENT LIST on the sentinel: %v", err)
+	}
+	n := 0
+	for line := range strings.Lines(list) {
+		if !strings.Contains(line, " sub=0 ") {
+			n++
+		}
+	}
+	return n
+}
+
 // TestConcurrentScriptFlush: 32 callers deliver events through one store (a
 // first delivery, then its duplicate) while every master's script cache is
 // flushed twice mid-run. Their pipelines mix many callers' scripts; every

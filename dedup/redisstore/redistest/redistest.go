@@ -1,6 +1,6 @@
 // Package redistest starts real Redis servers for tests: a single node
 // (Start), a three-master Cluster (StartCluster) and a master watched by one
-// Sentinel (StartSentinel).
+// Sentinel (StartSentinel; more with AddSentinel).
 //
 // Every server runs the redis-server binary found on PATH, binds only to
 // 127.0.0.1 on a free port, keeps its files in t.TempDir(), persists nothing
@@ -530,7 +530,8 @@ func (c *Cluster) waitOK(ctx context.Context) {
 	}
 }
 
-// Sentinel is a master with one replica, watched by one sentinel.
+// Sentinel is a master with one replica, watched by one sentinel (more with
+// AddSentinel).
 type Sentinel struct {
 	// Master is the master StartSentinel started; after Failover it is a
 	// replica.
@@ -580,31 +581,7 @@ func startSentinel(t testing.TB, username, password string) *Sentinel {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	st := &Sentinel{Master: master, Replica: replica, MasterName: MasterName, Username: username, Password: password, t: t}
-
-	port := freePort(t, false)
-	// A sentinel rewrites its configuration file, so it must have one of its
-	// own, writable.
-	conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nsentinel monitor %s 127.0.0.1 %d 1\n"+
-		"sentinel down-after-milliseconds %s 5000\nsentinel failover-timeout %s 10000\n",
-		port, MasterName, master.Port(), MasterName, MasterName)
-	switch {
-	case username != "":
-		conf += fmt.Sprintf("user default off\nuser %s on >%s allcommands allkeys allchannels\n", username, password)
-	case password != "":
-		conf += fmt.Sprintf("requirepass %q\n", password)
-	}
-	dir := t.TempDir()
-	path := filepath.Join(dir, "sentinel.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatalf("write sentinel.conf: %v", err)
-	}
-	// The config file must be the first argument; the common arguments
-	// Start adds after it agree with the file.
-	sent := &Server{t: t, bin: Binary(t), dir: dir, port: port, conf: path, args: []string{"--sentinel"}, user: username, auth: password}
-	t.Cleanup(sent.Stop)
-	sent.Start()
-	st.Sentinel = sent
-
+	st.Sentinel = st.startSentinelProcess()
 	sc := st.client()
 	defer sc.Close()
 	st.waitFor(ctx, "the sentinel to know master and replica", func() (bool, string) {
@@ -622,10 +599,69 @@ func startSentinel(t testing.TB, username, password string) *Sentinel {
 	return st
 }
 
+// startSentinelProcess starts a sentinel monitoring st.Master under
+// MasterName (quorum 1), with st's user or password, and returns it.
+func (st *Sentinel) startSentinelProcess() *Server {
+	t := st.t
+	t.Helper()
+	port := freePort(t, false)
+	// A sentinel rewrites its configuration file, so it must have one of its
+	// own, writable.
+	conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nsentinel monitor %s 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds %s 5000\nsentinel failover-timeout %s 10000\n",
+		port, MasterName, st.Master.Port(), MasterName, MasterName)
+	switch {
+	case st.Username != "":
+		conf += fmt.Sprintf("user default off\nuser %s on >%s allcommands allkeys allchannels\n", st.Username, st.Password)
+	case st.Password != "":
+		conf += fmt.Sprintf("requirepass %q\n", st.Password)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sentinel.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatalf("write sentinel.conf: %v", err)
+	}
+	// The config file must be the first argument; the common arguments
+	// Start adds after it agree with the file.
+	sent := &Server{t: t, bin: Binary(t), dir: dir, port: port, conf: path, args: []string{"--sentinel"}, user: st.Username, auth: st.Password}
+	t.Cleanup(sent.Stop)
+	sent.Start()
+	return sent
+}
+
+// AddSentinel starts another sentinel watching st's master, as StartSentinel
+// started st.Sentinel, and waits until it knows the master and the replica.
+// Call it before Failover. Failover and FailoverBy may then go through
+// either sentinel.
+func (st *Sentinel) AddSentinel() *Server {
+	st.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	sent := st.startSentinelProcess()
+	sc := st.clientOf(sent)
+	defer sc.Close()
+	st.waitFor(ctx, "the added sentinel to know master and replica", func() (bool, string) {
+		addr, err := sc.GetMasterAddrByName(ctx, MasterName).Result()
+		if err != nil || len(addr) != 2 || addr[1] != strconv.Itoa(st.Master.Port()) {
+			return false, fmt.Sprintf("get-master-addr-by-name: %v %v", addr, err)
+		}
+		replicas, err := sc.Replicas(ctx, MasterName).Result()
+		if err != nil || len(replicas) != 1 || strings.Contains(replicas[0]["flags"], "disconnected") {
+			return false, fmt.Sprintf("SENTINEL REPLICAS: %v %v", replicas, err)
+		}
+		return true, ""
+	})
+	return sent
+}
+
 // client returns a new client of the sentinel, authenticated as st's user;
 // the caller closes it.
-func (st *Sentinel) client() *redis.SentinelClient {
-	return redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr(), Username: st.Username, Password: st.Password, MaxRetries: -1})
+func (st *Sentinel) client() *redis.SentinelClient { return st.clientOf(st.Sentinel) }
+
+// clientOf returns a new client of the sentinel sent, authenticated as st's
+// user; the caller closes it.
+func (st *Sentinel) clientOf(sent *Server) *redis.SentinelClient {
+	return redis.NewSentinelClient(&redis.Options{Addr: sent.Addr(), Username: st.Username, Password: st.Password, MaxRetries: -1})
 }
 
 // StartReplicated starts a master and one replica of it, and waits until the
@@ -680,9 +716,16 @@ func AwaitReplicas(t testing.TB, master *Server, n int) {
 // writes. The old master becomes its replica.
 func (st *Sentinel) Failover() {
 	st.t.Helper()
+	st.FailoverBy(st.Sentinel)
+}
+
+// FailoverBy is Failover asked of the sentinel sent (st.Sentinel, or one
+// AddSentinel started), which the others learn about from it.
+func (st *Sentinel) FailoverBy(sent *Server) {
+	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	sc := st.client()
+	sc := st.clientOf(sent)
 	defer sc.Close()
 	if err := sc.Failover(ctx, st.MasterName).Err(); err != nil {
 		st.t.Fatalf("SENTINEL FAILOVER %s: %v", st.MasterName, err)
