@@ -683,6 +683,13 @@ func StartReplicated(t testing.TB) (master, replica *Server) {
 // deletes one key, redistest:replicated, leaving nothing behind, and sends
 // WAIT in the same pipeline: WAIT counts the writes of its own connection
 // (from Redis 7.2 on, a connection that wrote nothing counts every replica).
+//
+// A master without a replication backlog (none attached yet) does not
+// advance its replication offset for a write, so a WAIT after it waits for
+// offset 0, which a replica meets the moment its full sync ends, before its
+// first acknowledgement: the first real write then waits up to a second.
+// The probe therefore counts only when the backlog existed before its
+// writes (INFO replication first, in the same pipeline).
 func AwaitReplicas(t testing.TB, master *Server, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
@@ -690,25 +697,30 @@ func AwaitReplicas(t testing.TB, master *Server, n int) {
 	c := redis.NewClient(&redis.Options{Addr: master.Addr(), MaxRetries: -1})
 	defer c.Close()
 	var (
-		acked int64
-		err   error
+		acked   int64
+		backlog bool
+		err     error
 	)
 	for ctx.Err() == nil {
-		var wait *redis.IntCmd
+		var (
+			info *redis.StringCmd
+			wait *redis.IntCmd
+		)
 		_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			info = p.Info(ctx, "replication")
 			p.Set(ctx, "redistest:replicated", 1, 0)
 			p.Del(ctx, "redistest:replicated")
 			wait = redis.NewIntCmd(ctx, "wait", n, 100)
 			return p.Process(ctx, wait)
 		})
 		if err == nil {
-			acked = wait.Val()
+			acked, backlog = wait.Val(), hasLine(info.Val(), "repl_backlog_active:1")
 		}
-		if err == nil && acked >= int64(n) {
+		if err == nil && backlog && acked >= int64(n) {
 			return
 		}
 	}
-	t.Fatalf("%d replicas acknowledging %s within %v: got %d (%v)", n, master.Addr(), startTimeout, acked, err)
+	t.Fatalf("%d replicas acknowledging %s within %v: got %d, replication backlog %v (%v)", n, master.Addr(), startTimeout, acked, backlog, err)
 }
 
 // Failover makes the sentinel promote the replica (SENTINEL FAILOVER) and
