@@ -553,7 +553,8 @@ const MasterName = "dedupgw-test"
 
 // StartSentinel starts a master, a replica of it, and a sentinel monitoring
 // the master under MasterName, and waits until the replica is in sync and the
-// sentinel reports the master and knows the replica.
+// sentinel reports the master and knows the replica as linked to it (one it
+// can promote).
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
 	return startSentinel(t, "", "")
@@ -589,9 +590,12 @@ func startSentinel(t testing.TB, username, password string) *Sentinel {
 		if err != nil || len(addr) != 2 || addr[1] != strconv.Itoa(master.Port()) {
 			return false, fmt.Sprintf("get-master-addr-by-name: %v %v", addr, err)
 		}
+		// A sentinel promotes only a replica whose own INFO it has read
+		// and found linked to the master (else SENTINEL FAILOVER answers
+		// NOGOODSLAVE); it reads a replica's INFO only every 10s.
 		replicas, err := sc.Replicas(ctx, MasterName).Result()
 		if err != nil || len(replicas) != 1 || replicas[0]["port"] != strconv.Itoa(replica.Port()) ||
-			strings.Contains(replicas[0]["flags"], "disconnected") {
+			strings.Contains(replicas[0]["flags"], "disconnected") || replicas[0]["master-link-status"] != "ok" {
 			return false, fmt.Sprintf("SENTINEL REPLICAS: %v %v", replicas, err)
 		}
 		return true, ""
