@@ -693,6 +693,13 @@ func testForget(t *testing.T, e *env) {
 			mustRelease(t, e.s, k, res.Token, dedup.ReleaseOptions{Retain: retain, Status: 500})
 			return res.Token
 		}, true},
+		// An expired record behaves as an absent one: nothing existed.
+		{"expired", func(t *testing.T, k dedup.Key) string {
+			res := mustClaim(t, e.s, k, dedup.Claimed)
+			mustCommit(t, e.s, k, res.Token, nil)
+			e.clk.Advance(window + time.Second)
+			return res.Token
+		}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
