@@ -160,7 +160,7 @@ func TestSenderThatStopsReadingDoesNotHoldClose(t *testing.T) {
 	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{storeTimeout: 200 * time.Millisecond})
 
 	c := nonReadingSender(t, h, "k1")
-	<-cut
+	recv(t, cut, "the upstream to cut the answer")
 	waitFor(t, "the answer to be committed", func() bool {
 		rec, err := h.record("orders", "k1")
 		return err == nil && rec.State == dedup.StateProcessed
@@ -246,7 +246,7 @@ func TestSenderThatStopsReadingAReplayDoesNotHoldClose(t *testing.T) {
 	replaying.Store(true)
 
 	c := nonReadingSender(t, h, "k1")
-	<-large
+	recv(t, large, "the large replay to reach the sender")
 
 	wantCloseReturns(t, h, c, "for a replay to a sender that does not read")
 }

@@ -619,7 +619,7 @@ func TestInFlightReject(t *testing.T) {
 		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
 		first <- resp
 	}()
-	<-arrived
+	recv(t, arrived, "the first delivery at the upstream")
 	resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
 	close(release)
 	if resp.Status != http.StatusConflict || resp.Header.Get(HeaderDedupStatus) != "in-flight" {
@@ -808,7 +808,7 @@ func TestSenderHangsUpMidForward(t *testing.T) {
 		_, err := h.try(ctx, http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
 		errc <- err
 	}()
-	<-arrived
+	recv(t, arrived, "the delivery at the upstream")
 	cancel()
 	if err := <-errc; err == nil {
 		t.Fatalf("sender: got no error after cancelling, want one")
@@ -898,7 +898,7 @@ func TestCloseReleasesInFlight(t *testing.T) {
 		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
 		first <- resp
 	}()
-	<-arrived
+	recv(t, arrived, "the delivery at the upstream")
 	if err := h.gw.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -955,7 +955,7 @@ func TestCloseWakesWaiters(t *testing.T) {
 	})
 	h := waitHarness(t, up)
 	first := h.sendAsync("/hooks/orders", `{"id":"evt_1"}`)
-	<-arrived
+	recv(t, arrived, "the first delivery at the upstream")
 	second := h.sendAsync("/hooks/orders", `{"id":"evt_1"}`)
 	waitFor(t, "the waiter to poll", func() bool { return testutilCount(h, "get") > 0 })
 	if err := h.gw.Close(); err != nil {
@@ -982,7 +982,7 @@ func TestWaitersAreBounded(t *testing.T) {
 	h := waitHarness(t, up)
 	h.gw.maxWaiting = 2
 	answers := []<-chan response{h.sendAsync("/hooks/orders", `{"id":"evt_1"}`)}
-	<-arrived
+	recv(t, arrived, "the first delivery at the upstream")
 	answers = append(answers, h.sendAsync("/hooks/orders", `{"id":"evt_1"}`), h.sendAsync("/hooks/orders", `{"id":"evt_1"}`))
 	waitFor(t, "two waiters", func() bool { return h.gw.waiting.Load() == 2 })
 	if got := h.send("/hooks/orders", `{"id":"evt_1"}`); got.Status != http.StatusConflict || got.Header.Get(HeaderDedupStatus) != "in-flight" {
@@ -1016,7 +1016,7 @@ func TestForwardedWaiterFreesItsSlot(t *testing.T) {
 	})
 	h := waitHarness(t, up)
 	first := h.sendAsync("/hooks/orders", `{"id":"evt_1"}`)
-	<-arrived
+	recv(t, arrived, "the first delivery at the upstream")
 	held := h.sendAsync("/hooks/orders", `{"id":"evt_1"}`)
 	waitFor(t, "the copy to be held", func() bool { return h.gw.waiting.Load() == 1 })
 	close(release[0]) // the first attempt fails: the held copy claims the key
@@ -1027,8 +1027,8 @@ func TestForwardedWaiterFreesItsSlot(t *testing.T) {
 		t.Errorf("waiting while the former waiter is forwarded: got %d, want 0", got)
 	}
 	close(release[1])
-	<-first
-	<-held
+	recv(t, first, "the first delivery's answer")
+	recv(t, held, "the held copy's answer")
 }
 
 // TestFailedRetention: a failed key's record is kept for failed_retention,

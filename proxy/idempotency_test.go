@@ -373,7 +373,7 @@ func TestIdempotencyInFlight(t *testing.T) {
 		resp, _ := h.try(context.Background(), http.MethodPost, payCharge, `{"amount":100}`, key1)
 		first <- resp
 	}()
-	<-arrived
+	recv(t, arrived, "the first request at the upstream")
 	same := h.send(payCharge, `{"amount":100}`, key1)
 	other := h.send(payCharge, `{"amount":200}`, key1)
 	close(release)
@@ -462,7 +462,7 @@ func TestIdempotencyReplaySharedOnRedis(t *testing.T) {
 		resp, _ := a.try(context.Background(), http.MethodPost, payCharge, `{"amount":300}`, "Idempotency-Key: k2", "X-Test-Hold: 1")
 		first <- resp
 	}()
-	<-arrived
+	recv(t, arrived, "the first request at the upstream")
 	apiStep{wantStatus: 409, wantDedup: "in-flight"}.check(t, 3, b.send(payCharge, `{"amount":300}`, "Idempotency-Key: k2"))
 	close(release)
 	apiStep{wantStatus: 201, wantDedup: "forwarded"}.check(t, 4, <-first)

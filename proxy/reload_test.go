@@ -131,7 +131,7 @@ func TestReloadInFlightFinishesOnOldRoute(t *testing.T) {
 		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
 		first <- resp
 	}()
-	<-arrived
+	recv(t, arrived, "the first delivery at the old upstream")
 	if err := h.gw.Reload(Config{Routes: []Route{genericRoute("orders", "/hooks/orders", upNew.URL)}}); err != nil {
 		t.Fatal(err)
 	}

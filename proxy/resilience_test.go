@@ -238,7 +238,7 @@ func TestWaitAcrossReplicas(t *testing.T) {
 				resp, _ := (&harness{srv: srvA}).try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
 				first <- resp
 			}()
-			<-arrived
+			recv(t, arrived, "the first delivery at the upstream")
 			second := make(chan response, 1)
 			go func() {
 				resp, _ := (&harness{srv: srvB}).try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
@@ -336,7 +336,7 @@ func TestCloseCutsSlowBody(t *testing.T) {
 	}
 	defer conn.Close()
 	fmt.Fprintf(conn, "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
-	<-entered
+	recv(t, entered, "the slow sender at the gateway")
 	start := time.Now()
 	if err := gw.Close(); err != nil {
 		t.Fatalf("Close: %v", err)

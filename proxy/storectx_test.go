@@ -357,9 +357,9 @@ func TestStoreTimeoutBoundsEachOperation(t *testing.T) {
 			_, err := h.try(ctx, http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
 			errc <- err
 		}()
-		<-s.started
+		recv(t, s.started, "the claim to hang")
 		cancel()
-		<-errc
+		recv(t, errc, "the sender's hang-up")
 		waitFor(t, "the claim to end", func() bool { return len(s.ops()) > 0 })
 		if o := s.ops()[0]; !errors.Is(o.errAtEnd, context.DeadlineExceeded) {
 			t.Errorf("claim ended with %v, want DeadlineExceeded (not cancelled by the sender)", o.errAtEnd)
