@@ -479,27 +479,123 @@ func replayableWithoutBody(r *http.Request) bool {
 }
 
 // commit marks d's key processed. It runs under its own timeout on a context
-// the sender cannot cancel (nor the forward's deadline, nor Close).
+// the sender cannot cancel (nor the forward's deadline, nor Close). When the
+// store fails it, the commit is tried again in the background (see
+// commitLater) while the sender gets the upstream's answer.
 func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored *dedup.Response) {
 	d.settled = true
 	now, wall := g.clock()
 	ctx := newOpContext(d.detach(parent), now, g.storeTimeout)
 	defer ctx.stop()
 	g.warnLateFinish(d, "commit", wall)
-	err := g.store.Commit(ctx, d.key, d.token, dedup.CommitOptions{Window: d.rt.Window, Status: status, Response: stored})
-	switch {
-	case err == nil:
-	case errors.Is(err, dedup.ErrNotOwner):
-		d.rt.metrics.lostCommit.Inc()
-		d.rt.log.Warn("lease lost before commit: the upstream processed the event, but the claim is gone (its lease lapsed and another delivery took the key, it was forgotten, or the store lost it in a failover), so the event is not recorded and its next copy is forwarded again",
-			keyField(d.clientKey), requestIDField(d.requestID))
-	case errors.Is(err, dedup.ErrNotReplicated):
-		d.rt.log.Warn("commit recorded on the store's primary, but its replicas did not confirm it (see error): a failover now would lose it and forward the event's next copy again",
-			keyField(d.clientKey), requestIDField(d.requestID), zap.Error(err))
-	default:
-		d.rt.log.Error("commit failed after the upstream's 2xx: the key stays processing until its lease ends, then a retry is forwarded again",
-			keyField(d.clientKey), requestIDField(d.requestID), zap.Error(err))
+	opts := dedup.CommitOptions{Window: d.rt.Window, Status: status, Response: stored}
+	err := g.store.Commit(ctx, d.key, d.token, opts)
+	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
+	if err == nil || !commitFailed(d.rt, fields, err) || g.commitLater(d, opts, fields, err) {
+		return
 	}
+	d.rt.log.Error("commit failed after the upstream's 2xx: the key stays processing until its lease ends, then a retry is forwarded again",
+		append(fields, zap.Error(err))...)
+}
+
+// commitFailed logs and counts the commit error err (not nil) of a delivery
+// on rt, logged with fields, when trying again cannot record the event; it
+// reports whether trying again may: err is a store failure, not a verdict.
+func commitFailed(rt *route, fields []zap.Field, err error) (again bool) {
+	switch {
+	case errors.Is(err, dedup.ErrNotOwner):
+		rt.metrics.lostCommit.Inc()
+		rt.log.Warn("lease lost before commit: the upstream processed the event, but the claim is gone (its lease lapsed and another delivery took the key, it was forgotten, or the store lost it in a failover), so the event is not recorded and its next copy is forwarded again",
+			fields...)
+	case errors.Is(err, dedup.ErrNotReplicated):
+		rt.log.Warn("commit recorded on the store's primary, but its replicas did not confirm it (see error): a failover now would lose it and forward the event's next copy again",
+			append(fields, zap.Error(err))...)
+	case errors.Is(err, dedup.ErrClosed):
+		rt.log.Error("commit failed after the upstream's 2xx: the store is closed; the key stays processing until its lease ends, then a retry is forwarded again",
+			fields...)
+	default:
+		return true
+	}
+	return false
+}
+
+// Commit retries in the background.
+//
+// A commit the store failed (a Redis failover outlasting the store's own
+// retries, a full disk) leaves the key processing although the application
+// answered 2xx: its copies get 409 until the lease ends, and the first after
+// it is forwarded again. So the gateway goes on trying after the sender got
+// its answer, commitRetryFirst after the failure, then twice as long each
+// time, at most commitRetryMax apart, each try under the store timeout,
+// until the commit lands, the store answers that the claim is no longer the
+// delivery's, or the lease ends (by the gateway's clock). The retries belong
+// to the Gateway: Close stops them, and waits for a try under way. Each
+// failed try counts in dedupgw_store_errors_total{op="commit"}; the first
+// failure, the outcome and a give-up are logged. A store that fails claims
+// as well (the usual outage) leaves only the deliveries already forwarded to
+// retry; still, at most maxCommitRetries deliveries retry at once, so that a
+// store failing commits alone cannot pile up a goroutine per delivery.
+const (
+	commitRetryFirst = 250 * time.Millisecond
+	commitRetryMax   = 5 * time.Second
+	maxCommitRetries = 1024
+)
+
+// commitLater starts the background retries of d's commit with opts, which
+// failed with err, and reports whether it did: not once the lease ended or
+// the gateway is closed.
+func (g *Gateway) commitLater(d *delivery, opts dedup.CommitOptions, fields []zap.Field, err error) bool {
+	if _, wall := g.clock(); d.leaseUntil.IsZero() || !wall.Before(d.leaseUntil) {
+		return false
+	}
+	if g.commitRetries.Add(1) > maxCommitRetries {
+		g.commitRetries.Add(-1)
+		return false
+	}
+	if !g.enter() {
+		g.commitRetries.Add(-1)
+		return false
+	}
+	// What the retries read of d, copied: the delivery is finished without
+	// waiting for them.
+	rt, key, token, until, values := d.rt, d.key, d.token, d.leaseUntil, d.detached
+	rt.log.Warn("commit failed after the upstream's 2xx: trying again until the lease ends",
+		append(fields, zap.Time("lease_until", until), zap.Error(err))...)
+	go func() {
+		defer g.active.Done()
+		defer g.commitRetries.Add(-1)
+		pause := commitRetryFirst
+		timer := time.NewTimer(pause)
+		defer timer.Stop()
+		for tries := 2; ; tries++ {
+			select {
+			case <-g.ctx.Done():
+				rt.log.Error("commit not tried again: the gateway is closing; the key stays processing until its lease ends, then a retry is forwarded again",
+					fields...)
+				return
+			case <-timer.C:
+			}
+			now, wall := g.clock()
+			if !wall.Before(until) {
+				rt.log.Error("commit failed until the lease ended: a retry is forwarded again",
+					append(fields, zap.Int("tries", tries-1), zap.Error(err))...)
+				return
+			}
+			ctx := newOpContext(values, now, g.storeTimeout)
+			err = g.store.Commit(ctx, key, token, opts)
+			ctx.stop()
+			if err == nil {
+				rt.log.Info("commit recorded on a later try", append(fields, zap.Int("tries", tries))...)
+				return
+			}
+			if !commitFailed(rt, fields, err) {
+				return
+			}
+			pause = min(2*pause, commitRetryMax)
+			timer.Reset(pause)
+		}
+	}()
+	return true
 }
 
 // release marks d's key failed (claimable) and counts the reason. Like

@@ -128,8 +128,11 @@ type Gateway struct {
 	// recovery is logged once. The Gateway keeps it: an admin handler is
 	// rebuilt when a reload changes admin.token.
 	unready atomic.Bool
-	active  sync.WaitGroup // deliveries being served
-	closeMu sync.Once
+	active  sync.WaitGroup // deliveries being served, and commits being tried again
+	// commitRetries counts the deliveries whose commit is being tried again
+	// in the background (see commitLater).
+	commitRetries atomic.Int64
+	closeMu       sync.Once
 	// reading are the bodies being read, writing the large replayed answers
 	// being written; Close cuts both short.
 	reading, writing ioCuts

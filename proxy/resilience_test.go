@@ -78,7 +78,8 @@ func TestSettleErrors(t *testing.T) {
 		wantLevel  zapcore.Level
 		wantLost   string // the op counted in dedupgw_leases_lost_total, or ""
 	}{
-		{"commit fails after 2xx", 200, errBoom, nil, "commit failed after the upstream's 2xx", zapcore.ErrorLevel, ""},
+		{"commit fails after 2xx", 200, errBoom, nil, "commit failed after the upstream's 2xx: trying again until the lease ends", zapcore.WarnLevel, ""},
+		{"commit refused by a closed store", 200, dedup.ErrClosed, nil, "commit failed after the upstream's 2xx: the store is closed", zapcore.ErrorLevel, ""},
 		{"commit finds the lease lost", 200, dedup.ErrNotOwner, nil, "lease lost before commit", zapcore.WarnLevel, "commit"},
 		{"commit not acknowledged by replicas", 200, fmt.Errorf("redisstore: commit: %w", dedup.ErrNotReplicated), nil, "commit recorded on the store's primary, but its replicas did not confirm it", zapcore.WarnLevel, ""},
 		{"release fails after 5xx", 500, nil, errBoom, "release failed", zapcore.ErrorLevel, ""},
@@ -113,6 +114,132 @@ func TestSettleErrors(t *testing.T) {
 				if got := testutil.ToFloat64(gw.metrics.leasesLost.WithLabelValues("orders", op)); got != want {
 					t.Errorf("dedupgw_leases_lost_total{op=%q}: got %v, want %v", op, got, want)
 				}
+			}
+		})
+	}
+}
+
+// TestCommitTriedAgainInTheBackground: a commit the store fails after the
+// upstream's 2xx (a failover, a full disk) is tried again after the sender
+// got its answer, so that once the store is back the event is recorded and
+// its next copy answered as a duplicate instead of forwarded again.
+func TestCommitTriedAgainInTheBackground(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	defer mem.Close()
+	ss := &settleStore{Store: mem}
+	down := error(errors.New("store down"))
+	ss.commitErr.Store(&down)
+	_, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
+
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+		t.Fatalf("first delivery: got %d %q, want 200 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	key := dedup.Key{Namespace: "orders", ID: "evt_1"}
+	if rec, _ := mem.Get(context.Background(), key); rec.State != dedup.StateProcessing {
+		t.Fatalf("while the store fails commits: got state %v, want processing", rec.State)
+	}
+	ss.commitErr.Store(nil) // the store is back
+	waitFor(t, "the commit tried again to record the event", func() bool {
+		rec, err := mem.Get(context.Background(), key)
+		return err == nil && rec.State == dedup.StateProcessed
+	})
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Header.Get(HeaderDedupStatus) != "duplicate" {
+		t.Errorf("the event's next copy: got %d %q, want 200 duplicate", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	if got := up.count(); got != 1 {
+		t.Errorf("upstream saw %d deliveries, want 1", got)
+	}
+	if got := logs.FilterMessage("commit recorded on a later try").Len(); got != 1 {
+		t.Errorf("got %d \"commit recorded on a later try\" lines, want 1", got)
+	}
+}
+
+// TestCommitRetriesAreBounded: with maxCommitRetries deliveries already
+// retrying their commits, a further failed commit is not retried: it is
+// logged as before, and the key stays processing until its lease ends.
+func TestCommitRetriesAreBounded(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	defer mem.Close()
+	ss := &settleStore{Store: mem}
+	down := error(errors.New("store down"))
+	ss.commitErr.Store(&down)
+	gw, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
+	gw.commitRetries.Store(maxCommitRetries)
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK {
+		t.Fatalf("first delivery: got %d, want 200", resp.Status)
+	}
+	if got := logs.FilterMessageSnippet("the key stays processing until its lease ends").Len(); got != 1 {
+		t.Errorf("got %d \"key stays processing\" lines, want 1 (no retry)", got)
+	}
+	if got := logs.FilterMessageSnippet("trying again").Len(); got != 0 {
+		t.Errorf("got %d \"trying again\" lines, want 0", got)
+	}
+	if got := gw.commitRetries.Load(); got != maxCommitRetries {
+		t.Errorf("commit retries: got %d, want %d", got, maxCommitRetries)
+	}
+}
+
+// TestCommitRetriesEnd: the background retries of a failed commit stop when
+// the lease ends (by the gateway's clock), when the store answers that the
+// claim is no longer the delivery's, and when the gateway is closed; each
+// end is logged once, and Close waits for them.
+func TestCommitRetriesEnd(t *testing.T) {
+	tests := []struct {
+		name    string
+		end     func(gw *Gateway, ss *settleStore, clock *manualClock)
+		wantLog string
+	}{
+		{"the lease ends", func(_ *Gateway, _ *settleStore, clock *manualClock) { clock.Advance(2 * time.Minute) },
+			"commit failed until the lease ended: a retry is forwarded again"},
+		{"the claim is gone", func(_ *Gateway, ss *settleStore, _ *manualClock) {
+			lost := dedup.ErrNotOwner
+			ss.commitErr.Store(&lost)
+		}, "lease lost before commit"},
+		{"the gateway closes", func(gw *Gateway, _ *settleStore, _ *manualClock) {
+			closed := make(chan struct{})
+			go func() { gw.Close(); close(closed) }()
+			recv(t, closed, "Close with a commit being tried again")
+		}, "commit not tried again: the gateway is closing"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
+			clock := newManualClock(time.Unix(1_700_000_000, 0))
+			mem := memstore.New(memstore.Options{SweepInterval: -1, Now: clock.Now})
+			defer mem.Close()
+			ss := &settleStore{Store: mem}
+			down := error(errors.New("store down"))
+			ss.commitErr.Store(&down)
+			core, logs := observer.New(zapcore.DebugLevel)
+			rt := genericRoute("orders", "/hooks/orders", up.URL)
+			rt.Lease = time.Minute
+			gw, err := New(Config{Routes: []Route{rt}}, ss, Options{Logger: zap.New(core), Registerer: prometheus.NewRegistry(), Backend: "memory", Now: clock.Now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(gw)
+			defer func() { srv.Close(); gw.Close() }()
+
+			if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK {
+				t.Fatalf("first delivery: got %d, want 200", resp.Status)
+			}
+			waitFor(t, "a background try to fail", func() bool {
+				return testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "commit")) >= 2
+			})
+			tc.end(gw, ss, clock)
+			waitFor(t, "the retries to end", func() bool { return logs.FilterMessageSnippet(tc.wantLog).Len() > 0 })
+			ended := testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "commit"))
+			gw.Close() // waits for the retries, which have ended
+			if got := testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "commit")); got != ended {
+				t.Errorf("commit errors after the retries ended: got %v, want %v (no more tries)", got, ended)
+			}
+			if got := logs.FilterMessageSnippet(tc.wantLog).Len(); got != 1 {
+				t.Errorf("got %d lines containing %q, want 1", got, tc.wantLog)
+			}
+			if rec, _ := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"}); rec.State == dedup.StateProcessed {
+				t.Errorf("state: got processed, want the commit never recorded")
 			}
 		})
 	}
