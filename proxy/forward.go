@@ -490,8 +490,11 @@ func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored
 	g.warnLateFinish(d, "commit", wall)
 	opts := dedup.CommitOptions{Window: d.rt.Window, Status: status, Response: stored}
 	err := g.store.Commit(ctx, d.key, d.token, opts)
+	if err == nil {
+		return
+	}
 	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
-	if err == nil || !commitFailed(d.rt, fields, err) || g.commitLater(d, opts, fields, err) {
+	if !commitFailed(d.rt, fields, err) || g.commitLater(d, opts, fields, err) {
 		return
 	}
 	d.rt.log.Error("commit failed after the upstream's 2xx: the key stays processing until its lease ends, then a retry is forwarded again",
