@@ -119,17 +119,26 @@ func TestSettleErrors(t *testing.T) {
 	}
 }
 
+// failingCommits returns a memstore made with opts and, in front of it, a
+// settleStore that fails every Commit with a store error until its
+// commitErr is cleared (the store is back).
+func failingCommits(t *testing.T, opts memstore.Options) (*memstore.Store, *settleStore) {
+	t.Helper()
+	mem := memstore.New(opts)
+	t.Cleanup(func() { mem.Close() })
+	ss := &settleStore{Store: mem}
+	down := error(errors.New("store down"))
+	ss.commitErr.Store(&down)
+	return mem, ss
+}
+
 // TestCommitTriedAgainInTheBackground: a commit the store fails after the
 // upstream's 2xx (a failover, a full disk) is tried again after the sender
 // got its answer, so that once the store is back the event is recorded and
 // its next copy answered as a duplicate instead of forwarded again.
 func TestCommitTriedAgainInTheBackground(t *testing.T) {
-	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
-	mem := memstore.New(memstore.Options{SweepInterval: -1})
-	defer mem.Close()
-	ss := &settleStore{Store: mem}
-	down := error(errors.New("store down"))
-	ss.commitErr.Store(&down)
+	up := newUpstream(t, nil)
+	mem, ss := failingCommits(t, memstore.Options{SweepInterval: -1})
 	_, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
 
 	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
@@ -159,12 +168,8 @@ func TestCommitTriedAgainInTheBackground(t *testing.T) {
 // retrying their commits, a further failed commit is not retried: it is
 // logged as before, and the key stays processing until its lease ends.
 func TestCommitRetriesAreBounded(t *testing.T) {
-	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
-	mem := memstore.New(memstore.Options{SweepInterval: -1})
-	defer mem.Close()
-	ss := &settleStore{Store: mem}
-	down := error(errors.New("store down"))
-	ss.commitErr.Store(&down)
+	up := newUpstream(t, nil)
+	_, ss := failingCommits(t, memstore.Options{SweepInterval: -1})
 	gw, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
 	gw.commitRetries.Store(maxCommitRetries)
 	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK {
@@ -205,13 +210,9 @@ func TestCommitRetriesEnd(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
+			up := newUpstream(t, nil)
 			clock := newManualClock(time.Unix(1_700_000_000, 0))
-			mem := memstore.New(memstore.Options{SweepInterval: -1, Now: clock.Now})
-			defer mem.Close()
-			ss := &settleStore{Store: mem}
-			down := error(errors.New("store down"))
-			ss.commitErr.Store(&down)
+			mem, ss := failingCommits(t, memstore.Options{SweepInterval: -1, Now: clock.Now})
 			core, logs := observer.New(zapcore.DebugLevel)
 			rt := genericRoute("orders", "/hooks/orders", up.URL)
 			rt.Lease = time.Minute
