@@ -583,24 +583,31 @@ func startSentinel(t testing.TB, username, password string) *Sentinel {
 	defer cancel()
 	st := &Sentinel{Master: master, Replica: replica, MasterName: MasterName, Username: username, Password: password, t: t}
 	st.Sentinel = st.startSentinelProcess()
-	sc := st.client()
+	st.waitKnows(ctx, st.Sentinel, "the sentinel")
+	return st
+}
+
+// waitKnows waits until the sentinel sent (named what in a failure) reports
+// st's master and knows st's replica as linked to it, one it can promote.
+func (st *Sentinel) waitKnows(ctx context.Context, sent *Server, what string) {
+	st.t.Helper()
+	sc := st.clientOf(sent)
 	defer sc.Close()
-	st.waitFor(ctx, "the sentinel to know master and replica", func() (bool, string) {
+	st.waitFor(ctx, what+" to know master and replica", func() (bool, string) {
 		addr, err := sc.GetMasterAddrByName(ctx, MasterName).Result()
-		if err != nil || len(addr) != 2 || addr[1] != strconv.Itoa(master.Port()) {
+		if err != nil || len(addr) != 2 || addr[1] != strconv.Itoa(st.Master.Port()) {
 			return false, fmt.Sprintf("get-master-addr-by-name: %v %v", addr, err)
 		}
 		// A sentinel promotes only a replica whose own INFO it has read
 		// and found linked to the master (else SENTINEL FAILOVER answers
 		// NOGOODSLAVE); it reads a replica's INFO only every 10s.
 		replicas, err := sc.Replicas(ctx, MasterName).Result()
-		if err != nil || len(replicas) != 1 || replicas[0]["port"] != strconv.Itoa(replica.Port()) ||
+		if err != nil || len(replicas) != 1 || replicas[0]["port"] != strconv.Itoa(st.Replica.Port()) ||
 			strings.Contains(replicas[0]["flags"], "disconnected") || replicas[0]["master-link-status"] != "ok" {
 			return false, fmt.Sprintf("SENTINEL REPLICAS: %v %v", replicas, err)
 		}
 		return true, ""
 	})
-	return st
 }
 
 // startSentinelProcess starts a sentinel monitoring st.Master under
@@ -634,27 +641,16 @@ func (st *Sentinel) startSentinelProcess() *Server {
 }
 
 // AddSentinel starts another sentinel watching st's master, as StartSentinel
-// started st.Sentinel, and waits until it knows the master and the replica.
-// Call it before Failover. Failover and FailoverBy may then go through
-// either sentinel.
+// started st.Sentinel, and waits until it knows the master and the replica
+// as StartSentinel does (so that it, too, can promote the replica). Call it
+// before Failover. Failover and FailoverBy may then go through either
+// sentinel.
 func (st *Sentinel) AddSentinel() *Server {
 	st.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	sent := st.startSentinelProcess()
-	sc := st.clientOf(sent)
-	defer sc.Close()
-	st.waitFor(ctx, "the added sentinel to know master and replica", func() (bool, string) {
-		addr, err := sc.GetMasterAddrByName(ctx, MasterName).Result()
-		if err != nil || len(addr) != 2 || addr[1] != strconv.Itoa(st.Master.Port()) {
-			return false, fmt.Sprintf("get-master-addr-by-name: %v %v", addr, err)
-		}
-		replicas, err := sc.Replicas(ctx, MasterName).Result()
-		if err != nil || len(replicas) != 1 || strings.Contains(replicas[0]["flags"], "disconnected") {
-			return false, fmt.Sprintf("SENTINEL REPLICAS: %v %v", replicas, err)
-		}
-		return true, ""
-	})
+	st.waitKnows(ctx, sent, "the added sentinel")
 	return sent
 }
 
