@@ -443,9 +443,10 @@ func oneOfOrEmpty(ps *Problems, key, v string, allowed ...string) {
 // oneOfFold is oneOfOrEmpty in any case (SHA256, Base64), for the values the
 // providers package reads that way.
 func oneOfFold(ps *Problems, key, v string, allowed ...string) {
-	if v != "" && !slices.ContainsFunc(allowed, func(a string) bool { return strings.EqualFold(v, a) }) {
-		ps.add(key, "invalid value %q (want %s)", v, orList(allowed))
+	if i := slices.IndexFunc(allowed, func(a string) bool { return strings.EqualFold(v, a) }); i >= 0 {
+		v = allowed[i]
 	}
+	oneOfOrEmpty(ps, key, v, allowed...)
 }
 
 func orList(s []string) string {
