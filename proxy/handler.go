@@ -528,11 +528,15 @@ func readExactly(r io.Reader, n int) ([]byte, error) {
 // them.)
 const bigReplay = 2 << 10 // net/http's bufferBeforeChunkingSize
 
-// answerDuplicate answers a duplicate with writeDuplicate. A stored answer
+// answerDuplicate answers a duplicate with writeDuplicate, the stored answer
+// as replayFor gives it for this sender. A stored answer
 // over bigReplay is written under a deadline of the body timeout (a sender
 // gets as long to read it as to send a body), which Close cuts short: a
 // sender that stops reading it must not hold the handler, and so the drain.
 func (g *Gateway) answerDuplicate(w http.ResponseWriter, r *http.Request, d *delivery, rec dedup.Record) int {
+	if d.rt.DuplicateResponse == Replay && rec.Response != nil {
+		rec.Response = replayFor(rec.Response, r.Header.Values("Accept-Encoding"), d.rt.MaxReplayBytes)
+	}
 	if d.rt.DuplicateResponse == Replay && rec.Response != nil && len(rec.Response.Body) > bigReplay {
 		rc := http.NewResponseController(w)
 		if g.writing.begin(rc, r, w, time.Now().Add(g.bodyTimeout)) {

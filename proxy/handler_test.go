@@ -1137,7 +1137,8 @@ func TestReplayLimits(t *testing.T) {
 
 // TestReplayKeepsContentEncoding: a compressed upstream answer is replayed
 // with its Content-Encoding, whatever replay_headers lists; otherwise a
-// duplicate would get gzip bytes labelled as plain JSON.
+// duplicate would get gzip bytes labelled as plain JSON. A retry that does
+// not accept gzip gets it decompressed.
 func TestReplayKeepsContentEncoding(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
 		w.Header().Set("Content-Type", "application/json")
@@ -1169,6 +1170,21 @@ func TestReplayKeepsContentEncoding(t *testing.T) {
 	plain, _ := io.ReadAll(zr)
 	if string(plain) != `{"id":"pay_1"}` {
 		t.Errorf("replayed body decompressed: got %q, want %q", plain, `{"id":"pay_1"}`)
+	}
+
+	// A retry that does not accept gzip (curl without --compressed) gets
+	// the same answer decompressed, not bytes it cannot read.
+	for _, accept := range []string{"Accept-Encoding: identity", "Accept-Encoding: gzip;q=0, deflate"} {
+		dup := h.send("/api", "", "Idempotency-Key: k1", accept)
+		if got := dup.Header.Get("Content-Encoding"); got != "" {
+			t.Errorf("%s: replayed Content-Encoding: got %q, want none", accept, got)
+		}
+		if string(dup.Body) != `{"id":"pay_1"}` || dup.Header.Get("Content-Length") != "14" {
+			t.Errorf("%s: replayed body: got %q (Content-Length %s), want %q (14)", accept, dup.Body, dup.Header.Get("Content-Length"), `{"id":"pay_1"}`)
+		}
+		if got := dup.Header.Get(HeaderDedupStatus); dup.Status != http.StatusOK || got != "duplicate" || dup.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s: got %d, Dedup-Status %q, Content-Type %q; want 200, duplicate, application/json", accept, dup.Status, got, dup.Header.Get("Content-Type"))
+		}
 	}
 }
 

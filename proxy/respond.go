@@ -1,10 +1,15 @@
 package proxy
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
+	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dedupgw/dedupgw/dedup"
@@ -252,4 +257,105 @@ func retryAfterSeconds(now, until time.Time, lease time.Duration) int {
 		return 1
 	}
 	return s
+}
+
+// decodedReplayMin is the least a gzip answer is decompressed to for a
+// sender that does not accept gzip (see replayFor); the route's
+// max_replay_bytes, when larger, is the bound instead.
+const decodedReplayMin = 1 << 20
+
+// replayFor returns stored, an answer stored for replay, as the sender whose
+// Accept-Encoding values are accept may take it:
+//   - stored itself when it has no Content-Encoding (or identity), or the
+//     sender accepts the coding, as the first sender did: the upstream saw
+//     that sender's Accept-Encoding;
+//   - a copy decompressed, without its Content-Encoding, when it is gzip and
+//     the sender does not accept gzip (curl without --compressed, say) and
+//     it decompresses to at most limit bytes (max_replay_bytes, at least
+//     decodedReplayMin);
+//   - nil otherwise (another coding, several, or a broken or larger gzip
+//     stream): the sender gets the JSON ack, as for an answer too large to
+//     store, rather than bytes it said it cannot read.
+//
+// A sender without Accept-Encoding is taken to accept identity only, as
+// servers in practice treat it, although RFC 9110 lets it mean any coding.
+// stored is never changed: a store may share it.
+func replayFor(stored *dedup.Response, accept []string, limit int64) *dedup.Response {
+	codings := stored.Header["Content-Encoding"]
+	if len(codings) == 0 {
+		return stored
+	}
+	var list []string
+	for _, v := range codings {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+				list = append(list, c)
+			}
+		}
+	}
+	if len(list) == 0 || !slices.ContainsFunc(list, func(c string) bool { return !acceptsCoding(accept, c) }) {
+		return stored
+	}
+	if len(list) != 1 || list[0] != "gzip" && list[0] != "x-gzip" {
+		return nil
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(stored.Body))
+	if err != nil {
+		return nil
+	}
+	limit = max(limit, decodedReplayMin)
+	body, err := io.ReadAll(io.LimitReader(zr, limit+1))
+	if err != nil || int64(len(body)) > limit {
+		return nil
+	}
+	h := make(map[string][]string, len(stored.Header))
+	for name, vals := range stored.Header {
+		if name != "Content-Encoding" {
+			h[name] = vals
+		}
+	}
+	return &dedup.Response{Status: stored.Status, Header: h, Body: body}
+}
+
+// acceptsCoding reports whether accept, a request's Accept-Encoding values,
+// admits the content coding coding (lower case): named with a non-zero
+// weight, or covered by "*" with one. gzip and x-gzip are one coding. No
+// value at all admits none.
+func acceptsCoding(accept []string, coding string) bool {
+	alias := coding
+	switch coding {
+	case "gzip":
+		alias = "x-gzip"
+	case "x-gzip":
+		alias = "gzip"
+	}
+	star := false
+	for _, v := range accept {
+		for item := range strings.SplitSeq(v, ",") {
+			name, params, _ := strings.Cut(item, ";")
+			name = strings.TrimSpace(name)
+			switch {
+			case strings.EqualFold(name, coding), strings.EqualFold(name, alias):
+				return !zeroWeight(params)
+			case name == "*":
+				star = !zeroWeight(params)
+			}
+		}
+	}
+	return star
+}
+
+// zeroWeight reports whether params, what follows a coding's ";" in
+// Accept-Encoding, set its weight to zero ("q=0", "q=0.000"): not
+// acceptable. A weight that does not parse counts as non-zero.
+func zeroWeight(params string) bool {
+	for p := range strings.SplitSeq(params, ";") {
+		name, val, ok := strings.Cut(p, "=")
+		if !ok || !strings.EqualFold(strings.TrimSpace(name), "q") {
+			continue
+		}
+		q, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		return err == nil && q == 0
+	}
+	return false
 }
