@@ -345,6 +345,10 @@ func TestRenderFailures(t *testing.T) {
 			[]string{"serviceMonitor.enabled is set, but in sidecar mode"}},
 		{"a NetworkPolicy in sidecar mode", []string{"--set", "mode=sidecar", "--set", "networkPolicy.enabled=true"},
 			[]string{"networkPolicy.enabled is set, but in sidecar mode"}},
+		{"an alert label that is not a string", []string{"--set", "prometheusRule.enabled=true", "--set", "prometheusRule.alertLabels.team.name=payments"},
+			[]string{"/prometheusRule/alertLabels/team"}},
+		{"a misspelt prometheusRule key", []string{"--set", "prometheusRule.alertlabels.team=payments"},
+			[]string{"/prometheusRule", "additional properties 'alertlabels' not allowed"}},
 		{"a NetworkPolicy peer that is not a mapping", []string{"--set", "networkPolicy.enabled=true", "--set", "networkPolicy.adminFrom[0]=monitoring"},
 			[]string{"/networkPolicy/adminFrom/0"}},
 	}

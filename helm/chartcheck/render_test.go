@@ -149,6 +149,7 @@ type rendered struct {
 	Secrets         map[string]*corev1.Secret
 	ServiceMonitors map[string]*serviceMonitor
 	NetworkPolicies map[string]*networkingv1.NetworkPolicy
+	PrometheusRules map[string]*prometheusRule
 	Kinds           []string
 }
 
@@ -171,6 +172,26 @@ type serviceMonitor struct {
 			Interval      string `json:"interval"`
 			ScrapeTimeout string `json:"scrapeTimeout"`
 		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+// prometheusRule is monitoring.coreos.com/v1 PrometheusRule as the chart
+// renders it, decoded strictly; TestPrometheusRule also hands its spec to
+// Prometheus's own rule-file parser.
+type prometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Groups []struct {
+			Name  string `json:"name"`
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Expr        string            `json:"expr"`
+				For         string            `json:"for,omitempty"`
+				Labels      map[string]string `json:"labels,omitempty"`
+				Annotations map[string]string `json:"annotations,omitempty"`
+			} `json:"rules"`
+		} `json:"groups"`
 	} `json:"spec"`
 }
 
@@ -198,6 +219,7 @@ func decode(stream []byte) (*rendered, error) {
 		Secrets:         map[string]*corev1.Secret{},
 		ServiceMonitors: map[string]*serviceMonitor{},
 		NetworkPolicies: map[string]*networkingv1.NetworkPolicy{},
+		PrometheusRules: map[string]*prometheusRule{},
 	}
 	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
 	for {
@@ -263,6 +285,11 @@ func decode(stream []byte) (*rendered, error) {
 			o := &serviceMonitor{}
 			err = strict(doc, o)
 			r.ServiceMonitors[o.Name] = o
+			obj = o
+		case "monitoring.coreos.com/v1/PrometheusRule":
+			o := &prometheusRule{}
+			err = strict(doc, o)
+			r.PrometheusRules[o.Name] = o
 			obj = o
 		default:
 			return nil, fmt.Errorf("rendered %s, which this check cannot decode: add its API type", gvk)
