@@ -747,6 +747,17 @@ func TestProblems(t *testing.T) {
 		{"redis addrs empty list", "store:\n  backend: redis\n  redis:\n    addrs: []\n" + minimal, nil, []string{"store.redis.addrs: at least one address is required"}},
 		{"redis addrs empty variable", "store:\n  backend: redis\n  redis:\n    addrs: \"${REDIS_ADDRS}\"\n" + minimal, nil, []string{"store.redis.addrs: at least one address is required (environment variable REDIS_ADDRS is not set)"}},
 		{"redis bad addr", "store:\n  backend: redis\n  redis:\n    addrs: [nohost]\n" + minimal, nil, []string{`store.redis.addrs[0]: invalid address "nohost" (want host:port, e.g. "redis:6379")`}},
+		// A Redis URL where an address belongs holds the password: the
+		// problem (printed by validate, logged by serve and on reload)
+		// must not show it.
+		{"redis URL as an address", "store:\n  backend: redis\n  redis:\n    addrs: [\"redis://:s3cret@redis:6379\", \"u:s3cret@redis:6379\", \"s3cret@redis:6379\"]\n" + minimal, nil, []string{
+			`store.redis.addrs[0]: invalid address (not shown: it may hold credentials; want host:port, e.g. "redis:6379", and the password in store.redis.password)`,
+			`store.redis.addrs[1]: invalid address (not shown: it may hold credentials; want host:port, e.g. "redis:6379", and the password in store.redis.password)`,
+			`store.redis.addrs[2]: invalid address (not shown: it may hold credentials; want host:port, e.g. "redis:6379", and the password in store.redis.password)`,
+		}},
+		{"redis URL from the environment", minimal, map[string]string{"DEDUPGW_STORE_BACKEND": "redis", "DEDUPGW_STORE_REDIS_ADDRS": "redis://default:s3cret@redis:6379/0"}, []string{
+			`store.redis.addrs[0]: invalid address (not shown: it may hold credentials; want host:port, e.g. "redis:6379", and the password in store.redis.password) (set by DEDUPGW_STORE_REDIS_ADDRS)`,
+		}},
 		{"redis bad ports", "store:\n  backend: redis\n  redis:\n    addrs: [\"h:99999\", \"h:0\", \"h:no-such-service\", \"h:+0\"]\n" + minimal, nil, []string{
 			`store.redis.addrs[0]: invalid port in "h:99999" (want a number from 1 to 65535 or a service name, e.g. "redis:6379")`,
 			`store.redis.addrs[1]: invalid port in "h:0" (want a number from 1 to 65535 or a service name, e.g. "redis:6379")`,

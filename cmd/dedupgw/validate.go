@@ -88,13 +88,25 @@ func (f *File) Validate() error {
 }
 
 // checkAddr reports whether addr is a valid host:port, adding a problem if not.
+// An address holding user info or a scheme ("redis://:pw@redis:6379", a
+// REDIS_URL where an address belongs) is refused without being shown: the
+// problem is printed by validate and logged by serve, and its password would
+// be too (a "pw@redis:6379" would otherwise pass, and be logged and dialled).
 func (f *File) checkAddr(ps *Problems, key, addr, example string) bool {
+	store := strings.HasPrefix(key, "store.")
+	if strings.Contains(addr, "@") || strings.Contains(addr, "://") {
+		where := ""
+		if store {
+			where = ", and the password in store.redis.password"
+		}
+		ps.add(key, "invalid address (not shown: it may hold credentials; want host:port, e.g. %q%s)", example, where)
+		return false
+	}
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil || port == "" {
 		ps.add(key, "invalid address %q (want host:port, e.g. %q)", addr, example)
 		return false
 	}
-	store := strings.HasPrefix(key, "store.")
 	want := "a number from 0 to 65535 or a service name"
 	if store {
 		want = "a number from 1 to 65535 or a service name" // 0 names no server
