@@ -196,3 +196,44 @@ func FuzzWebhookSignatures(f *testing.F) {
 		}
 	})
 }
+
+// TestStandardWebhooksBoundsEd25519Work: an Ed25519 check costs tens of
+// microseconds, and a 64 KiB header holds some 700 v1a entries, so a
+// forged delivery could cost the gateway tens of milliseconds of CPU for
+// each whpk_ key. A stale timestamp is refused before any signature is
+// checked, and only the first maxV1aSignatures v1a entries are tried (a
+// sender signs once per key it holds).
+func TestStandardWebhooksBoundsEd25519Work(t *testing.T) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatalf("GenerateKey: %v", err)
+	}
+	whpk := "whpk_" + base64.StdEncoding.EncodeToString(pub)
+	good := "v1a," + base64.StdEncoding.EncodeToString(ed25519.Sign(priv, []byte(fmt.Sprintf("%s.%d.%s", swID, swTS, swBody))))
+	junk := func(n int) string {
+		return strings.TrimSpace(strings.Repeat("v1a,"+base64.StdEncoding.EncodeToString(make([]byte, ed25519.SignatureSize))+" ", n))
+	}
+	tests := []struct {
+		name string
+		now  int64
+		sig  string
+		want error
+	}{
+		{"genuine after fewer junk entries than the bound", swTS, junk(maxV1aSignatures-1) + " " + good, nil},
+		{"genuine after as many junk entries as the bound", swTS, junk(maxV1aSignatures) + " " + good, ErrBadSignature},
+		{"v1 entries do not count toward the bound", swTS, strings.Repeat("v1,AAAA ", 50) + good, nil},
+		{"stale with a full header of junk", swTS + 301, junk(600), ErrStale},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := New(Config{Provider: StandardWebhooks, Secrets: []string{whpk}, Now: fixedClock(tt.now)})
+			if err != nil {
+				t.Fatalf("New: got %v, want nil", err)
+			}
+			r := newRequest(map[string]string{"webhook-id": swID, "webhook-timestamp": fmt.Sprint(swTS), "webhook-signature": tt.sig})
+			if err := p.Verifier.Verify(r, []byte(swBody)); !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("Verify: got %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
