@@ -33,7 +33,8 @@ type Route struct {
 	Path string
 	// Upstream is the application's base URL (scheme://host[:port][/path]).
 	Upstream string
-	// Namespace scopes keys in the store. Empty means Name.
+	// Namespace scopes keys in the store. Empty means Name. It must not
+	// contain ':', which separates namespace and key.
 	Namespace string
 	// Methods accepted on the route. Empty means POST only; others get 405.
 	Methods []string

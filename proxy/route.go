@@ -329,8 +329,14 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 		rt.target = u
 	}
 
-	if rt.Namespace == "" {
+	switch {
+	case rt.Namespace == "":
 		rt.Namespace = r.Name
+	case strings.Contains(rt.Namespace, ":"):
+		// A store keys records by "namespace:id" (bbolt literally), so
+		// namespace "a:b" and key "x" would be namespace "a" and key "b:x":
+		// another route's key.
+		bad("namespace", "%q must not contain ':' (it separates namespace and key)", rt.Namespace)
 	}
 	if len(r.Methods) == 0 {
 		rt.methods = []string{http.MethodPost}

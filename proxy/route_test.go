@@ -47,6 +47,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"duplicate names and paths", func() []Route { return []Route{good(), good()} },
 			[]string{`routes[1].name: "orders" is already used by routes[0]`, `routes[1].path: "/hooks/orders" is already used by routes[0]`}},
 		{"bad name", func() []Route { r := good(); r.Name = "a/b"; return []Route{r} }, []string{"routes[0].name:"}},
+		// A bbolt store keys records by "namespace:id": namespace "orders:eu"
+		// and key "x" would be namespace "orders" and key "eu:x".
+		{"namespace with a colon", func() []Route { r := good(); r.Namespace = "orders:eu"; return []Route{r} },
+			[]string{`routes[0].namespace: "orders:eu" must not contain ':'`}},
 		{"negative durations and sizes", func() []Route {
 			r := good()
 			r.Window, r.MaxBodyBytes, r.MaxReplayBytes = -time.Second, -1, -1
