@@ -499,6 +499,36 @@ func TestSecretWithWhiteSpaceIsWarned(t *testing.T) {
 	}
 }
 
+// TestWindowShorterThanSignedTimestampsIsWarned: a signed timestamp is
+// accepted for up to twice the tolerance after the delivery first arrives
+// (it may be tolerance in the future then); a window shorter than that
+// forgets the key while a captured copy still verifies, and the copy is
+// forwarded again.
+func TestWindowShorterThanSignedTimestampsIsWarned(t *testing.T) {
+	route := "routes:\n  - name: a\n    path: /a\n    upstream: http://127.0.0.1:3000\n"
+	tests := []struct {
+		name, extra string
+		want        string // "" for no warning
+	}{
+		{"stripe, default window", "    provider: stripe\n    secrets: [whsec_x]\n", ""},
+		{"stripe, window of twice the tolerance", "    provider: stripe\n    secrets: [whsec_x]\n    window: 10m\n", ""},
+		{"stripe, short window", "    provider: stripe\n    secrets: [whsec_x]\n    window: 5m\n",
+			`routes[0].window: route "a" forgets a processed key after 5m0s, but accepts a signed timestamp for up to 10m0s after a delivery first arrives`},
+		{"slack, long tolerance", "    provider: slack\n    secrets: [s]\n    window: 1h\n    tolerance: 1h\n",
+			`routes[0].window: route "a" forgets a processed key after 1h0m0s, but accepts a signed timestamp for up to 2h0m0s after a delivery first arrives`},
+		{"standard-webhooks, short window", "    provider: standard-webhooks\n    secrets: [whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw]\n    window: 1m\n",
+			`routes[0].window: route "a" forgets a processed key after 1m0s`},
+		{"generic with a signed timestamp", "    keys: [body]\n    secrets: [s]\n    window: 1m\n    signature:\n      timestamp_header: X-Ts\n      template: \"{timestamp}.{body}\"\n",
+			`routes[0].window: route "a" forgets a processed key after 1m0s`},
+		{"generic without a timestamp", "    keys: [body]\n    secrets: [s]\n    window: 1m\n", ""},
+		{"github signs no timestamp", "    provider: github\n    secrets: [s]\n    window: 1m\n", ""},
+		{"stripe without secrets", "    provider: stripe\n    window: 1m\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantWarning(t, route+tt.extra, "routes[0].window", tt.want) })
+	}
+}
+
 // TestUnsignedProviderRoutesAreNamed: a provider route without secrets
 // verifies nothing; one warning names every such route.
 func TestUnsignedProviderRoutesAreNamed(t *testing.T) {

@@ -490,6 +490,10 @@ func (f *File) unsetNote(key string) string {
 // A failed_retention longer than the window keeps receipts of failures
 // longer than those of successes.
 //
+// A window shorter than twice the signature tolerance on a route that signs
+// timestamps forgets a key while a captured copy of its delivery still
+// verifies: the copy is forwarded again.
+//
 // An unsigned generic route that replays stored answers without
 // client_identity replays the answer one client got to any client that
 // sends the same key (the IETF idempotency draft scopes keys per client).
@@ -531,6 +535,18 @@ func (f *File) Warnings() []Problem {
 				ws = append(ws, Problem{
 					Key: fmt.Sprintf("routes[%d].secrets[%d]", i, j),
 					Msg: fmt.Sprintf("route %q has a secret that begins or ends with white space (a trailing newline from the file it was read from?): deliveries signed with the secret itself fail their check", r.Name),
+				})
+			}
+		}
+		if p.Window != nil && signsTimestamps(r) {
+			tol := defaultTolerance
+			if r.Tolerance != nil {
+				tol = *r.Tolerance
+			}
+			if accepted := 2 * tol; *p.Window < accepted {
+				ws = append(ws, Problem{
+					Key: fmt.Sprintf("routes[%d].window", i),
+					Msg: fmt.Sprintf("route %q forgets a processed key after %v, but accepts a signed timestamp for up to %v after a delivery first arrives (tolerance %v, past and future): a copy captured in transit and sent again after the window still verifies, and is forwarded again; keep window at least %v", r.Name, *p.Window, accepted, tol, accepted),
 				})
 			}
 		}
@@ -584,6 +600,22 @@ func (f *File) Warnings() []Problem {
 		})
 	}
 	return ws
+}
+
+// signsTimestamps reports whether r verifies a signed timestamp against its
+// tolerance: stripe, slack and standard-webhooks routes with secrets, and
+// generic ones with secrets and a signature.timestamp_header.
+func signsTimestamps(r Route) bool {
+	if len(r.Secrets) == 0 {
+		return false
+	}
+	switch providerOf(r) {
+	case providers.Stripe, providers.Slack, providers.StandardWebhooks:
+		return true
+	case providers.Generic:
+		return r.Signature.TimestampHeader != ""
+	}
+	return false
 }
 
 // sharedNamespaceWarnings warns about each route that shares its key
