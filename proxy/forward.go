@@ -102,8 +102,21 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 // gateway stood in between, and may redirect to https or build URLs by
 // them. Another peer is not trusted with them (Rails' default trusted
 // proxies, for the same reason): it could name any host to the application.
+//
+// From another peer keepForwarded also deletes proxyHeaders, under their
+// own names and with "_" for "-" (Rack and PHP read X_Real_IP as
+// X-Real-IP): a sender would otherwise tell the application its own client
+// address, scheme, port or TLS client certificate.
 func keepForwarded(in *http.Request, out http.Header, trusted []netip.Prefix) {
 	if !trustedPeer(in.RemoteAddr, trusted) {
+		for _, name := range proxyHeaders {
+			delete(out, name)
+		}
+		for k := range out {
+			if strings.IndexByte(k, '_') >= 0 && slices.Contains(proxyHeaders, http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-"))) {
+				delete(out, k)
+			}
+		}
 		return
 	}
 	if v := in.Header["X-Forwarded-Proto"]; everyItem(v, func(p string) bool { return strings.EqualFold(p, "https") || strings.EqualFold(p, "http") }) {
@@ -114,6 +127,27 @@ func keepForwarded(in *http.Request, out http.Header, trusted []netip.Prefix) {
 	}) {
 		out["X-Forwarded-Host"] = v
 	}
+}
+
+// proxyHeaders are the headers besides X-Forwarded-For, -Host and -Proto
+// (which ReverseProxy and keepForwarded handle) and Forwarded (which
+// ReverseProxy drops) by which a proxy in front tells an application about
+// the original request: the ones Traefik drops from untrusted peers, and
+// the other spellings of the scheme that Rack (X-Forwarded-Ssl, -Scheme)
+// and older proxies use. Only a trusted peer's reach the application.
+var proxyHeaders = []string{
+	"X-Real-Ip",
+	"X-Forwarded-Port",
+	"X-Forwarded-Prefix",
+	"X-Forwarded-Server",
+	"X-Forwarded-Uri",
+	"X-Forwarded-Method",
+	"X-Forwarded-Ssl",
+	"X-Forwarded-Scheme",
+	"X-Forwarded-Tls-Client-Cert",
+	"X-Forwarded-Tls-Client-Cert-Info",
+	"X-Url-Scheme",
+	"Front-End-Https",
 }
 
 // everyItem reports whether lines hold at least one comma-separated item

@@ -454,6 +454,69 @@ func testForwardedProtoAndHost(t *testing.T, trusted []netip.Prefix) {
 	}
 }
 
+// TestProxyHeadersOnlyFromTrustedPeers: the headers by which a proxy tells
+// an application the client's address, scheme, port or TLS certificate
+// (X-Real-IP, X-Forwarded-Port, X-Forwarded-Ssl, …) reach the upstream from
+// a trusted peer (an ingress) as they were, and never from another sender,
+// not even spelt with "_" for "-", which Rack and PHP read as the same
+// header. Other headers pass either way.
+func TestProxyHeadersOnlyFromTrustedPeers(t *testing.T) {
+	up := newUpstream(t, nil)
+	var peer atomic.Pointer[string]
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", up.URL)}}, harnessOpts{
+		wrap: func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if p := peer.Load(); p != nil {
+					r.RemoteAddr = *p
+				}
+				next.ServeHTTP(w, r)
+			})
+		},
+	})
+	sent := []string{
+		"X-Real-IP: 198.51.100.7",
+		"X-Forwarded-Port: 443",
+		"X-Forwarded-Prefix: /admin",
+		"X-Forwarded-Ssl: on",
+		"X-Forwarded-Scheme: https",
+		"X-Forwarded-Tls-Client-Cert: MIIB",
+		"X-Url-Scheme: https",
+		"Front-End-Https: on",
+		"X_Forwarded_Server: evil.example",
+		"X-Custom: kept",
+	}
+	tests := []struct {
+		name string
+		peer string // "" for loopback, trusted by default
+		want map[string]string
+	}{
+		{"a trusted ingress", "10.1.2.3:40000", map[string]string{
+			"X-Real-Ip": "198.51.100.7", "X-Forwarded-Port": "443", "X-Forwarded-Prefix": "/admin",
+			"X-Forwarded-Ssl": "on", "X-Forwarded-Scheme": "https", "X-Forwarded-Tls-Client-Cert": "MIIB",
+			"X-Url-Scheme": "https", "Front-End-Https": "on", "X_forwarded_server": "evil.example", "X-Custom": "kept",
+		}},
+		{"a public sender", "203.0.113.9:40000", map[string]string{
+			"X-Real-Ip": "", "X-Forwarded-Port": "", "X-Forwarded-Prefix": "",
+			"X-Forwarded-Ssl": "", "X-Forwarded-Scheme": "", "X-Forwarded-Tls-Client-Cert": "",
+			"X-Url-Scheme": "", "Front-End-Https": "", "X_forwarded_server": "", "X-Custom": "kept",
+		}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			peer.Store(&tt.peer)
+			if resp := h.send("/hooks/orders", fmt.Sprintf(`{"id":"evt_ph_%d"}`, i), sent...); resp.Status != http.StatusOK {
+				t.Fatalf("got status %d, want 200", resp.Status)
+			}
+			got := up.request(i).Header
+			for name, want := range tt.want {
+				if v := strings.Join(got[name], ","); v != want {
+					t.Errorf("upstream %s: got %q, want %q", name, v, want)
+				}
+			}
+		})
+	}
+}
+
 // TestUnroutedRequestsLeaveATrace checks that a request reaching no route
 // (a provider posting to a misspelt URL) is counted by reason and logged
 // with its path, at most sampledLogsPerSecond times a second, so that
