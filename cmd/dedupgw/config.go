@@ -75,7 +75,7 @@ type Admin struct {
 	// Listen is the admin address. Empty means "127.0.0.1:9090".
 	Listen string `config:"listen"`
 	// Token, when set, is required as "Authorization: Bearer <token>" on /v1/*.
-	Token string `config:"token"`
+	Token secret `config:"token"`
 	// Insecure allows a non-loopback Listen without a Token.
 	Insecure bool `config:"insecure"`
 }
@@ -164,11 +164,11 @@ type Redis struct {
 	MasterName string `config:"master_name"`
 	// Username (Redis 6 ACL) and Password authenticate. Empty means none.
 	Username string `config:"username"`
-	Password string `config:"password"`
+	Password secret `config:"password"`
 	// SentinelUsername and SentinelPassword authenticate to the sentinels
 	// (master_name set). Empty means none.
 	SentinelUsername string `config:"sentinel_username"`
-	SentinelPassword string `config:"sentinel_password"`
+	SentinelPassword secret `config:"sentinel_password"`
 	// DB is the logical database (single node or Sentinel). Zero means 0.
 	DB int `config:"db"`
 	// TLS connects with TLS 1.2+ and the system roots. False means plain TCP.
@@ -863,6 +863,18 @@ type secretList []string
 
 var secretListType = reflect.TypeFor[secretList]()
 
+// secret is a config string that holds a password or token. One YAML reads
+// as a number or a boolean is refused rather than turned into text (0123
+// would be 83 or 123, a different password), and a value of another type
+// (a date, a mapping) is refused without being shown.
+type secret string
+
+var secretType = reflect.TypeFor[secret]()
+
+// secretNotShown is the problem with a secret that YAML read as neither a
+// string nor a number (2024-01-01 is a date): its value is not echoed.
+const secretNotShown = "want a string; quote it (the value is not shown)"
+
 // decode stores raw (as parsed from YAML) into v, reporting unknown keys and
 // values of the wrong type by key path. A value that fails to decode leaves v
 // unchanged.
@@ -879,6 +891,17 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 			return
 		}
 		v.SetInt(int64(d))
+	case t == secretType:
+		switch x := raw.(type) {
+		case string:
+			v.SetString(x)
+		default:
+			if numberOrBool(raw) {
+				ps.add(path, "must be a string; %s", secretNotString)
+			} else {
+				ps.add(path, "%s", secretNotShown)
+			}
+		}
 	case t.Kind() == reflect.Pointer:
 		e := reflect.New(t.Elem())
 		n := len(*ps)
@@ -927,6 +950,9 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 			} else if secrets && numberOrBool(raw) {
 				ps.add(path, "want a list of strings; %s", secretNotString)
 				return
+			} else if secrets {
+				ps.add(path, "want a list of strings, each quoted (the value is not shown)")
+				return
 			} else {
 				ps.add(path, "want a list, got %s", describe(raw))
 				return
@@ -938,6 +964,10 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 			key := fmt.Sprintf("%s[%d]", path, i)
 			if secrets && numberOrBool(e) {
 				ps.add(key, "must be a string; %s", secretNotString)
+				continue
+			}
+			if _, isStr := e.(string); secrets && !isStr {
+				ps.add(key, "%s", secretNotShown)
 				continue
 			}
 			decode(e, out.Index(i), key, ps)

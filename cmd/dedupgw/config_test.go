@@ -956,6 +956,20 @@ func TestProblems(t *testing.T) {
 		{"one unquoted numeric secret is not shown", route("    secrets: 98127349812734981\n"), nil, []string{
 			"routes[0].secrets: want a list of strings; YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)",
 		}},
+		// Passwords and the admin token are secrets too: a number would
+		// reach Redis or the admin API as other text, and a date YAML read
+		// must not be echoed.
+		{"unquoted numeric passwords and token", "admin:\n  token: 0123456\nstore:\n  backend: redis\n  redis:\n    addrs: [\"redis:6379\"]\n    master_name: m\n    password: 1e5\n    sentinel_password: true\n" + minimal, nil, []string{
+			"admin.token: must be a string; YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)",
+			"store.redis.password: must be a string; YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)",
+			"store.redis.sentinel_password: must be a string; YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)",
+		}},
+		{"secrets YAML reads as dates are not shown", "admin:\n  token: 2024-01-01\nstore:\n  backend: redis\n  redis:\n    addrs: [\"redis:6379\"]\n    password: {a: b}\n" + route("    secrets: [2025-02-03, \"ok\"]\n  - name: b\n    path: /b\n    upstream: http://x\n    keys: [body]\n    secrets: 2026-03-04\n"), nil, []string{
+			"admin.token: want a string; quote it (the value is not shown)",
+			"routes[0].secrets[0]: want a string; quote it (the value is not shown)",
+			"routes[1].secrets: want a list of strings, each quoted (the value is not shown)",
+			"store.redis.password: want a string; quote it (the value is not shown)",
+		}},
 		{"negative tolerance", route("    tolerance: -5s\n"), nil, []string{"routes[0].tolerance: must be greater than 0, got -5s (omit it for the default, 300s)"}},
 		{"zero tolerance", route("    tolerance: 0s\n"), nil, []string{"routes[0].tolerance: must be greater than 0, got 0s (omit it for the default, 300s)"}},
 		{"bad methods", route("    methods: [post, \"GET X\"]\n"), nil, []string{

@@ -424,7 +424,7 @@ func bodyTimeout(f *File) time.Duration { return readTimeout(f) }
 
 // setAdmin installs an admin handler guarded as a says.
 func (s *server) setAdmin(a Admin) {
-	h := proxy.NewAdmin(s.gw, s.store, proxy.AdminOptions{Token: a.Token, AnyHost: a.Insecure, Gatherer: s.reg})
+	h := proxy.NewAdmin(s.gw, s.store, proxy.AdminOptions{Token: string(a.Token), AnyHost: a.Insecure, Gatherer: s.reg})
 	s.admin.Store(&h)
 }
 
@@ -708,9 +708,9 @@ func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
 			Cluster:          r.Cluster,
 			MasterName:       r.MasterName,
 			Username:         r.Username,
-			Password:         r.Password,
+			Password:         string(r.Password),
 			SentinelUsername: r.SentinelUsername,
-			SentinelPassword: r.SentinelPassword,
+			SentinelPassword: string(r.SentinelPassword),
 			DB:               r.DB,
 			TLS:              r.TLS,
 			KeyPrefix:        r.KeyPrefix,

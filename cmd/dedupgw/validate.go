@@ -185,7 +185,7 @@ func (f *File) checkStore(ps *Problems) {
 			ps.add("store.redis.sentinel_username", "needs sentinel_password: without one no AUTH is sent to the sentinels%s", f.unsetNote("store.redis.sentinel_password"))
 		}
 		if s.Redis.MasterName == "" {
-			for _, k := range []struct{ key, v string }{{"sentinel_username", s.Redis.SentinelUsername}, {"sentinel_password", s.Redis.SentinelPassword}} {
+			for _, k := range []struct{ key, v string }{{"sentinel_username", s.Redis.SentinelUsername}, {"sentinel_password", string(s.Redis.SentinelPassword)}} {
 				if k.v != "" {
 					ps.add("store.redis."+k.key, "authenticates to the sentinels: set it only with master_name")
 				}
