@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -147,5 +148,62 @@ func TestQuickStartServes(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "dedupgw.db")); err != nil {
 		t.Errorf("bolt file: got %v, want dedupgw.db in the working directory", err)
+	}
+}
+
+// TestWorkedExampleKeys checks the README's worked example against
+// config.example.yaml: each curl whose answer shows a duplicate's key,
+// sent to the example route it names, gives that key. The orders route
+// keys on what its signature covers, not on a header a sender picks.
+func TestWorkedExampleKeys(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n## A worked example with curl\n")
+	if !ok {
+		t.Fatal("README: got no worked example section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	f, err := loadConfig(examplePath, envMap(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := map[string]providers.Config{}
+	for _, r := range f.GatewayConfig().Routes {
+		routes[r.Path] = r.Provider
+	}
+	curl := regexp.MustCompile(`(?m)^\$ (?:sleep \S+; )?curl -si localhost:8080(\S+)((?: -H '[^']*')*) -d '([^']*)'\n`)
+	header := regexp.MustCompile(`-H '([^:]+): ([^']*)'`)
+	ackKey := regexp.MustCompile(`"status":"duplicate","route":"[^"]*","key":"([^"]*)"`)
+	checked := 0
+	for _, m := range curl.FindAllStringSubmatchIndex(section, -1) {
+		path, headers, body := section[m[2]:m[3]], section[m[4]:m[5]], section[m[6]:m[7]]
+		answer, _, _ := strings.Cut(section[m[1]:], "\n$ ")
+		want := ackKey.FindStringSubmatch(answer)
+		if want == nil {
+			continue
+		}
+		cfg, ok := routes[path]
+		if !ok {
+			t.Errorf("curl to %s: got no example route with that path", path)
+			continue
+		}
+		p, err := providers.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := httptest.NewRequest("POST", path, strings.NewReader(body))
+		for _, h := range header.FindAllStringSubmatch(headers, -1) {
+			r.Header.Add(h[1], h[2])
+		}
+		got, err := p.Key(r, []byte(body))
+		if err != nil || got != want[1] {
+			t.Errorf("curl to %s%s -d %s: got key %q (%v), want %q as the README's answer shows", path, headers, body, got, err, want[1])
+		}
+		checked++
+	}
+	if checked < 2 {
+		t.Errorf("duplicate answers checked: got %d, want the orders and stripe ones (>= 2)", checked)
 	}
 }
