@@ -890,6 +890,16 @@ func TestProblems(t *testing.T) {
 		{"upstream host from an unset var", "routes:\n  - name: a\n    path: /a\n    upstream: http://${APP_HOST}:3000\n    keys: [body]\n", nil, []string{
 			`routes[0].upstream: invalid upstream URL "http://:3000" (want http://host[:port][/path] or https://…) (environment variable APP_HOST is not set)`,
 		}},
+		{"listen port from an unset var", "listen: \"127.0.0.1:${PORT}\"\nadmin:\n  listen: \"${ADMIN_HOST}:9090\"\n" + minimal, nil, []string{
+			`listen: invalid address "127.0.0.1:" (want host:port, e.g. ":8080") (environment variable PORT is not set)`,
+			`admin.listen: ":9090" is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one) (environment variable ADMIN_HOST is not set)`,
+		}},
+		{"redis port from an unset var", "store:\n  backend: redis\n  redis:\n    addrs: [\"redis:${REDIS_PORT}\"]\n" + minimal, nil, []string{
+			`store.redis.addrs[0]: invalid address "redis:" (want host:port, e.g. "redis:6379") (environment variable REDIS_PORT is not set)`,
+		}},
+		{"key header from an unset var", strings.Replace(minimal, `"header:Idempotency-Key"`, `"header:${KEY_HEADER}", body`, 1), nil, []string{
+			`routes[0].keys[0]: invalid header name in source "header:" (environment variable KEY_HEADER is not set)`,
+		}},
 		{"upstream with query", "routes:\n  - name: a\n    path: /a\n    upstream: http://x/?token=s3cret\n    provider: stripe\n", nil, []string{`routes[0].upstream: upstream URL "http://x/?xxxxx" must not have a query or fragment`}},
 		// Listed with the other problems, and the credentials not shown.
 		{"upstream with user info", "routes:\n  - name: a\n    path: /a\n    upstream: http://user:s3cret@x/\n    provider: stripe\n    window: 5\n", nil, []string{

@@ -24,7 +24,7 @@ func (f *File) Validate() error {
 	var ps Problems
 	f.checkAddr(&ps, "listen", f.Listen, ":8080")
 	if f.checkAddr(&ps, "admin.listen", f.Admin.Listen, "127.0.0.1:9090") && f.Admin.unguarded() {
-		ps.add("admin.listen", "%q is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one)", f.Admin.Listen)
+		ps.add("admin.listen", "%q is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one)%s", f.Admin.Listen, f.unsetNote("admin.listen"))
 	}
 	if f.Listen == f.Admin.Listen && !strings.HasSuffix(f.Listen, ":0") {
 		ps.add("admin.listen", "%q is also listen: the two listeners need different addresses", f.Admin.Listen)
@@ -104,7 +104,7 @@ func (f *File) checkAddr(ps *Problems, key, addr, example string) bool {
 	}
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil || port == "" {
-		ps.add(key, "invalid address %q (want host:port, e.g. %q)", addr, example)
+		ps.add(key, "invalid address %q (want host:port, e.g. %q)%s", addr, example, f.unsetNote(key))
 		return false
 	}
 	want := "a number from 0 to 65535 or a service name"
@@ -118,7 +118,7 @@ func (f *File) checkAddr(ps *Problems, key, addr, example string) bool {
 		n = uint64(max(named, 0))
 	}
 	if err != nil || store && n == 0 {
-		ps.add(key, "invalid port in %q (want %s, e.g. %q)", addr, want, example)
+		ps.add(key, "invalid port in %q (want %s, e.g. %q)%s", addr, want, example, f.unsetNote(key))
 		return false
 	}
 	return true
@@ -319,7 +319,8 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 	}
 	for i, k := range r.Keys {
 		if err := checkKeySource(k); err != nil {
-			ps.add(fmt.Sprintf("%s.keys[%d]", key, i), "%v", err)
+			k := fmt.Sprintf("%s.keys[%d]", key, i)
+			ps.add(k, "%v%s", err, f.unsetNote(k))
 		}
 	}
 	for i, s := range r.Secrets {
