@@ -34,6 +34,14 @@ import (
 // become ready before the test fails.
 const startTimeout = 15 * time.Second
 
+// Sentinel timings: how long a sentinel in TILT mode takes no action
+// (Redis's SENTINEL_TILT_PERIOD), and the failover-timeout StartSentinel
+// configures.
+const (
+	tiltPeriod              = 30 * time.Second
+	sentinelFailoverTimeout = 10 * time.Second
+)
+
 // Binary returns the path of redis-server, or skips t (fails it when
 // DEDUPGW_REQUIRE_REDIS is set) when there is none on PATH.
 func Binary(t testing.TB) string {
@@ -619,8 +627,8 @@ func (st *Sentinel) startSentinelProcess() *Server {
 	// A sentinel rewrites its configuration file, so it must have one of its
 	// own, writable.
 	conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nsentinel monitor %s 127.0.0.1 %d 1\n"+
-		"sentinel down-after-milliseconds %s 5000\nsentinel failover-timeout %s 10000\n",
-		port, MasterName, st.Master.Port(), MasterName, MasterName)
+		"sentinel down-after-milliseconds %s 5000\nsentinel failover-timeout %s %d\n",
+		port, MasterName, st.Master.Port(), MasterName, MasterName, sentinelFailoverTimeout.Milliseconds())
 	switch {
 	case st.Username != "":
 		conf += fmt.Sprintf("user default off\nuser %s on >%s allcommands allkeys allchannels\n", st.Username, st.Password)
@@ -733,21 +741,35 @@ func (st *Sentinel) Failover() {
 
 // FailoverBy is Failover asked of the sentinel sent (st.Sentinel, or one
 // AddSentinel started), which the others learn about from it.
+//
+// A sentinel whose timer ran more than 2 s late (a loaded machine) enters
+// TILT mode and takes no action for 30 s, and the failover it was asked for
+// may meanwhile pass its failover-timeout unfinished. So the wait allows
+// for a TILT, and FailoverBy asks again, once, after a TILT it saw.
 func (st *Sentinel) FailoverBy(sent *Server) {
 	st.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout+tiltPeriod+sentinelFailoverTimeout)
 	defer cancel()
 	sc := st.clientOf(sent)
 	defer sc.Close()
 	if err := sc.Failover(ctx, st.MasterName).Err(); err != nil {
 		st.t.Fatalf("SENTINEL FAILOVER %s: %v", st.MasterName, err)
 	}
+	asked, tilted, again := time.Now(), false, false
 	rc := redis.NewClient(&redis.Options{Addr: st.Replica.Addr(), MaxRetries: -1})
 	defer rc.Close()
 	st.waitFor(ctx, "the replica promoted", func() (bool, string) {
 		addr, err := sc.GetMasterAddrByName(ctx, st.MasterName).Result()
 		if err != nil || len(addr) != 2 || addr[1] != strconv.Itoa(st.Replica.Port()) {
-			return false, fmt.Sprintf("get-master-addr-by-name: %v %v", addr, err)
+			cmd := redis.NewStringCmd(ctx, "info", "sentinel")
+			_ = sc.Process(ctx, cmd)
+			info := cmd.Val()
+			tilted = tilted || strings.Contains(info, "sentinel_tilt:1")
+			if tilted && !again && time.Since(asked) > sentinelFailoverTimeout+time.Second && !strings.Contains(info, "sentinel_tilt:1") {
+				again = true // the first request timed out during the TILT
+				_ = sc.Failover(ctx, st.MasterName).Err()
+			}
+			return false, fmt.Sprintf("get-master-addr-by-name: %v %v (TILT seen: %v)", addr, err, tilted)
 		}
 		info, err := rc.Info(ctx, "replication").Result()
 		if err != nil || !strings.Contains(info, "role:master") {

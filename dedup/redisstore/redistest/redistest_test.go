@@ -2,8 +2,10 @@ package redistest_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
 	"github.com/redis/go-redis/v9"
@@ -82,6 +84,38 @@ func TestServerPersistence(t *testing.T) {
 	s.Start()
 	if got, err := c.Get(ctx, "k").Result(); err != nil || got != "v" {
 		t.Fatalf("GET after Shutdown and Start with AOF: got (%q, %v), want (\"v\", nil)", got, err)
+	}
+}
+
+// TestSentinelFailoverAfterTilt: a sentinel whose timer ran late (a loaded
+// machine: here, one stopped for 3 s) enters TILT mode and takes no action
+// for 30 s; Failover still ends with the replica promoted instead of
+// failing the test that asked for it. It takes over 30 s.
+func TestSentinelFailoverAfterTilt(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.StartSentinel(t)
+	s.Sentinel.Pause()
+	<-time.After(3 * time.Second) // the stall itself: TILT needs over 2 s
+	s.Sentinel.Resume()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinel.Addr(), MaxRetries: -1})
+	defer sc.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		cmd := redis.NewStringCmd(ctx, "info", "sentinel")
+		_ = sc.Process(ctx, cmd)
+		if strings.Contains(cmd.Val(), "sentinel_tilt:1") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("INFO sentinel after a 3 s stop: got %q, want sentinel_tilt:1", cmd.Val())
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	s.Failover()
+	c := redis.NewClient(&redis.Options{Addr: s.Replica.Addr(), MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET on the promoted replica: got %v, want nil", err)
 	}
 }
 
