@@ -1,0 +1,287 @@
+package main
+
+import (
+	"crypto/hmac"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"hash"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dedupgw/dedupgw/providers"
+)
+
+// readmeRecipes returns the YAML snippets of the README's "Recipes for other
+// providers" section, by route name.
+func readmeRecipes(t *testing.T) map[string]string {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n#### Recipes for other providers\n")
+	if !ok {
+		t.Fatal("README: got no \"Recipes for other providers\" section")
+	}
+	if i := regexp.MustCompile(`\n#{2,4} `).FindStringIndex(section); i != nil {
+		section = section[:i[0]]
+	}
+	name := regexp.MustCompile(`(?m)^  - name: (\S+)$`)
+	recipes := map[string]string{}
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(section, -1) {
+		n := name.FindStringSubmatch(m[1])
+		if n == nil {
+			t.Fatalf("README recipe without a route name:\n%s", m[1])
+		}
+		recipes[n[1]] = m[1]
+	}
+	return recipes
+}
+
+func macOf(h func() hash.Hash, key, content string) []byte {
+	m := hmac.New(h, []byte(key))
+	m.Write([]byte(content))
+	return m.Sum(nil)
+}
+
+// recipeDelivery is a delivery signed as a provider documents, for one
+// README recipe.
+type recipeDelivery struct {
+	env     map[string]string
+	replace [2]string // a placeholder of the snippet and the value the delivery was signed for
+	now     int64     // Unix seconds
+	headers map[string]string
+	body    string
+	wantKey string // "" for a route keyed on the body: any key
+	// tampered are changes to the delivery that must fail verification.
+	tampered map[string]func(headers map[string]string, body string) (map[string]string, string)
+}
+
+// changeBody flips the body's last byte before its closing brace.
+func changeBody(h map[string]string, body string) (map[string]string, string) {
+	i := strings.LastIndexByte(body, '}') - 1
+	return h, body[:i] + string(body[i]^1) + body[i+1:]
+}
+
+func changeHeader(name, value string) func(map[string]string, string) (map[string]string, string) {
+	return func(h map[string]string, body string) (map[string]string, string) {
+		h = maps.Clone(h)
+		h[name] = value
+		return h, body
+	}
+}
+
+func recipeDeliveries() map[string]recipeDelivery {
+	// Linear: the body of the SDK's own test (linear/linear,
+	// packages/sdk/src/_tests/LinearWebhooks.test.ts) as JSON.stringify
+	// writes it, signed as packages/sdk/src/webhooks/client.ts verifies:
+	// hex HMAC-SHA256 of the raw body.
+	const linearBody = `{"action":"create","data":{"id":"2174add1-f7c8-44e3-bbf3-2d60b5ea8bc9","createdAt":"2020-01-23T12:53:18.084Z","updatedAt":"2020-01-23T12:53:18.084Z","archivedAt":null,"body":"Indeed, I think this is definitely an improvement over the previous version.","edited":false,"issueId":"539068e2-ae88-4d09-bd75-22eb4a59612f","userId":"aacdca22-6266-4c0a-ab3c-8fa70a26765c"},"type":"Comment","url":"https://linear.app/issue/LIN-1778/foo-bar#comment-77217de3-fb52-4dad-bb9a-b356beb93de8","createdAt":"2020-01-23T12:53:18.084Z","webhookTimestamp":1677611643000}`
+
+	// Twitch: HMAC-SHA256 of message ID + timestamp + body, "sha256=" + hex
+	// (https://dev.twitch.tv/docs/eventsub/handling-webhook-events/).
+	const (
+		twitchID   = "e76c6bd4-55c9-4987-8304-da1588d8988b"
+		twitchTS   = "2019-11-16T10:11:12.634234626Z"
+		twitchBody = `{"subscription":{"id":"f1c2a387-161a-49f9-a165-0f21d7a4e1c4","type":"channel.follow","version":"2","status":"enabled"},"event":{"user_id":"1337","broadcaster_user_id":"1337"}}`
+	)
+
+	// Square: the vector of square/square-python-sdk,
+	// tests/utilities/test_webhooks_helper.py (signature key, notification
+	// URL, body and x-square-hmacsha256-signature as published there).
+	const (
+		squareURL  = "https://webhook.site/679a4f3a-dcfa-49ee-bac5-9d0edad886b9"
+		squareBody = `{"merchant_id":"MLEFBHHSJGVHD","type":"webhooks.test_notification","event_id":"ac3ac95b-f97d-458c-a6e6-18981597e05f","created_at":"2022-07-13T20:30:59.037339943Z","data":{"type":"webhooks","id":"bc368e64-01aa-407e-b46e-3231809b1129"}}`
+	)
+
+	// Zoom: "v0=" + hex HMAC-SHA256 of "v0:{x-zm-request-timestamp}:{body}"
+	// (https://developers.zoom.us/docs/api/webhooks/#verify-webhook-events),
+	// the timestamp in Unix seconds.
+	const (
+		zoomTS   = "1626230691"
+		zoomBody = `{"event":"meeting.started","event_ts":1626230691572,"payload":{"account_id":"AAAAAABBBB","object":{"id":"1234567890","uuid":"czLF6FFXTfOmAAO6zR7bBg=="}}}`
+	)
+
+	// Intercom: "sha1=" + hex HMAC-SHA1 of the body, keyed with the app's
+	// client secret.
+	const intercomBody = `{"type":"notification_event","app_id":"ecahpwf5","data":{"type":"notification_event_data","item":{"type":"ping","message":"something something interop"}},"links":{},"id":"notif_123456-56465-546546","topic":"ping","delivery_status":"pending","delivery_attempts":1,"delivered_at":0,"first_sent_at":1392731331,"created_at":1392731331,"self":null}`
+
+	// Lemon Squeezy: hex HMAC-SHA256 of the body in X-Signature
+	// (https://docs.lemonsqueezy.com/help/webhooks/signing-requests).
+	const lemonBody = `{"meta":{"event_name":"order_created","test_mode":true},"data":{"type":"orders","id":"1","attributes":{"store_id":1,"status":"paid"}}}`
+
+	// Typeform: "sha256=" + base64 HMAC-SHA256 of the body
+	// (https://www.typeform.com/developers/webhooks/secure-your-webhooks/).
+	const typeformBody = `{"event_id":"01HQ0X0R8V6SQ8GPJ2VKWN0Y3S","event_type":"form_response","form_response":{"form_id":"lT4Z3j","token":"a3a12ec67a1365927098a606107fac15"}}`
+
+	return map[string]recipeDelivery{
+		"linear": {
+			env:      map[string]string{"LINEAR_WEBHOOK_SECRET": "SECRET"},
+			headers:  map[string]string{"Linear-Signature": hex.EncodeToString(macOf(sha256.New, "SECRET", linearBody))},
+			body:     linearBody,
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){"body": changeBody},
+		},
+		"twitch": {
+			env: map[string]string{"TWITCH_EVENTSUB_SECRET": "s3cRe7-for-twitch"},
+			headers: map[string]string{
+				"Twitch-Eventsub-Message-Id":        twitchID,
+				"Twitch-Eventsub-Message-Timestamp": twitchTS,
+				"Twitch-Eventsub-Message-Signature": "sha256=" + hex.EncodeToString(macOf(sha256.New, "s3cRe7-for-twitch", twitchID+twitchTS+twitchBody)),
+			},
+			body:    twitchBody,
+			wantKey: twitchID,
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){
+				"body":       changeBody,
+				"message ID": changeHeader("Twitch-Eventsub-Message-Id", "e76c6bd4-55c9-4987-8304-da1588d8988c"),
+				"timestamp":  changeHeader("Twitch-Eventsub-Message-Timestamp", "2019-11-16T10:11:13.634234626Z"),
+			},
+		},
+		"square": {
+			env:     map[string]string{"SQUARE_SIGNATURE_KEY": "Ibxx_5AKakO-3qeNVR61Dw"},
+			replace: [2]string{"https://example.com/webhooks/square", squareURL},
+			headers: map[string]string{"X-Square-Hmacsha256-Signature": "GF4YkrJgGBDZ9NIYbNXBnMzqb2HoL4RW/S6vkZ9/2N4="},
+			body:    squareBody,
+			wantKey: "ac3ac95b-f97d-458c-a6e6-18981597e05f",
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){
+				"body": changeBody,
+				// The SDK test's other body: created_at a month earlier.
+				"created_at": func(h map[string]string, body string) (map[string]string, string) {
+					return h, strings.Replace(body, "2022-07-13", "2022-06-13", 1)
+				},
+			},
+		},
+		"zoom": {
+			env: map[string]string{"ZOOM_WEBHOOK_SECRET_TOKEN": "zoom-secret-token"},
+			now: 1626230700,
+			headers: map[string]string{
+				"X-Zm-Request-Timestamp": zoomTS,
+				"X-Zm-Signature":         "v0=" + hex.EncodeToString(macOf(sha256.New, "zoom-secret-token", "v0:"+zoomTS+":"+zoomBody)),
+			},
+			body: zoomBody,
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){
+				"body":      changeBody,
+				"timestamp": changeHeader("X-Zm-Request-Timestamp", "1626230692"),
+			},
+		},
+		"intercom": {
+			env:      map[string]string{"INTERCOM_CLIENT_SECRET": "intercom-client-secret"},
+			headers:  map[string]string{"X-Hub-Signature": "sha1=" + hex.EncodeToString(macOf(sha1.New, "intercom-client-secret", intercomBody))},
+			body:     intercomBody,
+			wantKey:  "notif_123456-56465-546546",
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){"body": changeBody},
+		},
+		"lemonsqueezy": {
+			env:      map[string]string{"LEMONSQUEEZY_SIGNING_SECRET": "lemon-secret"},
+			headers:  map[string]string{"X-Signature": hex.EncodeToString(macOf(sha256.New, "lemon-secret", lemonBody))},
+			body:     lemonBody,
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){"body": changeBody},
+		},
+		"typeform": {
+			env:      map[string]string{"TYPEFORM_WEBHOOK_SECRET": "typeform-secret"},
+			headers:  map[string]string{"Typeform-Signature": "sha256=" + base64.StdEncoding.EncodeToString(macOf(sha256.New, "typeform-secret", typeformBody))},
+			body:     typeformBody,
+			wantKey:  "01HQ0X0R8V6SQ8GPJ2VKWN0Y3S",
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){"body": changeBody},
+		},
+	}
+}
+
+// TestReadmeRecipes loads each YAML snippet of the README's "Recipes for
+// other providers" as written and checks that a delivery signed as the
+// provider documents verifies and gives the key the README names, that a
+// tampered one does not verify, and that validate finds nothing to say
+// about the route (an unsigned key source would be warned about).
+func TestReadmeRecipes(t *testing.T) {
+	recipes := readmeRecipes(t)
+	deliveries := recipeDeliveries()
+	if got, want := slices.Sorted(maps.Keys(recipes)), slices.Sorted(maps.Keys(deliveries)); !slices.Equal(got, want) {
+		t.Fatalf("README recipes: got %q, want %q (one test delivery per recipe)", got, want)
+	}
+	for _, name := range slices.Sorted(maps.Keys(recipes)) {
+		d := deliveries[name]
+		t.Run(name, func(t *testing.T) {
+			text := "routes:\n" + recipes[name]
+			if d.replace[0] != "" {
+				if !strings.Contains(text, d.replace[0]) {
+					t.Fatalf("recipe: got no %q to replace with the test vector's value", d.replace[0])
+				}
+				text = strings.ReplaceAll(text, d.replace[0], d.replace[1])
+			}
+			f, problems := loadText(t, text, d.env)
+			if len(problems) > 0 {
+				t.Fatalf("validate: got %q, want no problems", problems)
+			}
+			if ws := f.Warnings(); len(ws) > 0 {
+				t.Errorf("warnings: got %v, want none", ws)
+			}
+			cfg := f.GatewayConfig().Routes[0].Provider
+			cfg.Now = func() time.Time { return time.Unix(d.now, 0) }
+			p, err := providers.New(cfg)
+			if err != nil {
+				t.Fatalf("providers.New: got %v, want nil", err)
+			}
+			if p.Verifier == nil {
+				t.Fatal("verifier: got none, want the recipe's signature checked")
+			}
+			request := func(headers map[string]string, body string) *http.Request {
+				r := httptest.NewRequest("POST", "/webhooks/"+name, strings.NewReader(body))
+				for k, v := range headers {
+					r.Header.Set(k, v)
+				}
+				return r
+			}
+
+			r := request(d.headers, d.body)
+			if err := p.Verifier.Verify(r, []byte(d.body)); err != nil {
+				t.Errorf("signed delivery: got %v, want it verified", err)
+			}
+			key, err := p.Key(r, []byte(d.body))
+			switch {
+			case err != nil:
+				t.Errorf("key: got %v, want one", err)
+			case d.wantKey != "" && key != d.wantKey:
+				t.Errorf("key: got %q, want %q", key, d.wantKey)
+			}
+			for what, tamper := range d.tampered {
+				h, b := tamper(d.headers, d.body)
+				if err := p.Verifier.Verify(request(h, b), []byte(b)); !errors.Is(err, providers.ErrBadSignature) {
+					t.Errorf("delivery with its %s changed: got %v, want %v", what, err, providers.ErrBadSignature)
+				}
+			}
+		})
+	}
+}
+
+// TestZoomRecipeChecksTimestamp checks that the Zoom recipe, the one whose
+// timestamp is Unix seconds, refuses a correctly signed delivery older than
+// its tolerance.
+func TestZoomRecipeChecksTimestamp(t *testing.T) {
+	d := recipeDeliveries()["zoom"]
+	f, problems := loadText(t, "routes:\n"+readmeRecipes(t)["zoom"], d.env)
+	if len(problems) > 0 {
+		t.Fatalf("validate: got %q, want no problems", problems)
+	}
+	cfg := f.GatewayConfig().Routes[0].Provider
+	cfg.Now = func() time.Time { return time.Unix(d.now+int64(providers.DefaultTolerance/time.Second)+60, 0) }
+	p, err := providers.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("POST", "/webhooks/zoom", strings.NewReader(d.body))
+	for k, v := range d.headers {
+		r.Header.Set(k, v)
+	}
+	if err := p.Verifier.Verify(r, []byte(d.body)); !errors.Is(err, providers.ErrStale) {
+		t.Errorf("delivery past the tolerance: got %v, want %v", err, providers.ErrStale)
+	}
+}
