@@ -475,6 +475,54 @@ func wantWarning(t *testing.T, text, key, want string) {
 	}
 }
 
+// TestUnsetVariablesAreWarned: a value a ${VAR} the environment did not set
+// left empty in part is warned about, naming the variable, as docker compose
+// does; one set to "" is meant, and the store blocks not in use are left
+// alone. In a signature template it is an error: the signed content would
+// lack the variable's part, and no delivery would verify.
+func TestUnsetVariablesAreWarned(t *testing.T) {
+	route := "routes:\n  - name: a\n    path: /hooks/${ROUTE}\n    upstream: http://x\n    keys: [body]\n"
+	tests := []struct {
+		name string
+		text string
+		env  map[string]string
+		want []string // warnings about unset variables
+	}{
+		{"unset in a path", route, nil, []string{`routes[0].path: built from ${ROUTE}, which is not set, so empty there; set it (to "" if empty is meant)`}},
+		{"set to empty", route, map[string]string{"ROUTE": ""}, nil},
+		{"set", route, map[string]string{"ROUTE": "a"}, nil},
+		{"two in one value", "routes:\n  - name: a\n    path: /${A}/${B}x\n    upstream: http://x\n    keys: [body]\n", nil,
+			[]string{`routes[0].path: built from ${A}, ${B}, which are not set, so empty there; set it (to "" if empty is meant)`}},
+		{"the redis block beside bolt", "store:\n  backend: bolt\n  redis:\n    password: \"${REDIS_PASSWORD}\"\n" + minimal, nil, nil},
+		{"the redis block in use", "store:\n  backend: redis\n  redis:\n    addrs: [\"redis:6379\"]\n    password: \"${REDIS_PASSWORD}\"\n" + minimal, nil,
+			[]string{`store.redis.password: built from ${REDIS_PASSWORD}, which is not set, so empty there; set it (to "" if empty is meant)`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, problems := loadText(t, tt.text, tt.env)
+			if len(problems) != 0 {
+				t.Fatalf("got problems %q, want none", problems)
+			}
+			var got []string
+			for _, w := range f.Warnings() {
+				if strings.Contains(w.Msg, "not set, so empty there") {
+					got = append(got, w.String())
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("got warnings %q, want %q", got, tt.want)
+			}
+		})
+	}
+
+	_, problems := loadText(t, "routes:\n  - name: sq\n    path: /sq\n    upstream: http://x\n    provider: generic\n    keys: [body]\n    secrets: [s]\n"+
+		"    signature:\n      template: \"${SQUARE_NOTIFICATION_URL}{body}\"\n", nil)
+	want := []string{"routes[0].signature.template: part of it is missing, so no delivery would verify (environment variable SQUARE_NOTIFICATION_URL is not set)"}
+	if !slices.Equal(problems, want) {
+		t.Errorf("unset variable in a template: got problems %q, want %q", problems, want)
+	}
+}
+
 // TestSecretWithWhiteSpaceIsWarned: a secret read from a file often ends
 // with its newline, which no provider signs with; validate says so, naming
 // the secret, without showing it.

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"regexp"
@@ -375,6 +376,11 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		if h := r.Signature.TimestampHeader; h != "" && !isToken(h) {
 			ps.add(key+".signature.timestamp_header", "invalid header name %q", h)
 		}
+		if note := f.unsetNote(key + ".signature.template"); note != "" {
+			// Whatever the variable held (a notification URL, say) is
+			// missing from the signed content: no delivery would verify.
+			ps.add(key+".signature.template", "part of it is missing, so no delivery would verify%s", note)
+		}
 		if strings.Contains(r.Signature.Template, "{timestamp}") && r.Signature.TimestampHeader == "" {
 			ps.add(key+".signature.template", "uses {timestamp} but signature.timestamp_header is not set")
 		}
@@ -506,6 +512,8 @@ func (f *File) unsetNote(key string) string {
 // A DEDUPGW_* variable set to "" is ignored (an unset ${VAR} in a compose
 // file or manifest gives one).
 //
+// A value built from a ${VAR} the environment did not set is empty there.
+//
 // A key_prefix holding a Redis hash tag ({...}) on a Cluster puts every
 // key in one slot, on one node.
 //
@@ -516,7 +524,7 @@ func (f *File) unsetNote(key string) string {
 // acknowledge it; a route with on_store_error: forward then forwards every
 // delivery without deduplication.
 func (f *File) Warnings() []Problem {
-	ws := f.envWarnings()
+	ws := append(f.envWarnings(), f.unsetWarnings()...)
 	var unsigned []string // provider routes without secrets
 	var failOpen []string // routes that forward on store errors, when claims wait for replicas
 	waiting := f.Store.Backend == "redis" && f.Store.Redis.WaitReplicas > 0
@@ -677,6 +685,26 @@ func (f *File) envWarnings() []Problem {
 			Key: strings.Join(o.path, "."),
 			Msg: fmt.Sprintf("%s is set but empty (or blank), and ignored: the file's value (or the default) applies; unset it or give it a value", o.env),
 		})
+	}
+	return ws
+}
+
+// unsetWarnings warns about each value of a valid file that a ${VAR} the
+// environment did not set left empty in part or whole, as docker compose
+// does: a path of "/hooks/${ROUTE}" would serve "/hooks/". A variable set
+// to "" is taken as meant, and not warned about; nor are the blocks of the
+// stores not in use (a redis: block kept beside backend: bolt).
+func (f *File) unsetWarnings() []Problem {
+	var ws []Problem
+	for _, key := range slices.Sorted(maps.Keys(f.unset)) {
+		if block, ok := strings.CutPrefix(strings.ToLower(key), "store."); ok && !strings.HasPrefix(block, "backend") && !strings.HasPrefix(block, f.Store.Backend+".") {
+			continue
+		}
+		vars, verb := f.unset[key], "is"
+		if len(vars) > 1 {
+			verb = "are"
+		}
+		ws = append(ws, Problem{Key: key, Msg: fmt.Sprintf("built from ${%s}, which %s not set, so empty there; set it (to \"\" if empty is meant)", strings.Join(vars, "}, ${"), verb)})
 	}
 	return ws
 }
