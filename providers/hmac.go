@@ -29,7 +29,8 @@ func (s GenericSignature) Validate() error {
 }
 
 // genericVerifier checks an HMAC over a templated content, carried hex or
-// base64 encoded in one header after an optional prefix.
+// base64 encoded in one header after an optional prefix, or in the items of
+// a structured header (see GenericSignature.SignatureField).
 type genericVerifier struct {
 	header    string
 	hash      func() hash.Hash
@@ -37,11 +38,19 @@ type genericVerifier struct {
 	base64    bool
 	prefix    string
 	tsHeader  string
+	sigField  string // "": the header is one signature
+	tsField   string
+	separator string
 	template  []templatePart
 	secrets   [][]byte
 	clock     clock
 	needsTime bool
 }
+
+// maxSignatureItems bounds the signature items of one structured header
+// that are compared: a sender lists one per secret it holds (two during a
+// rotation). Later ones are ignored.
+const maxSignatureItems = 8
 
 var _ Verifier = (*genericVerifier)(nil)
 
@@ -54,11 +63,14 @@ type templatePart struct {
 
 func newGenericVerifier(s GenericSignature, secrets []string, c clock) (*genericVerifier, error) {
 	v := &genericVerifier{
-		header:   s.Header,
-		prefix:   s.Prefix,
-		tsHeader: s.TimestampHeader,
-		secrets:  secretBytes(secrets),
-		clock:    c,
+		header:    s.Header,
+		prefix:    s.Prefix,
+		tsHeader:  s.TimestampHeader,
+		sigField:  s.SignatureField,
+		tsField:   s.TimestampField,
+		separator: s.Separator,
+		secrets:   secretBytes(secrets),
+		clock:     c,
 	}
 	if v.header == "" {
 		v.header = defaultGenericHeader
@@ -68,6 +80,9 @@ func newGenericVerifier(s GenericSignature, secrets []string, c clock) (*generic
 	}
 	if v.tsHeader != "" && !validHeaderName(v.tsHeader) {
 		return nil, fmt.Errorf("signature.timestamp_header: invalid header name %q", v.tsHeader)
+	}
+	if err := v.checkFields(); err != nil {
+		return nil, err
 	}
 	switch strings.ToLower(s.Algorithm) {
 	case "", "sha256":
@@ -103,8 +118,12 @@ func newGenericVerifier(s GenericSignature, secrets []string, c clock) (*generic
 			signsTS = true
 		}
 	}
-	if v.needsTime && v.tsHeader == "" {
-		return nil, fmt.Errorf("signature.template: {timestamp} needs signature.timestamp_header")
+	if v.needsTime && v.tsHeader == "" && v.tsField == "" {
+		return nil, fmt.Errorf("signature.template: {timestamp} needs signature.timestamp_header (or timestamp_field)")
+	}
+	if v.tsField != "" && !v.needsTime {
+		// As for timestamp_header: an unsigned timestamp stops no replay.
+		return nil, fmt.Errorf("signature.timestamp_field: %s is not signed: put {timestamp} in signature.template", v.tsField)
 	}
 	if v.tsHeader != "" && !signsTS {
 		// A tolerance checked on a header the signature does not cover
@@ -113,6 +132,55 @@ func newGenericVerifier(s GenericSignature, secrets []string, c clock) (*generic
 	}
 	v.template = parts
 	return v, nil
+}
+
+// checkFields checks the structured-header fields (see
+// GenericSignature.SignatureField) and sets the default separator.
+func (v *genericVerifier) checkFields() error {
+	if v.sigField == "" {
+		for _, f := range []struct{ name, val string }{{"timestamp_field", v.tsField}, {"separator", v.separator}} {
+			if f.val != "" {
+				return fmt.Errorf("signature.%s: needs signature.signature_field (the header's items are read only then)", f.name)
+			}
+		}
+		return nil
+	}
+	switch v.separator {
+	case "":
+		v.separator = ","
+	case ",", ";":
+	default:
+		return fmt.Errorf("signature.separator: invalid separator %q (want \",\" or \";\")", v.separator)
+	}
+	for _, f := range []struct{ name, val string }{{"signature_field", v.sigField}, {"timestamp_field", v.tsField}} {
+		if f.val != "" && (!isItemKey(f.val)) {
+			return fmt.Errorf("signature.%s: invalid item key %q (want letters, digits, - or _)", f.name, f.val)
+		}
+	}
+	switch {
+	case v.tsField == v.sigField:
+		return fmt.Errorf("signature.timestamp_field: %q is also signature_field", v.tsField)
+	case v.prefix != "":
+		return fmt.Errorf("signature.prefix: not used with signature_field, whose key %q= marks each signature", v.sigField)
+	case v.tsField != "" && v.tsHeader != "":
+		return fmt.Errorf("signature.timestamp_header: set timestamp_header or timestamp_field, not both")
+	}
+	return nil
+}
+
+// isItemKey reports whether k may name an item of a structured signature
+// header: letters, digits, '-' and '_'.
+func isItemKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // parseTemplate splits a signed-content template into parts. Every '{' must
@@ -154,22 +222,37 @@ func (v *genericVerifier) Verify(r *http.Request, body []byte) error {
 	if h == "" {
 		return fmt.Errorf("%w: missing %s header", ErrNoSignature, v.header)
 	}
-	enc, ok := strings.CutPrefix(h, v.prefix)
-	if !ok {
-		return fmt.Errorf("%w: %s header lacks the configured prefix", ErrBadSignature, v.header)
-	}
-	got, err := v.decode(enc)
-	if err != nil || len(got) != v.size {
-		return fmt.Errorf("%w: %s header does not hold an encoded HMAC of the configured size", ErrBadSignature, v.header)
-	}
 	var (
+		sigs   [][]byte
 		tsText string
 		ts     int64
+		ok     bool
 	)
-	if v.tsHeader != "" {
+	if v.sigField != "" {
+		var err error
+		if sigs, tsText, err = v.parseItems(h); err != nil {
+			return fmt.Errorf("%w: %s header: %w", ErrBadSignature, v.header, err)
+		}
+	} else {
+		enc, ok := strings.CutPrefix(h, v.prefix)
+		if !ok {
+			return fmt.Errorf("%w: %s header lacks the configured prefix", ErrBadSignature, v.header)
+		}
+		got, err := v.decode(enc)
+		if err != nil || len(got) != v.size {
+			return fmt.Errorf("%w: %s header does not hold an encoded HMAC of the configured size", ErrBadSignature, v.header)
+		}
+		sigs = [][]byte{got}
+	}
+	switch {
+	case v.tsHeader != "":
 		tsText = r.Header.Get(v.tsHeader)
 		if ts, ok = parseUnix(tsText); !ok {
 			return fmt.Errorf("%w: missing or malformed %s header", ErrBadSignature, v.tsHeader)
+		}
+	case v.tsField != "":
+		if ts, ok = parseUnix(tsText); !ok {
+			return fmt.Errorf("%w: %s header: missing or malformed %s= item", ErrBadSignature, v.header, v.tsField)
 		}
 	}
 	for _, key := range v.secrets {
@@ -186,14 +269,55 @@ func (v *genericVerifier) Verify(r *http.Request, body []byte) error {
 				m.Write([]byte(r.Header.Get(p.literal)))
 			}
 		}
-		if hmac.Equal(got, m.Sum(nil)) {
-			if v.tsHeader != "" {
-				return v.clock.check(ts)
+		want := m.Sum(nil)
+		for _, got := range sigs {
+			if hmac.Equal(got, want) {
+				if v.tsHeader != "" || v.tsField != "" {
+					return v.clock.check(ts)
+				}
+				return nil
 			}
-			return nil
 		}
 	}
 	return fmt.Errorf("%w: %s does not match", ErrBadSignature, v.header)
+}
+
+// parseItems reads a structured signature header: items separated by
+// v.separator, each "key=value" (spaces around either trimmed). It returns
+// the decoded values of the first maxSignatureItems items keyed
+// v.sigField that decode to an HMAC of the configured size (others could
+// never match, and are skipped, as stripe-go does), and the value of the
+// v.tsField item, which must appear exactly once when v.tsField is set.
+func (v *genericVerifier) parseItems(h string) (sigs [][]byte, ts string, err error) {
+	seenSig, seenTS := false, false
+	for item := range strings.SplitSeq(h, v.separator) {
+		k, val, ok := strings.Cut(item, "=")
+		if !ok {
+			continue
+		}
+		switch k = strings.TrimSpace(k); {
+		case k == v.sigField:
+			seenSig = true
+			if len(sigs) == maxSignatureItems {
+				continue
+			}
+			if b, err := v.decode(strings.TrimSpace(val)); err == nil && len(b) == v.size {
+				sigs = append(sigs, b)
+			}
+		case v.tsField != "" && k == v.tsField:
+			if seenTS {
+				return nil, "", fmt.Errorf("more than one %s= item", v.tsField)
+			}
+			seenTS, ts = true, strings.TrimSpace(val)
+		}
+	}
+	switch {
+	case !seenSig:
+		return nil, "", fmt.Errorf("no %s= item", v.sigField)
+	case len(sigs) == 0:
+		return nil, "", fmt.Errorf("no %s= item holds an encoded HMAC of the configured size", v.sigField)
+	}
+	return sigs, ts, nil
 }
 
 // decode reads a hex (either case) or base64 (standard alphabet, padding

@@ -83,6 +83,66 @@ func TestGenericVerify(t *testing.T) {
 	}
 }
 
+// TestGenericStructuredHeader: with signature_field, the header is a list
+// of key=value items (Paddle's "ts=…;h1=…", Calendly's "t=…,v1=…"): any
+// signature item may match (a rotation lists two), the timestamp item is
+// {timestamp} and is checked against the tolerance, and a malformed list
+// is refused.
+func TestGenericStructuredHeader(t *testing.T) {
+	const body = `{"event_id":"evt_01h"}`
+	paddle := GenericSignature{Header: "Paddle-Signature", SignatureField: "h1", TimestampField: "ts", Separator: ";", Template: "{timestamp}:{body}"}
+	calendly := GenericSignature{Header: "Calendly-Webhook-Signature", SignatureField: "v1", TimestampField: "t", Template: "{timestamp}.{body}"}
+	mac := func(secret, content string) string {
+		return hex.EncodeToString(genericMAC(sha256.New, secret, content))
+	}
+	good := mac("pdl_ntfset_s", "1671552777:"+body)
+	tests := []struct {
+		name   string
+		sig    GenericSignature
+		now    int64
+		header string
+		body   string
+		want   error
+	}{
+		{"paddle", paddle, 1671552780, "ts=1671552777;h1=" + good, body, nil},
+		{"paddle, items in another order and spaced", paddle, 1671552780, " h1 = " + good + " ; ts = 1671552777 ", body, nil},
+		{"paddle, during a rotation", paddle, 1671552780, "ts=1671552777;h1=" + mac("other", "1671552777:"+body) + ";h1=" + good, body, nil},
+		{"paddle, an h1 that is not hex is skipped", paddle, 1671552780, "ts=1671552777;h1=zz;h1=" + good, body, nil},
+		{"paddle, tampered body", paddle, 1671552780, "ts=1671552777;h1=" + good, body + " ", ErrBadSignature},
+		{"paddle, another timestamp", paddle, 1671552780, "ts=1671552778;h1=" + good, body, ErrBadSignature},
+		{"paddle, stale", paddle, 1671552777 + 301, "ts=1671552777;h1=" + good, body, ErrStale},
+		{"paddle, no timestamp", paddle, 1671552780, "h1=" + good, body, ErrBadSignature},
+		{"paddle, two timestamps", paddle, 1671552780, "ts=1671552777;ts=1671552777;h1=" + good, body, ErrBadSignature},
+		{"paddle, no signature", paddle, 1671552780, "ts=1671552777", body, ErrBadSignature},
+		{"paddle, no signature of the right size", paddle, 1671552780, "ts=1671552777;h1=abcd", body, ErrBadSignature},
+		{"paddle, the wrong separator", paddle, 1671552780, "ts=1671552777,h1=" + good, body, ErrBadSignature},
+		{"paddle, past the bound of signature items", paddle, 1671552780, "ts=1671552777" + strings.Repeat(";h1="+mac("x", "y"), maxSignatureItems) + ";h1=" + good, body, ErrBadSignature},
+		{"paddle, no header", paddle, 1671552780, "", body, ErrNoSignature},
+		{"calendly", calendly, 1492774580, "t=1492774577,v1=" + mac("pdl_ntfset_s", "1492774577."+body), body, nil},
+		{"without a timestamp field", GenericSignature{SignatureField: "sig"}, 0, "kid=1,sig=" + mac("pdl_ntfset_s", body), body, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := New(Config{Keys: []string{"json:event_id"}, Secrets: []string{"pdl_ntfset_s"}, Signature: tt.sig, Now: fixedClock(tt.now)})
+			if err != nil {
+				t.Fatalf("New: got %v, want nil", err)
+			}
+			headers := map[string]string{}
+			if tt.header != "" {
+				name := tt.sig.Header
+				if name == "" {
+					name = "X-Signature"
+				}
+				headers[name] = tt.header
+			}
+			err = p.Verifier.Verify(newRequest(headers), []byte(tt.body))
+			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("Verify: got %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
 func TestGenericSignatureValidate(t *testing.T) {
 	tests := []struct {
 		sig  GenericSignature
@@ -94,7 +154,7 @@ func TestGenericSignatureValidate(t *testing.T) {
 		{GenericSignature{Encoding: "base32"}, `signature.encoding: unknown encoding "base32" (want hex or base64)`},
 		{GenericSignature{Header: "Bad Header"}, `signature.header: invalid header name "Bad Header"`},
 		{GenericSignature{TimestampHeader: "a:b"}, `signature.timestamp_header: invalid header name "a:b"`},
-		{GenericSignature{Template: "{timestamp}.{body}"}, "signature.template: {timestamp} needs signature.timestamp_header"},
+		{GenericSignature{Template: "{timestamp}.{body}"}, "signature.template: {timestamp} needs signature.timestamp_header (or timestamp_field)"},
 		{GenericSignature{Template: "{bodyx}"}, "signature.template: unknown placeholder {bodyx} (want {body}, {timestamp} or {header:NAME})"},
 		{GenericSignature{Template: "{header:}"}, "signature.template: unknown placeholder {header:} (want {body}, {timestamp} or {header:NAME})"},
 		{GenericSignature{Template: "{body"}, "signature.template: unclosed '{' in template"},
@@ -103,6 +163,16 @@ func TestGenericSignatureValidate(t *testing.T) {
 		{GenericSignature{TimestampHeader: "X-Ts", Template: "{header:X-Other}.{body}"}, "signature.timestamp_header: X-Ts is not signed: put {timestamp} (or {header:X-Ts}) in signature.template"},
 		{GenericSignature{TimestampHeader: "X-Ts", Template: "{timestamp}.{body}"}, ""},
 		{GenericSignature{TimestampHeader: "x-ts", Template: "v0:{header:X-Ts}:{body}"}, ""},
+		{GenericSignature{SignatureField: "h1", TimestampField: "ts", Separator: ";", Template: "{timestamp}:{body}"}, ""},
+		{GenericSignature{SignatureField: "v1"}, ""},
+		{GenericSignature{TimestampField: "ts", Template: "{timestamp}:{body}"}, "signature.timestamp_field: needs signature.signature_field (the header's items are read only then)"},
+		{GenericSignature{Separator: ";"}, "signature.separator: needs signature.signature_field (the header's items are read only then)"},
+		{GenericSignature{SignatureField: "h1", Separator: "|"}, `signature.separator: invalid separator "|" (want "," or ";")`},
+		{GenericSignature{SignatureField: "h 1"}, `signature.signature_field: invalid item key "h 1" (want letters, digits, - or _)`},
+		{GenericSignature{SignatureField: "h1", TimestampField: "h1", Template: "{timestamp}:{body}"}, `signature.timestamp_field: "h1" is also signature_field`},
+		{GenericSignature{SignatureField: "h1", Prefix: "h1="}, `signature.prefix: not used with signature_field, whose key "h1"= marks each signature`},
+		{GenericSignature{SignatureField: "h1", TimestampField: "ts", TimestampHeader: "X-Ts", Template: "{timestamp}:{body}"}, "signature.timestamp_header: set timestamp_header or timestamp_field, not both"},
+		{GenericSignature{SignatureField: "h1", TimestampField: "ts"}, "signature.timestamp_field: ts is not signed: put {timestamp} in signature.template"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -135,6 +205,30 @@ func FuzzGenericSignature(f *testing.F) {
 		err = p.Verifier.Verify(newRequest(map[string]string{"X-Signature": sig, "X-Ts": ts}), []byte("{}"))
 		if err != nil && !errors.Is(err, ErrNoSignature) && !errors.Is(err, ErrBadSignature) && !errors.Is(err, ErrStale) {
 			t.Fatalf("Verify(%q, %q): got %v, want a sentinel", sig, ts, err)
+		}
+	})
+}
+
+// FuzzGenericStructuredHeader: whatever the structured header holds, Verify
+// answers without panicking, and accepts only a header holding an h1= item
+// whose value is the right HMAC.
+func FuzzGenericStructuredHeader(f *testing.F) {
+	const body = `{"event_id":"evt_1"}`
+	good := hex.EncodeToString(genericMAC(sha256.New, "s", "1000:"+body))
+	f.Add("ts=1000;h1=" + good)
+	f.Add("ts=1000;ts=1000;h1=" + good)
+	f.Add(" h1 = " + good + " ;ts=1000;;=;h1")
+	f.Add("ts=99999999999999;h1=zz")
+	f.Fuzz(func(t *testing.T, header string) {
+		p, err := New(Config{Keys: []string{"body"}, Secrets: []string{"s"},
+			Signature: GenericSignature{Header: "Paddle-Signature", SignatureField: "h1", TimestampField: "ts", Separator: ";", Template: "{timestamp}:{body}"},
+			Now:       fixedClock(1000)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = p.Verifier.Verify(newRequest(map[string]string{"Paddle-Signature": header}), []byte(body))
+		if err == nil && !strings.Contains(strings.ToLower(header), good) {
+			t.Errorf("Verify(%q): got nil, want an error (no h1= item holds the HMAC)", header)
 		}
 	})
 }

@@ -82,6 +82,17 @@ type GenericSignature struct {
 	// Template is the signed content; {body}, {timestamp} and {header:NAME}
 	// are substituted. Empty means "{body}".
 	Template string
+	// SignatureField, when set, makes Header a list of key=value items
+	// separated by Separator (Paddle's "ts=…;h1=…", Calendly's
+	// "t=…,v1=…"): every item with this key is a signature, any of which
+	// may match, and Prefix must be empty.
+	SignatureField string
+	// TimestampField, with SignatureField, names the item of Header that
+	// holds the Unix timestamp: {timestamp} in Template, checked against
+	// Tolerance. It excludes TimestampHeader.
+	TimestampField string
+	// Separator splits Header's items: "," or ";". Empty means ",".
+	Separator string
 }
 
 // Provider is a route's ready-to-use key extraction and verification.

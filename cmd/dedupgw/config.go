@@ -287,6 +287,9 @@ type Signature struct {
 	Prefix          string `config:"prefix"`
 	TimestampHeader string `config:"timestamp_header"`
 	Template        string `config:"template"`
+	SignatureField  string `config:"signature_field"`
+	TimestampField  string `config:"timestamp_field"`
+	Separator       string `config:"separator"`
 }
 
 // Built-in values used where neither the file nor the environment sets one.

@@ -1043,7 +1043,7 @@ func TestProblems(t *testing.T) {
 			`routes[0].signature.algorithm: invalid value "md5" (want sha1, sha256 or sha512)`,
 			`routes[0].signature.encoding: invalid value "base32" (want hex or base64)`,
 			`routes[0].signature.header: invalid header name "X Sig"`,
-			`routes[0].signature.template: uses {timestamp} but signature.timestamp_header is not set`,
+			`routes[0].signature.template: uses {timestamp} but signature.timestamp_header (or timestamp_field) is not set`,
 		}},
 		{"signature algorithm and encoding in any case", route("    signature:\n      algorithm: SHA512\n      encoding: Base64\n"), nil, nil},
 		{"signature on stripe", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: stripe\n    signature:\n      header: X-Sig\n", nil, []string{

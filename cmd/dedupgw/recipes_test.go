@@ -124,7 +124,58 @@ func recipeDeliveries() map[string]recipeDelivery {
 	// (https://www.typeform.com/developers/webhooks/secure-your-webhooks/).
 	const typeformBody = `{"event_id":"01HQ0X0R8V6SQ8GPJ2VKWN0Y3S","event_type":"form_response","form_response":{"form_id":"lT4Z3j","token":"a3a12ec67a1365927098a606107fac15"}}`
 
+	// Paddle Billing: hex HMAC-SHA256 of "{ts}:{body}" in
+	// Paddle-Signature: ts=…;h1=…
+	// (https://developer.paddle.com/webhooks/signature-verification).
+	const (
+		paddleTS   = "1671552777"
+		paddleBody = `{"event_id":"evt_01gks14ge726w50ch2tmaw2a1x","event_type":"subscription.activated","occurred_at":"2023-02-27T12:32:48.142Z","notification_id":"ntf_01gt29v7nskhpcr2s59cmyykp3","data":{"id":"sub_01gt29v5xbanw6t4b4jc7zda8j"}}`
+	)
+
+	// Calendly: hex HMAC-SHA256 of "{t}.{body}" in
+	// Calendly-Webhook-Signature: t=…,v1=…, keyed with the webhook signing
+	// key.
+	const (
+		calendlyTS   = "1492774577"
+		calendlyBody = `{"created_at":"2020-11-23T17:51:19.000000Z","created_by":"https://api.calendly.com/users/AAAAAAAAAAAAAAAA","event":"invitee.created","payload":{"uri":"https://api.calendly.com/scheduled_events/GBGBDCAADAEDCRZ2/invitees/AAAAAAAAAAAAAAAA"}}`
+	)
+
 	return map[string]recipeDelivery{
+		"paddle": {
+			env: map[string]string{"PADDLE_WEBHOOK_SECRET": "pdl_ntfset_01gkpjp8bkm3tm53kdgkx6sms7_6h3qd3uFSi9YCD3OLYAShQI90XTI5vEI"},
+			now: 1671552780,
+			headers: map[string]string{
+				// A secret being rotated out signs the first h1.
+				"Paddle-Signature": "ts=" + paddleTS + ";h1=" + hex.EncodeToString(macOf(sha256.New, "old", paddleTS+":"+paddleBody)) +
+					";h1=" + hex.EncodeToString(macOf(sha256.New, "pdl_ntfset_01gkpjp8bkm3tm53kdgkx6sms7_6h3qd3uFSi9YCD3OLYAShQI90XTI5vEI", paddleTS+":"+paddleBody)),
+			},
+			body:    paddleBody,
+			wantKey: "evt_01gks14ge726w50ch2tmaw2a1x",
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){
+				"body": changeBody,
+				"timestamp": func(h map[string]string, body string) (map[string]string, string) {
+					h = maps.Clone(h)
+					h["Paddle-Signature"] = strings.Replace(h["Paddle-Signature"], "ts="+paddleTS, "ts=1671552778", 1)
+					return h, body
+				},
+			},
+		},
+		"calendly": {
+			env: map[string]string{"CALENDLY_WEBHOOK_SIGNING_KEY": "calendly-signing-key"},
+			now: 1492774600,
+			headers: map[string]string{
+				"Calendly-Webhook-Signature": "t=" + calendlyTS + ",v1=" + hex.EncodeToString(macOf(sha256.New, "calendly-signing-key", calendlyTS+"."+calendlyBody)),
+			},
+			body: calendlyBody,
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){
+				"body": changeBody,
+				"timestamp": func(h map[string]string, body string) (map[string]string, string) {
+					h = maps.Clone(h)
+					h["Calendly-Webhook-Signature"] = strings.Replace(h["Calendly-Webhook-Signature"], "t="+calendlyTS, "t=1492774578", 1)
+					return h, body
+				},
+			},
+		},
 		"linear": {
 			env:      map[string]string{"LINEAR_WEBHOOK_SECRET": "SECRET"},
 			headers:  map[string]string{"Linear-Signature": hex.EncodeToString(macOf(sha256.New, "SECRET", linearBody))},
@@ -262,26 +313,31 @@ func TestReadmeRecipes(t *testing.T) {
 	}
 }
 
-// TestZoomRecipeChecksTimestamp checks that the Zoom recipe, the one whose
-// timestamp is Unix seconds, refuses a correctly signed delivery older than
-// its tolerance.
-func TestZoomRecipeChecksTimestamp(t *testing.T) {
-	d := recipeDeliveries()["zoom"]
-	f, problems := loadText(t, "routes:\n"+readmeRecipes(t)["zoom"], d.env)
-	if len(problems) > 0 {
-		t.Fatalf("validate: got %q, want no problems", problems)
-	}
-	cfg := f.GatewayConfig().Routes[0].Provider
-	cfg.Now = func() time.Time { return time.Unix(d.now+int64(providers.DefaultTolerance/time.Second)+60, 0) }
-	p, err := providers.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := httptest.NewRequest("POST", "/webhooks/zoom", strings.NewReader(d.body))
-	for k, v := range d.headers {
-		r.Header.Set(k, v)
-	}
-	if err := p.Verifier.Verify(r, []byte(d.body)); !errors.Is(err, providers.ErrStale) {
-		t.Errorf("delivery past the tolerance: got %v, want %v", err, providers.ErrStale)
+// TestRecipesCheckTimestamps checks that the recipes whose timestamp is
+// Unix seconds (Zoom's header, Paddle's and Calendly's signature items)
+// refuse a correctly signed delivery older than their tolerance.
+func TestRecipesCheckTimestamps(t *testing.T) {
+	recipes := readmeRecipes(t)
+	for _, name := range []string{"zoom", "paddle", "calendly"} {
+		t.Run(name, func(t *testing.T) {
+			d := recipeDeliveries()[name]
+			f, problems := loadText(t, "routes:\n"+recipes[name], d.env)
+			if len(problems) > 0 {
+				t.Fatalf("validate: got %q, want no problems", problems)
+			}
+			cfg := f.GatewayConfig().Routes[0].Provider
+			cfg.Now = func() time.Time { return time.Unix(d.now+int64(providers.DefaultTolerance/time.Second)+60, 0) }
+			p, err := providers.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := httptest.NewRequest("POST", "/webhooks/"+name, strings.NewReader(d.body))
+			for k, v := range d.headers {
+				r.Header.Set(k, v)
+			}
+			if err := p.Verifier.Verify(r, []byte(d.body)); !errors.Is(err, providers.ErrStale) {
+				t.Errorf("delivery past the tolerance: got %v, want %v", err, providers.ErrStale)
+			}
+		})
 	}
 }

@@ -381,8 +381,8 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 			// missing from the signed content: no delivery would verify.
 			ps.add(key+".signature.template", "part of it is missing, so no delivery would verify%s", note)
 		}
-		if strings.Contains(r.Signature.Template, "{timestamp}") && r.Signature.TimestampHeader == "" {
-			ps.add(key+".signature.template", "uses {timestamp} but signature.timestamp_header is not set")
+		if strings.Contains(r.Signature.Template, "{timestamp}") && r.Signature.TimestampHeader == "" && r.Signature.TimestampField == "" {
+			ps.add(key+".signature.template", "uses {timestamp} but signature.timestamp_header (or timestamp_field) is not set")
 		}
 		if len(*ps) == before {
 			// What only the providers package knows (an unsigned
@@ -613,7 +613,8 @@ func (f *File) Warnings() []Problem {
 
 // signsTimestamps reports whether r verifies a signed timestamp against its
 // tolerance: stripe, slack and standard-webhooks routes with secrets, and
-// generic ones with secrets and a signature.timestamp_header.
+// generic ones with secrets and a signature.timestamp_header or
+// timestamp_field.
 func signsTimestamps(r Route) bool {
 	if len(r.Secrets) == 0 {
 		return false
@@ -622,7 +623,7 @@ func signsTimestamps(r Route) bool {
 	case providers.Stripe, providers.Slack, providers.StandardWebhooks:
 		return true
 	case providers.Generic:
-		return r.Signature.TimestampHeader != ""
+		return r.Signature.TimestampHeader != "" || r.Signature.TimestampField != ""
 	}
 	return false
 }
