@@ -1756,3 +1756,91 @@ func TestStatsCountSweptRecordsAndFileSize(t *testing.T) {
 		t.Errorf("FileBytes: got %d, want the file's size %d (%v)", st.FileBytes, fi.Size(), err)
 	}
 }
+
+// On a full disk the checkpoints fail (bbolt cannot grow) and hand no
+// journal file back, and no new one can be made. A timed rotation must not
+// then leave the writer without a file: the current one still has room, so
+// the commits and releases that follow land there, none fails, and after a
+// restart every one of them is remembered. (Found by an operator trial on a
+// full tmpfs: each rotation failed the commits of the deliveries in flight,
+// events already answered 200, and their next copies were forwarded again.)
+// The stuck checkpointer stands in for the failing one: both keep the
+// sealed files.
+func TestTimedRotationWithoutAFileKeepsWriting(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		settle func(ctx context.Context, s *Store, k dedup.Key, token string) error
+		want   dedup.State
+	}{
+		{"commit", func(ctx context.Context, s *Store, k dedup.Key, token string) error {
+			return s.Commit(ctx, k, token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+		}, dedup.StateProcessed},
+		{"release", func(ctx context.Context, s *Store, k dedup.Key, token string) error {
+			return s.Release(ctx, k, token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500})
+		}, dedup.StateFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var made atomic.Int32 // new journal files asked for: the volume has room for two
+			s, path := openTemp(t, Options{CheckpointInterval: time.Millisecond, preallocate: func(f *os.File) error {
+				if made.Add(1) > 2 {
+					return errors.New("no space left on device")
+				}
+				return preallocate(f)
+			}})
+			ctx := context.Background()
+			s.checkpointMu.Lock()
+			held := true
+			defer func() {
+				if held {
+					s.checkpointMu.Unlock()
+				}
+			}()
+			var settled []dedup.Key
+			settle := func(i int) error {
+				k := key("evt_" + strconv.Itoa(i))
+				res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+				if err == nil {
+					err = tc.settle(ctx, s, k, res.Token)
+				}
+				if err != nil {
+					return fmt.Errorf("%s: %w", k.ID, err)
+				}
+				settled = append(settled, k)
+				return nil
+			}
+			// Until the writer has been refused a third file twice (a rotation
+			// put off, and tried again), then as many again.
+			i := 0
+			for ; made.Load() < 4; i++ {
+				if err := settle(i); err != nil {
+					t.Fatalf("a %s after the disk filled: got %v, want nil", tc.name, err)
+				}
+			}
+			for end := 2 * i; i < end; i++ {
+				if err := settle(i); err != nil {
+					t.Fatalf("a %s after the disk filled: got %v, want nil", tc.name, err)
+				}
+			}
+			if f := s.journalErr.Load(); f != nil {
+				t.Errorf("journal failure noted: got %v, want none", f.err)
+			}
+			s.checkpointMu.Unlock()
+			held = false
+			if err := s.Close(); err != nil {
+				t.Fatalf("Close: got %v, want nil", err)
+			}
+
+			s2, err := Open(path, Options{SweepInterval: -1})
+			if err != nil {
+				t.Fatalf("Open again: got %v, want nil", err)
+			}
+			t.Cleanup(func() { _ = s2.Close() })
+			for _, k := range settled {
+				rec, err := s2.Get(ctx, k)
+				if err != nil || rec.State != tc.want {
+					t.Fatalf("after a restart, %s: got (%v, %v), want (%v, nil)", k.ID, rec.State, err, tc.want)
+				}
+			}
+		})
+	}
+}

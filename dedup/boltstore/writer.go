@@ -148,6 +148,8 @@ type writer struct {
 	nextSeq uint64
 	buf     []byte
 	timer   *time.Timer // seals seg checkpointEvery after its first entry
+	// deferred is set while timed rotations are put off (see rotatable).
+	deferred bool
 }
 
 // writeLoop is the group committer: it takes the first queued write plus all
@@ -212,6 +214,10 @@ func (s *Store) writeLoop(nextSeq uint64, opened chan<- error) {
 				}
 			}
 		case <-w.timer.C:
+			if !w.rotatable() {
+				w.timer.Reset(s.checkpointEvery) // try again then
+				continue
+			}
 			w.seal()
 			continue
 		case req := <-s.writes:
@@ -417,6 +423,69 @@ func (w *writer) open() error {
 	}
 	w.seg = &segment{path: path, slot: slot, nonce: randomNonce(), f: f, end: w.nextSeq - 1}
 	return nil
+}
+
+// rotatable reports whether the timer may seal the current segment now:
+// when a file is free for the next segment, when no sealed segment waits
+// for a checkpoint (this one's file comes back once checkpointed, see
+// awaitSlot), or when a new file can be made (zero-filled here and kept
+// free for the next segment). Otherwise (a full disk, where the checkpoints
+// that would hand files back fail too, as bbolt cannot grow) a seal would
+// leave the next group without a file, failing its commits and releases
+// although the current file has room for them: the segment stays current,
+// taking writes until it is full, and the timer tries again.
+func (w *writer) rotatable() bool {
+	s := w.s
+	s.sealedMu.Lock()
+	free, waiting := len(s.freeSlots) > 0, s.retiring > 0
+	slot := s.nextSlot
+	if !free && waiting {
+		s.nextSlot++
+	}
+	s.sealedMu.Unlock()
+	if free || !waiting || w.seg == nil {
+		return w.rotating()
+	}
+	path := slotPath(s.path, slot)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil {
+		err = s.preallocate(f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	s.sealedMu.Lock()
+	kept := err == nil && s.keepSlot(slot)
+	free = len(s.freeSlots) > 0 // a checkpoint may have handed one back meanwhile
+	s.sealedMu.Unlock()
+	if !kept {
+		if rerr := os.Remove(path); rerr == nil || errors.Is(rerr, fs.ErrNotExist) {
+			s.sealedMu.Lock()
+			if s.nextSlot == slot+1 {
+				s.nextSlot = slot // as in open: the names must not count up
+			}
+			s.sealedMu.Unlock()
+		}
+	}
+	if kept || free {
+		return w.rotating()
+	}
+	if !w.deferred {
+		w.deferred = true
+		s.log.Warn("journal rotation put off: no room for another journal file while the sealed ones wait for a checkpoint; writes go on into the current file until it is full",
+			zap.String("segment", w.seg.path), zap.Error(err))
+	}
+	return false
+}
+
+// rotating ends a spell of rotations put off (see rotatable) and reports
+// true.
+func (w *writer) rotating() bool {
+	if w.deferred {
+		w.deferred = false
+		w.s.log.Info("journal rotation resumed")
+	}
+	return true
 }
 
 // randomNonce returns 8 random bytes that are not zero.
