@@ -349,6 +349,10 @@ func TestRenderFailures(t *testing.T) {
 			[]string{"/prometheusRule/alertLabels/team"}},
 		{"a misspelt prometheusRule key", []string{"--set", "prometheusRule.alertlabels.team=payments"},
 			[]string{"/prometheusRule", "additional properties 'alertlabels' not allowed"}},
+		{"an unknown signature algorithm", []string{"--set", "routes[0].name=a", "--set", "routes[0].path=/a", "--set", "routes[0].upstream=http://x", "--set", "routes[0].provider=generic", "--set", "routes[0].keys[0]=body", "--set", "routes[0].signature.algorithm=md5"},
+			[]string{"/routes/0/signature/algorithm"}},
+		{"a structured header's separator", []string{"--set", "routes[0].name=a", "--set", "routes[0].path=/a", "--set", "routes[0].upstream=http://x", "--set", "routes[0].provider=generic", "--set", "routes[0].keys[0]=body", "--set", "routes[0].signature.separator=|"},
+			[]string{"/routes/0/signature/separator"}},
 		{"a NetworkPolicy peer that is not a mapping", []string{"--set", "networkPolicy.enabled=true", "--set", "networkPolicy.adminFrom[0]=monitoring"},
 			[]string{"/networkPolicy/adminFrom/0"}},
 	}
@@ -467,7 +471,7 @@ func TestRenderedConfigValidates(t *testing.T) {
 				cmd.Env = append(os.Environ(),
 					"STRIPE_WEBHOOK_SECRET=whsec_test", "REDIS_PASSWORD=secret",
 					"GITHUB_WEBHOOK_SECRET=gh1", "GITHUB_WEBHOOK_SECRET_OLD=gh0",
-					"SVIX_SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+					"SVIX_SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "PADDLE_WEBHOOK_SECRET=pdl_ntfset_test",
 				)
 				for _, e := range c.Env {
 					v := e.Value
