@@ -443,7 +443,15 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 			val = splitList(s)
 		}
 		setPath(raw, o.path, val)
-		f.fromEnv[strings.Join(o.path, ".")] = o.env
+		key := strings.Join(o.path, ".")
+		f.fromEnv[key] = o.env
+		// The file's value, and any ${VAR} it was built from, is gone:
+		// an unset one must not be warned about or named in a problem.
+		for k := range f.unset {
+			if k == key || strings.HasPrefix(k, key+"[") {
+				delete(f.unset, k)
+			}
+		}
 	}
 
 	decode(raw, reflect.ValueOf(f).Elem(), "", &ps)

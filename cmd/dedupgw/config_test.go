@@ -496,6 +496,10 @@ func TestUnsetVariablesAreWarned(t *testing.T) {
 		{"the redis block beside bolt", "store:\n  backend: bolt\n  redis:\n    password: \"${REDIS_PASSWORD}\"\n" + minimal, nil, nil},
 		{"the redis block in use", "store:\n  backend: redis\n  redis:\n    addrs: [\"redis:6379\"]\n    password: \"${REDIS_PASSWORD}\"\n" + minimal, nil,
 			[]string{`store.redis.password: built from ${REDIS_PASSWORD}, which is not set, so empty there; set it (to "" if empty is meant)`}},
+		// A DEDUPGW_* variable replaces the file's value, and with it the
+		// unset ${VAR}: the value is not empty.
+		{"overridden by DEDUPGW_ variables", "admin:\n  token: \"${ADMIN_TOKEN}\"\nstore:\n  backend: redis\n  redis:\n    addrs: [\"${REDIS_ADDR}\"]\n" + minimal,
+			map[string]string{"DEDUPGW_ADMIN_TOKEN": "t0k", "DEDUPGW_STORE_REDIS_ADDRS": "redis:6379"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
