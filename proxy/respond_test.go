@@ -196,6 +196,7 @@ func TestReplayFor(t *testing.T) {
 	const plain = `{"id":"pay_1"}`
 	zipped := gzipBytes(t, plain)
 	big := gzipBytes(t, strings.Repeat("x", decodedReplayMin+1))
+	full := gzipBytes(t, strings.Repeat("x", decodedReplayMin))
 	stored := func(body []byte, enc ...string) *dedup.Response {
 		h := map[string][]string{"Content-Type": {"application/json"}}
 		if len(enc) > 0 {
@@ -219,6 +220,7 @@ func TestReplayFor(t *testing.T) {
 		{"x-gzip to an identity sender", stored(zipped, "x-gzip"), []string{"identity"}, 64 << 10, false, plain},
 		{"gzip refused by weight", stored(zipped, "gzip"), []string{"gzip;q=0, br"}, 64 << 10, false, plain},
 		{"GZIP spelt in capitals", stored(zipped, "GZIP"), nil, 64 << 10, false, plain},
+		{"gzip decompressing to 1 MiB exactly", stored(full, "gzip"), nil, 64 << 10, false, strings.Repeat("x", decodedReplayMin)},
 		{"gzip decompressing past 1 MiB", stored(big, "gzip"), nil, 64 << 10, false, ""},
 		{"gzip within a larger max_replay_bytes", stored(big, "gzip"), nil, 2 << 20, false, strings.Repeat("x", decodedReplayMin+1)},
 		{"broken gzip", stored([]byte("not gzip"), "gzip"), nil, 64 << 10, false, ""},
