@@ -116,6 +116,7 @@ func TestGenericStructuredHeader(t *testing.T) {
 		{"paddle, no signature", paddle, 1671552780, "ts=1671552777", body, ErrBadSignature},
 		{"paddle, no signature of the right size", paddle, 1671552780, "ts=1671552777;h1=abcd", body, ErrBadSignature},
 		{"paddle, the wrong separator", paddle, 1671552780, "ts=1671552777,h1=" + good, body, ErrBadSignature},
+		{"paddle, items of the wrong size do not count toward the bound", paddle, 1671552780, "ts=1671552777" + strings.Repeat(";h1=abcd", maxSignatureItems) + ";h1=" + good, body, nil},
 		{"paddle, past the bound of signature items", paddle, 1671552780, "ts=1671552777" + strings.Repeat(";h1="+mac("x", "y"), maxSignatureItems) + ";h1=" + good, body, ErrBadSignature},
 		{"paddle, no header", paddle, 1671552780, "", body, ErrNoSignature},
 		{"calendly", calendly, 1492774580, "t=1492774577,v1=" + mac("pdl_ntfset_s", "1492774577."+body), body, nil},

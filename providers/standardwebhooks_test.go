@@ -221,6 +221,7 @@ func TestStandardWebhooksBoundsEd25519Work(t *testing.T) {
 	}{
 		{"genuine after fewer junk entries than the bound", swTS, junk(maxV1aSignatures-1) + " " + good, nil},
 		{"genuine after as many junk entries as the bound", swTS, junk(maxV1aSignatures) + " " + good, ErrBadSignature},
+		{"v1a entries of another size do not count toward the bound", swTS, strings.Repeat("v1a,AAAA ", maxV1aSignatures) + good, nil},
 		{"v1 entries do not count toward the bound", swTS, strings.Repeat("v1,AAAA ", 50) + good, nil},
 		{"stale with a full header of junk", swTS + 301, junk(600), ErrStale},
 	}
