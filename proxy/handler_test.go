@@ -480,6 +480,9 @@ func TestProxyHeadersOnlyFromTrustedPeers(t *testing.T) {
 		"X-Forwarded-Ssl: on",
 		"X-Forwarded-Scheme: https",
 		"X-Forwarded-Tls-Client-Cert: MIIB",
+		"X-Forwarded-Tls-Client-Cert-Info: Subject%3D%22CN%3Dx%22",
+		"X-Forwarded-Uri: /admin",
+		"X-Forwarded-Method: DELETE",
 		"X-Url-Scheme: https",
 		"Front-End-Https: on",
 		"X_Forwarded_Server: evil.example",
@@ -493,11 +496,15 @@ func TestProxyHeadersOnlyFromTrustedPeers(t *testing.T) {
 		{"a trusted ingress", "10.1.2.3:40000", map[string]string{
 			"X-Real-Ip": "198.51.100.7", "X-Forwarded-Port": "443", "X-Forwarded-Prefix": "/admin",
 			"X-Forwarded-Ssl": "on", "X-Forwarded-Scheme": "https", "X-Forwarded-Tls-Client-Cert": "MIIB",
+			"X-Forwarded-Tls-Client-Cert-Info": "Subject%3D%22CN%3Dx%22",
+			"X-Forwarded-Uri":                  "/admin", "X-Forwarded-Method": "DELETE",
 			"X-Url-Scheme": "https", "Front-End-Https": "on", "X_forwarded_server": "evil.example", "X-Custom": "kept",
 		}},
 		{"a public sender", "203.0.113.9:40000", map[string]string{
 			"X-Real-Ip": "", "X-Forwarded-Port": "", "X-Forwarded-Prefix": "",
 			"X-Forwarded-Ssl": "", "X-Forwarded-Scheme": "", "X-Forwarded-Tls-Client-Cert": "",
+			"X-Forwarded-Tls-Client-Cert-Info": "",
+			"X-Forwarded-Uri":                  "", "X-Forwarded-Method": "",
 			"X-Url-Scheme": "", "Front-End-Https": "", "X_forwarded_server": "", "X-Custom": "kept",
 		}},
 	}
