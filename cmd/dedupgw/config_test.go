@@ -496,6 +496,8 @@ func TestUnsetVariablesAreWarned(t *testing.T) {
 		{"the redis block beside bolt", "store:\n  backend: bolt\n  redis:\n    password: \"${REDIS_PASSWORD}\"\n" + minimal, nil, nil},
 		{"the redis block in use", "store:\n  backend: redis\n  redis:\n    addrs: [\"redis:6379\"]\n    password: \"${REDIS_PASSWORD}\"\n" + minimal, nil,
 			[]string{`store.redis.password: built from ${REDIS_PASSWORD}, which is not set, so empty there; set it (to "" if empty is meant)`}},
+		{"the backend itself", "store:\n  backend: \"${BACKEND}\"\n" + minimal, nil,
+			[]string{`store.backend: built from ${BACKEND}, which is not set, so empty there; set it (to "" if empty is meant)`}},
 		// A DEDUPGW_* variable replaces the file's value, and with it the
 		// unset ${VAR}: the value is not empty.
 		{"overridden by DEDUPGW_ variables", "admin:\n  token: \"${ADMIN_TOKEN}\"\nstore:\n  backend: redis\n  redis:\n    addrs: [\"${REDIS_ADDR}\"]\n" + minimal,
@@ -571,6 +573,8 @@ func TestWindowShorterThanSignedTimestampsIsWarned(t *testing.T) {
 		{"standard-webhooks, short window", "    provider: standard-webhooks\n    secrets: [whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw]\n    window: 1m\n",
 			`routes[0].window: route "a" forgets a processed key after 1m0s`},
 		{"generic with a signed timestamp", "    keys: [body]\n    secrets: [s]\n    window: 1m\n    signature:\n      timestamp_header: X-Ts\n      template: \"{timestamp}.{body}\"\n",
+			`routes[0].window: route "a" forgets a processed key after 1m0s`},
+		{"generic with a signed timestamp field", "    keys: [body]\n    secrets: [s]\n    window: 1m\n    signature:\n      header: Paddle-Signature\n      signature_field: h1\n      timestamp_field: ts\n      separator: \";\"\n      template: \"{timestamp}:{body}\"\n",
 			`routes[0].window: route "a" forgets a processed key after 1m0s`},
 		{"generic without a timestamp", "    keys: [body]\n    secrets: [s]\n    window: 1m\n", ""},
 		{"github signs no timestamp", "    provider: github\n    secrets: [s]\n    window: 1m\n", ""},
@@ -836,6 +840,9 @@ func TestProblems(t *testing.T) {
 			`store.redis.addrs[0]: invalid address (not shown: it may hold credentials; want host:port, e.g. "redis:6379", and the password in store.redis.password)`,
 			`store.redis.addrs[1]: invalid address (not shown: it may hold credentials; want host:port, e.g. "redis:6379", and the password in store.redis.password)`,
 			`store.redis.addrs[2]: invalid address (not shown: it may hold credentials; want host:port, e.g. "redis:6379", and the password in store.redis.password)`,
+		}},
+		{"redis URL without credentials", "store:\n  backend: redis\n  redis:\n    addrs: [\"redis://redis:6379\"]\n" + minimal, nil, []string{
+			`store.redis.addrs[0]: invalid address (not shown: it may hold credentials; want host:port, e.g. "redis:6379", and the password in store.redis.password)`,
 		}},
 		{"redis URL from the environment", minimal, map[string]string{"DEDUPGW_STORE_BACKEND": "redis", "DEDUPGW_STORE_REDIS_ADDRS": "redis://default:s3cret@redis:6379/0"}, []string{
 			`store.redis.addrs[0]: invalid address (not shown: it may hold credentials; want host:port, e.g. "redis:6379", and the password in store.redis.password) (set by DEDUPGW_STORE_REDIS_ADDRS)`,
