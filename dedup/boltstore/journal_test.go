@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -1781,8 +1782,15 @@ func TestTimedRotationWithoutAFileKeepsWriting(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var made atomic.Int32 // new journal files asked for: the volume has room for two
+			var refusedMu sync.Mutex
+			refused := map[string]bool{} // the names of the files there was no room for
 			s, path := openTemp(t, Options{CheckpointInterval: time.Millisecond, preallocate: func(f *os.File) error {
 				if made.Add(1) > 2 {
+					refusedMu.Lock()
+					refused[filepath.Base(f.Name())] = true
+					refusedMu.Unlock()
+					// As a full disk does: part of the zeros, then ENOSPC.
+					_, _ = f.WriteAt(make([]byte, 4096), 0)
 					return errors.New("no space left on device")
 				}
 				return preallocate(f)
@@ -1812,6 +1820,9 @@ func TestTimedRotationWithoutAFileKeepsWriting(t *testing.T) {
 			// put off, and tried again), then as many again.
 			i := 0
 			for ; made.Load() < 4; i++ {
+				if i == 100_000 { // a few hundred do
+					t.Fatalf("after %d %ss, %d journal files asked for: want 4 (the writer tries a third file at each rotation)", i, tc.name, made.Load())
+				}
 				if err := settle(i); err != nil {
 					t.Fatalf("a %s after the disk filled: got %v, want nil", tc.name, err)
 				}
@@ -1824,6 +1835,26 @@ func TestTimedRotationWithoutAFileKeepsWriting(t *testing.T) {
 			if f := s.journalErr.Load(); f != nil {
 				t.Errorf("journal failure noted: got %v, want none", f.err)
 			}
+			// A file there was no room for is removed, never kept as a
+			// zero-filled one for a segment, and its name is tried again,
+			// not counted up.
+			refusedMu.Lock()
+			if len(refused) != 1 {
+				t.Errorf("files there was no room for: got %v, want one name tried again", slices.Sorted(maps.Keys(refused)))
+			}
+			s.sealedMu.Lock()
+			for _, seg := range s.sealed {
+				if refused[filepath.Base(seg.path)] {
+					t.Errorf("sealed segment %s: got a file there was no room for, want only zero-filled ones", filepath.Base(seg.path))
+				}
+			}
+			for _, slot := range s.freeSlots {
+				if name := filepath.Base(slotPath(path, slot)); refused[name] {
+					t.Errorf("free journal file %s: got a file there was no room for, want only zero-filled ones", name)
+				}
+			}
+			s.sealedMu.Unlock()
+			refusedMu.Unlock()
 			s.checkpointMu.Unlock()
 			held = false
 			if err := s.Close(); err != nil {
