@@ -170,7 +170,14 @@ func TestAlertRulesQueryKnownMetrics(t *testing.T) {
 			if len(names) == 0 {
 				t.Errorf("alert %s queries no dedupgw_* metric: %s", r.Alert, r.Expr)
 			}
+			// Every aggregation of one alert keeps the same labels: the two
+			// sides of a ratio grouped apart match no series, and the alert
+			// never fires.
+			var groupings []string
 			for _, by := range grouping.FindAllStringSubmatch(r.Expr, -1) {
+				if groupings = append(groupings, by[1]); by[1] != groupings[0] {
+					t.Errorf("alert %s groups by (%s) and by (%s): got aggregations that keep different labels, want the same in each", r.Alert, groupings[0], by[1])
+				}
 				for label := range strings.SplitSeq(by[1], ",") {
 					label = strings.TrimSpace(label)
 					if label == "namespace" || label == "job" || label == "instance" {
