@@ -435,15 +435,18 @@ func (w *writer) open() error {
 // although the current file has room for them: the segment stays current,
 // taking writes until it is full, and the timer tries again.
 func (w *writer) rotatable() bool {
+	if w.seg == nil { // nothing to seal
+		return w.rotating()
+	}
 	s := w.s
 	s.sealedMu.Lock()
 	free, waiting := len(s.freeSlots) > 0, s.retiring > 0
 	slot := s.nextSlot
 	if !free && waiting {
-		s.nextSlot++
+		s.nextSlot++ // this goroutine alone makes files: the name is ours
 	}
 	s.sealedMu.Unlock()
-	if free || !waiting || w.seg == nil {
+	if free || !waiting {
 		return w.rotating()
 	}
 	path := slotPath(s.path, slot)
