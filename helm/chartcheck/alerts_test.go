@@ -1,16 +1,25 @@
 package chartcheck
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/histogram"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/storage"
+	"github.com/prometheus/prometheus/tsdb/chunkenc"
+	"github.com/prometheus/prometheus/tsdb/chunks"
+	"github.com/prometheus/prometheus/util/annotations"
 	"sigs.k8s.io/yaml"
 )
 
@@ -114,3 +123,170 @@ func TestPrometheusRule(t *testing.T) {
 		})
 	}
 }
+
+// TestAlertsFireWhenTheyShould evaluates each shipped alert's expression
+// (the `for` aside) with Prometheus's own engine over series shaped like
+// the gateway's, twenty minutes of them a minute apart: once where the
+// alert must fire, once where a neighbouring series (another outcome,
+// reason or op, or a counter standing still) must leave it quiet. A
+// selector that names the wrong label value, or an aggregation that drops
+// a label the other side keeps, fails here though it parses.
+func TestAlertsFireWhenTheyShould(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "dedupgw", "alerts", "dedupgw.rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exprs := map[string]string{}
+	for _, g := range parseRules(t, "alerts/dedupgw.rules.yaml", raw).Groups {
+		for _, r := range g.Rules {
+			exprs[r.Alert] = r.Expr
+		}
+	}
+	// s is one series of the scraped target, name and label pairs, whose
+	// value at minute i (0 to 20) is at(i).
+	type s struct {
+		labels []string
+		at     func(i int) float64
+	}
+	rising := func(by float64) func(int) float64 { return func(i int) float64 { return by * float64(i) } }
+	flat := func(v float64) func(int) float64 { return func(int) float64 { return v } }
+	step := func(from int) func(int) float64 { // 0, then 1 from minute from on
+		return func(i int) float64 {
+			if i >= from {
+				return 1
+			}
+			return 0
+		}
+	}
+	tests := []struct {
+		alert       string
+		fire, quiet []s
+	}{
+		{"DedupgwStoreErrors",
+			[]s{{[]string{"__name__", "dedupgw_store_errors_total", "backend", "redis", "op", "claim"}, rising(5)}},
+			[]s{{[]string{"__name__", "dedupgw_store_errors_total", "backend", "redis", "op", "claim"}, flat(3)}}},
+		{"DedupgwFailOpenForwards",
+			[]s{{[]string{"__name__", "dedupgw_deliveries_total", "route", "orders", "outcome", "store_error"}, rising(10)}},
+			[]s{{[]string{"__name__", "dedupgw_deliveries_total", "route", "orders", "outcome", "forwarded"}, rising(10)},
+				{[]string{"__name__", "dedupgw_deliveries_total", "route", "orders", "outcome", "store_error"}, flat(4)}}},
+		{"DedupgwUpstreamFailing",
+			[]s{{[]string{"__name__", "dedupgw_releases_total", "route", "orders", "reason", "upstream_status"}, rising(20)},
+				{[]string{"__name__", "dedupgw_deliveries_total", "route", "orders", "outcome", "forwarded"}, rising(100)},
+				{[]string{"__name__", "dedupgw_deliveries_total", "route", "orders", "outcome", "duplicate"}, rising(900)}},
+			[]s{{[]string{"__name__", "dedupgw_releases_total", "route", "orders", "reason", "upstream_status"}, rising(5)},
+				{[]string{"__name__", "dedupgw_deliveries_total", "route", "orders", "outcome", "forwarded"}, rising(100)}}},
+		{"DedupgwShutdownReleases",
+			[]s{{[]string{"__name__", "dedupgw_releases_total", "route", "orders", "reason", "shutdown"}, step(10)}},
+			[]s{{[]string{"__name__", "dedupgw_releases_total", "route", "orders", "reason", "timeout"}, rising(1)},
+				{[]string{"__name__", "dedupgw_releases_total", "route", "orders", "reason", "shutdown"}, flat(0)}}},
+		{"DedupgwLostCommits",
+			[]s{{[]string{"__name__", "dedupgw_leases_lost_total", "route", "orders", "op", "commit"}, step(15)}},
+			[]s{{[]string{"__name__", "dedupgw_leases_lost_total", "route", "orders", "op", "release"}, rising(1)},
+				{[]string{"__name__", "dedupgw_leases_lost_total", "route", "orders", "op", "commit"}, flat(2)}}},
+		{"DedupgwBoltCheckpointsFailing",
+			[]s{{[]string{"__name__", "dedupgw_bolt_checkpoint_failures_total"}, rising(1)}},
+			[]s{{[]string{"__name__", "dedupgw_bolt_checkpoint_failures_total"}, flat(7)}}},
+		{"DedupgwBoltJournalFilling",
+			[]s{{[]string{"__name__", "dedupgw_bolt_journal_backlog_bytes"}, flat(3_000_000)},
+				{[]string{"__name__", "dedupgw_bolt_journal_backlog_limit_bytes"}, flat(4 << 20)}},
+			[]s{{[]string{"__name__", "dedupgw_bolt_journal_backlog_bytes"}, flat(1_000_000)},
+				{[]string{"__name__", "dedupgw_bolt_journal_backlog_limit_bytes"}, flat(4 << 20)}}},
+	}
+	if len(tests) != len(exprs) {
+		t.Errorf("got scenarios for %d alerts, want one for each of the file's %d", len(tests), len(exprs))
+	}
+	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1_000_000, Timeout: time.Minute})
+	t.Cleanup(func() { _ = engine.Close() })
+	start := time.Unix(1_796_000_000, 0)
+	eval := func(t *testing.T, expr string, loaded []s) promql.Vector {
+		t.Helper()
+		var all []storage.Series
+		for _, ls := range loaded {
+			lset := labels.FromStrings(append([]string{"namespace", "shop", "job", "hooks-dedupgw", "instance", "10.0.0.7:9090"}, ls.labels...)...)
+			var samples []chunks.Sample
+			for i := 0; i <= 20; i++ {
+				samples = append(samples, floatSample{t: start.Add(time.Duration(i) * time.Minute).UnixMilli(), f: ls.at(i)})
+			}
+			all = append(all, storage.NewListSeries(lset, samples))
+		}
+		q := &storage.MockQueryable{MockQuerier: &storage.MockQuerier{SelectMockFunction: func(_ bool, _ *storage.SelectHints, ms ...*labels.Matcher) storage.SeriesSet {
+			var out []storage.Series
+			for _, sr := range all {
+				if matchAll(sr.Labels(), ms) {
+					out = append(out, sr)
+				}
+			}
+			slices.SortFunc(out, func(a, b storage.Series) int { return labels.Compare(a.Labels(), b.Labels()) })
+			return &seriesSet{list: out, i: -1}
+		}}}
+		qry, err := engine.NewInstantQuery(context.Background(), q, nil, expr, start.Add(20*time.Minute))
+		if err != nil {
+			t.Fatalf("query %s: %v", expr, err)
+		}
+		defer qry.Close()
+		res := qry.Exec(context.Background())
+		if res.Err != nil {
+			t.Fatalf("evaluate %s: %v", expr, res.Err)
+		}
+		v, err := res.Vector()
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	for _, tt := range tests {
+		t.Run(tt.alert, func(t *testing.T) {
+			expr, ok := exprs[tt.alert]
+			if !ok {
+				t.Fatalf("alert %s: not in the rule file", tt.alert)
+			}
+			fired := eval(t, expr, tt.fire)
+			if len(fired) != 1 {
+				t.Fatalf("where it should fire: got %v, want one series (%s)", fired, expr)
+			}
+			for _, l := range []string{"namespace", "job"} {
+				if fired[0].Metric.Get(l) == "" {
+					t.Errorf("firing series %v: got no %s label, want it kept (two deployments must alert apart)", fired[0].Metric, l)
+				}
+			}
+			if quiet := eval(t, expr, tt.quiet); len(quiet) != 0 {
+				t.Errorf("where it should stay quiet: got %v, want nothing (%s)", quiet, expr)
+			}
+		})
+	}
+}
+
+// matchAll reports whether lset satisfies every matcher.
+func matchAll(lset labels.Labels, ms []*labels.Matcher) bool {
+	for _, m := range ms {
+		if !m.Matches(lset.Get(m.Name)) {
+			return false
+		}
+	}
+	return true
+}
+
+// seriesSet is a storage.SeriesSet over a slice.
+type seriesSet struct {
+	list []storage.Series
+	i    int
+}
+
+func (ss *seriesSet) Next() bool                        { ss.i++; return ss.i < len(ss.list) }
+func (ss *seriesSet) At() storage.Series                { return ss.list[ss.i] }
+func (ss *seriesSet) Err() error                        { return nil }
+func (ss *seriesSet) Warnings() annotations.Annotations { return nil }
+
+// floatSample is a float chunks.Sample.
+type floatSample struct {
+	t int64
+	f float64
+}
+
+func (s floatSample) T() int64                      { return s.t }
+func (s floatSample) ST() int64                     { return 0 }
+func (s floatSample) F() float64                    { return s.f }
+func (s floatSample) H() *histogram.Histogram       { return nil }
+func (s floatSample) FH() *histogram.FloatHistogram { return nil }
+func (s floatSample) Type() chunkenc.ValueType      { return chunkenc.ValFloat }
+func (s floatSample) Copy() chunks.Sample           { return s }
