@@ -225,6 +225,12 @@ type Store struct {
 	// later write was fdatasynced: Ping reports it, so readiness shows a
 	// store that cannot record (a full or failing disk).
 	journalErr atomic.Pointer[journalFailure]
+	// journalTight is set while timed rotations are put off (no room for
+	// another journal file: see rotatable) and the current file is over
+	// half full: claims that would be granted are refused, and Ping fails,
+	// so the room left takes the commits and releases of the claims
+	// already granted. The writer clears it when a rotation goes ahead.
+	journalTight atomic.Bool
 	// lastProbe is when a Claim last journalled a probe (unix ns on the
 	// store's clock) to find out whether the journal records again; see
 	// recording.
@@ -587,6 +593,12 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 
 	s.mu.Lock()
 	res, next, err := s.decideClaim(rk, now, opts, gen, disk)
+	if next != nil && s.journalTight.Load() {
+		// Granted, this claim's commit might find the journal full: the
+		// route's on_store_error decides instead, as for a failed journal.
+		s.mu.Unlock()
+		return dedup.ClaimResult{}, fmt.Errorf("boltstore: claim: %w", errJournalTight)
+	}
 	if next != nil && s.journalErr.Load() != nil {
 		// A key claimed now would be forwarded, and its commit could not
 		// be recorded: a copy would be forwarded again once the lease ran
@@ -617,6 +629,10 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	s.leases[string(rk)] = next
 	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.token, Record: next.record()}, nil
 }
+
+// errJournalTight is the error of claims and pings while journalTight is
+// set.
+var errJournalTight = errors.New("the disk has no room for another journal file and the current one is over half full: new claims wait until the checkpoints can write the database again")
 
 // decideClaim answers a claim of rk under s.mu: the result when it is not
 // granted, or the lease to grant (not yet stored). disk is the record the
@@ -950,6 +966,9 @@ func (s *Store) Ping(ctx context.Context) error {
 		return err
 	}
 	defer s.leave()
+	if s.journalTight.Load() {
+		return fmt.Errorf("boltstore: ping: %w", errJournalTight)
+	}
 	if s.journalErr.Load() != nil {
 		// Deliveries may have stopped (readiness took the gateway out), so
 		// nothing else may find out that the disk records again: probe,

@@ -1875,3 +1875,111 @@ func TestTimedRotationWithoutAFileKeepsWriting(t *testing.T) {
 		})
 	}
 }
+
+// On a full disk, while the journal has no room for another file, the
+// current file fills with the commits and releases of every claim. Before
+// it is full, new claims must stop (the route's on_store_error decides, and
+// readiness fails), so that every claim already granted, and forwarded,
+// finds room for its commit: a claim whose commit failed would have its
+// event forwarded again. Once a file is free again, claims resume.
+func TestFullJournalRefusesClaimsBeforeCommits(t *testing.T) {
+	var room atomic.Bool // whether the volume has room for new journal files
+	var made atomic.Int32
+	room.Store(true)
+	s, path := openTemp(t, Options{CheckpointInterval: time.Millisecond, preallocate: func(f *os.File) error {
+		if made.Add(1) > 2 && !room.Load() {
+			return errors.New("no space left on device")
+		}
+		return preallocate(f)
+	}})
+	ctx := context.Background()
+	room.Store(false)
+	s.checkpointMu.Lock() // the checkpoints cannot write the database either
+	held := true
+	defer func() {
+		if held {
+			s.checkpointMu.Unlock()
+		}
+	}()
+
+	// 64 claims outstanding, as 64 forwards in flight: each commit comes
+	// 64 claims after its claim.
+	const inFlight = 64
+	type claimed struct {
+		k     dedup.Key
+		token string
+	}
+	var pending []claimed
+	var committed []dedup.Key
+	commit := func(c claimed) {
+		t.Helper()
+		if err := s.Commit(ctx, c.k, c.token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+			t.Fatalf("commit of %s, claimed before the claims stopped: got %v, want nil", c.k.ID, err)
+		}
+		committed = append(committed, c.k)
+	}
+	refusedAt := -1
+	for i := 0; refusedAt < 0; i++ {
+		if i == 200_000 { // some 20,000 fill half a journal file
+			t.Fatalf("after %d claims on a full disk: got every one granted, want them refused before the journal file fills", i)
+		}
+		k := key("evt_" + strconv.Itoa(i))
+		res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Hour})
+		switch {
+		case errors.Is(err, errJournalTight):
+			refusedAt = i
+			continue
+		case err != nil:
+			t.Fatalf("claim %s: got %v, want granted or refused as the journal is tight", k.ID, err)
+		}
+		pending = append(pending, claimed{k, res.Token})
+		if len(pending) > inFlight {
+			commit(pending[0])
+			pending = pending[1:]
+		}
+	}
+	if err := s.Ping(ctx); !errors.Is(err, errJournalTight) {
+		t.Errorf("Ping while claims are refused: got %v, want %v (readiness fails)", err, errJournalTight)
+	}
+	for _, c := range pending { // the forwards in flight answer
+		commit(c)
+	}
+	if f := s.journalErr.Load(); f != nil {
+		t.Errorf("journal failure noted: got %v, want none (every commit found room)", f.err)
+	}
+
+	// Room again: a checkpoint hands a file back, a rotation goes ahead,
+	// and claims are granted again.
+	room.Store(true)
+	s.checkpointMu.Unlock()
+	held = false
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		_, err := s.Claim(ctx, key("evt_after"), dedup.ClaimOptions{Lease: time.Hour})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errJournalTight) || time.Now().After(deadline) {
+			t.Fatalf("claim once the disk has room: got %v, want it granted", err)
+		}
+		<-tick.C
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Errorf("Ping once the disk has room: got %v, want nil", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: got %v, want nil", err)
+	}
+	s2, err := Open(path, Options{SweepInterval: -1})
+	if err != nil {
+		t.Fatalf("Open again: got %v, want nil", err)
+	}
+	t.Cleanup(func() { _ = s2.Close() })
+	for _, k := range committed {
+		if rec, err := s2.Get(ctx, k); err != nil || rec.State != dedup.StateProcessed {
+			t.Fatalf("after a restart, %s: got (%v, %v), want processed", k.ID, rec.State, err)
+		}
+	}
+}

@@ -289,6 +289,9 @@ func (w *writer) commit(batch []*writeReq) {
 			}
 		}
 	}
+	if err == nil && writes > 0 && w.deferred {
+		w.noteTight()
+	}
 	if err == nil && writes > 0 {
 		s.recentMu.Lock()
 		seq := first
@@ -478,7 +481,20 @@ func (w *writer) rotatable() bool {
 		s.log.Warn("journal rotation put off: no room for another journal file while the sealed ones wait for a checkpoint; writes go on into the current file until it is full",
 			zap.String("segment", w.seg.path), zap.Error(err))
 	}
+	w.noteTight()
 	return false
+}
+
+// noteTight sets journalTight once the current segment, while rotations are
+// put off, is over half full (in bytes or entries): the other half is kept
+// for the commits and releases of the claims already granted.
+func (w *writer) noteTight() {
+	if w.seg == nil || w.s.journalTight.Load() || w.seg.size <= segmentBytes/2 && len(w.seg.keys) <= maxSegmentEntries/2 {
+		return
+	}
+	w.s.journalTight.Store(true)
+	w.s.log.Warn("journal nearly full with no room for another file: new claims are refused (the routes' on_store_error decides) and readiness fails until a checkpoint can write the database again",
+		zap.String("segment", w.seg.path), zap.Int64("bytes", w.seg.size), zap.Int("entries", len(w.seg.keys)))
 }
 
 // rotating ends a spell of rotations put off (see rotatable) and reports
@@ -486,6 +502,7 @@ func (w *writer) rotatable() bool {
 func (w *writer) rotating() bool {
 	if w.deferred {
 		w.deferred = false
+		w.s.journalTight.Store(false)
 		w.s.log.Info("journal rotation resumed")
 	}
 	return true
