@@ -536,11 +536,11 @@ const bigReplay = 2 << 10 // net/http's bufferBeforeChunkingSize
 func (g *Gateway) answerDuplicate(w http.ResponseWriter, r *http.Request, d *delivery, rec dedup.Record) int {
 	if d.rt.DuplicateResponse == Replay && rec.Response != nil {
 		rec.Response = replayFor(rec.Response, r.Header.Values("Accept-Encoding"), d.rt.MaxReplayBytes)
-	}
-	if d.rt.DuplicateResponse == Replay && rec.Response != nil && len(rec.Response.Body) > bigReplay {
-		rc := http.NewResponseController(w)
-		if g.writing.begin(rc, r, w, time.Now().Add(g.bodyTimeout)) {
-			defer g.writing.end(rc, r, false)
+		if rec.Response != nil && len(rec.Response.Body) > bigReplay {
+			rc := http.NewResponseController(w)
+			if g.writing.begin(rc, r, w, time.Now().Add(g.bodyTimeout)) {
+				defer g.writing.end(rc, r, false)
+			}
 		}
 	}
 	return writeDuplicate(w, d.rt, d.clientKey, rec)
