@@ -52,11 +52,19 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 				pr.Out.Header["X-Forwarded-For"] = xff
 			}
 			pr.SetXForwarded()
-			keepForwarded(pr.In, pr.Out.Header, g.trusted)
+			var dropped []string // the proxy headers an untrusted peer sent
+			if trustedPeer(pr.In.RemoteAddr, g.trusted) {
+				keepForwarded(pr.In, pr.Out.Header)
+			} else {
+				dropped = proxyHeaders
+				for _, name := range dropped {
+					delete(pr.Out.Header, name)
+				}
+			}
 			// Header.Del and Set with names already canonical: the map
 			// operations alone.
 			delete(pr.Out.Header, HeaderDedupKey)
-			deleteLookalikes(pr.Out.Header)
+			deleteLookalikes(pr.Out.Header, dropped)
 			// The body is already buffered: waiting for a 100 Continue
 			// would only delay the forward.
 			delete(pr.Out.Header, "Expect")
@@ -92,10 +100,10 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 	}
 }
 
-// keepForwarded puts the X-Forwarded-Proto and X-Forwarded-Host that in
-// carries into out, over the gateway's own view (http, and the Host the
-// request carried), when in comes from a trusted peer (an ingress, a load
-// balancer, a neighbour in the pod: see Options.TrustedProxies) and the
+// keepForwarded puts the X-Forwarded-Proto and X-Forwarded-Host that in, a
+// request from a trusted peer (an ingress, a load balancer, a neighbour in
+// the pod: see Options.TrustedProxies), carries into out, over the
+// gateway's own view (http, and the Host the request carried), when the
 // values are sound: every comma-separated item of every line a Proto of
 // http or https, or a Host without spaces or controls. Behind an ingress
 // that terminates TLS the app saw https and the public host before the
@@ -103,22 +111,11 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 // them. Another peer is not trusted with them (Rails' default trusted
 // proxies, for the same reason): it could name any host to the application.
 //
-// From another peer keepForwarded also deletes proxyHeaders, under their
-// own names and with "_" for "-" (Rack and PHP read X_Real_IP as
-// X-Real-IP): a sender would otherwise tell the application its own client
+// Another peer's proxyHeaders are dropped instead (the Rewrite in
+// newReverseProxy), under their own names and, by deleteLookalikes, with
+// "_" for "-": a sender would otherwise tell the application its own client
 // address, scheme, port or TLS client certificate.
-func keepForwarded(in *http.Request, out http.Header, trusted []netip.Prefix) {
-	if !trustedPeer(in.RemoteAddr, trusted) {
-		for _, name := range proxyHeaders {
-			delete(out, name)
-		}
-		for k := range out {
-			if strings.IndexByte(k, '_') >= 0 && slices.Contains(proxyHeaders, http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-"))) {
-				delete(out, k)
-			}
-		}
-		return
-	}
+func keepForwarded(in *http.Request, out http.Header) {
 	if v := in.Header["X-Forwarded-Proto"]; everyItem(v, func(p string) bool { return strings.EqualFold(p, "https") || strings.EqualFold(p, "http") }) {
 		out["X-Forwarded-Proto"] = v
 	}
@@ -186,19 +183,20 @@ func trustedPeer(addr string, trusted []netip.Prefix) bool {
 var gatewaySet = []string{HeaderDedupKey, "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
 // deleteLookalikes deletes the headers whose names differ only in "_" for
-// "-" (and in case) from one the gateway sets or from another header of the
-// request: CGI-style servers (WSGI, PHP, Rack) map both to one HTTP_
-// variable, so a sender's Dedup_Key or X_Forwarded_For would reach such an
-// application as the gateway's own, and a Stripe_Signature or
+// "-" (and in case) from one the gateway sets, from one it dropped
+// (canonical names), or from another header of the request: CGI-style
+// servers (WSGI, PHP, Rack) map both to one HTTP_ variable, so a sender's
+// Dedup_Key, X_Forwarded_For or (untrusted) X_Real_IP would reach such an
+// application as the gateway's own or a proxy's, and a Stripe_Signature or
 // Idempotency_Key beside the real one could stand in for the value the
 // gateway checked. A name with "_" that collides with nothing passes.
-func deleteLookalikes(h http.Header) {
+func deleteLookalikes(h http.Header, dropped []string) {
 	for k := range h {
 		if strings.IndexByte(k, '_') < 0 {
 			continue
 		}
 		hyphens := http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-"))
-		if _, ok := h[hyphens]; ok || slices.Contains(gatewaySet, hyphens) {
+		if _, ok := h[hyphens]; ok || slices.Contains(gatewaySet, hyphens) || slices.Contains(dropped, hyphens) {
 			delete(h, k)
 		}
 	}
