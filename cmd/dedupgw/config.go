@@ -278,6 +278,15 @@ func namespaceOf(r Route) string {
 	return r.Name
 }
 
+// toleranceOf is r's signed-timestamp tolerance: its tolerance, else the
+// default.
+func toleranceOf(r Route) time.Duration {
+	if r.Tolerance != nil {
+		return *r.Tolerance
+	}
+	return defaultTolerance
+}
+
 // Signature is the generic provider's signature scheme; see
 // providers.GenericSignature for what empty fields mean.
 type Signature struct {
@@ -606,10 +615,6 @@ func (f *File) GatewayConfig() proxy.Config {
 		if len(methods) == 0 {
 			methods = []string{"POST"}
 		}
-		tol := defaultTolerance
-		if r.Tolerance != nil {
-			tol = *r.Tolerance
-		}
 		cfg.Routes = append(cfg.Routes, proxy.Route{
 			Name:                  r.Name,
 			Path:                  r.Path,
@@ -634,7 +639,7 @@ func (f *File) GatewayConfig() proxy.Config {
 				Provider:  providerOf(r),
 				Keys:      slices.Clone(r.Keys),
 				Secrets:   slices.Clone(r.Secrets),
-				Tolerance: tol,
+				Tolerance: toleranceOf(r),
 				Signature: providers.GenericSignature(r.Signature),
 			},
 		})

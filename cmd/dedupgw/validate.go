@@ -548,10 +548,7 @@ func (f *File) Warnings() []Problem {
 			}
 		}
 		if p.Window != nil && signsTimestamps(r) {
-			tol := defaultTolerance
-			if r.Tolerance != nil {
-				tol = *r.Tolerance
-			}
+			tol := toleranceOf(r)
 			if accepted := 2 * tol; *p.Window < accepted {
 				ws = append(ws, Problem{
 					Key: fmt.Sprintf("routes[%d].window", i),
