@@ -908,16 +908,7 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 		}
 		v.SetInt(int64(d))
 	case t == secretType:
-		switch x := raw.(type) {
-		case string:
-			v.SetString(x)
-		default:
-			if numberOrBool(raw) {
-				ps.add(path, "must be a string; %s", secretNotString)
-			} else {
-				ps.add(path, "%s", secretNotShown)
-			}
-		}
+		decodeSecret(raw, v, path, ps)
 	case t.Kind() == reflect.Pointer:
 		e := reflect.New(t.Elem())
 		n := len(*ps)
@@ -978,12 +969,8 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 		n := len(*ps)
 		for i, e := range list {
 			key := fmt.Sprintf("%s[%d]", path, i)
-			if secrets && numberOrBool(e) {
-				ps.add(key, "must be a string; %s", secretNotString)
-				continue
-			}
-			if _, isStr := e.(string); secrets && !isStr {
-				ps.add(key, "%s", secretNotShown)
+			if secrets {
+				decodeSecret(e, out.Index(i), key, ps)
 				continue
 			}
 			decode(e, out.Index(i), key, ps)
@@ -1028,6 +1015,23 @@ func decode(raw any, v reflect.Value, path string, ps *Problems) {
 		v.SetInt(n)
 	default:
 		panic(fmt.Sprintf("config: no decoder for %s at %s", t, path))
+	}
+}
+
+// decodeSecret stores raw, a secret as parsed from YAML, into v, a string:
+// a string as it is; anything else is a problem at path that does not show
+// the value, a number or a boolean (whose text YAML may have changed)
+// named as such.
+func decodeSecret(raw any, v reflect.Value, path string, ps *Problems) {
+	switch x := raw.(type) {
+	case string:
+		v.SetString(x)
+	default:
+		if numberOrBool(raw) {
+			ps.add(path, "must be a string; %s", secretNotString)
+		} else {
+			ps.add(path, "%s", secretNotShown)
+		}
 	}
 }
 
