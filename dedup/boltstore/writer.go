@@ -408,16 +408,8 @@ func (w *writer) open() error {
 			s.freeSlots = append(s.freeSlots, slot) // try it again next time
 			s.sealedMu.Unlock()
 		} else {
-			// Half created: never reuse it as if it were durable. Its
-			// number is free again: on a full disk every write tries a
-			// new file, and the names would count up without end.
-			if rerr := os.Remove(path); rerr == nil || errors.Is(rerr, fs.ErrNotExist) {
-				s.sealedMu.Lock()
-				if s.nextSlot == slot+1 {
-					s.nextSlot = slot
-				}
-				s.sealedMu.Unlock()
-			}
+			// Half created: never reuse it as if it were durable.
+			s.dropNewSlot(slot)
 			if w.awaitSlot() {
 				return w.open() // a checkpoint handed a file back: reuse it
 			}
@@ -465,13 +457,7 @@ func (w *writer) rotatable() bool {
 	free = len(s.freeSlots) > 0 // a checkpoint may have handed one back meanwhile
 	s.sealedMu.Unlock()
 	if !kept {
-		if rerr := os.Remove(path); rerr == nil || errors.Is(rerr, fs.ErrNotExist) {
-			s.sealedMu.Lock()
-			if s.nextSlot == slot+1 {
-				s.nextSlot = slot // as in open: the names must not count up
-			}
-			s.sealedMu.Unlock()
-		}
+		s.dropNewSlot(slot)
 	}
 	if kept || free {
 		return w.rotating()
@@ -483,6 +469,21 @@ func (w *writer) rotatable() bool {
 	}
 	w.noteTight()
 	return false
+}
+
+// dropNewSlot removes the journal file of slot, one just made that will not
+// be used, and gives its number back when no later one was taken: on a full
+// disk every try makes a new file, and the names would count up without
+// end.
+func (s *Store) dropNewSlot(slot int) {
+	if err := os.Remove(slotPath(s.path, slot)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	s.sealedMu.Lock()
+	if s.nextSlot == slot+1 {
+		s.nextSlot = slot
+	}
+	s.sealedMu.Unlock()
 }
 
 // noteTight sets journalTight once the current segment, while rotations are
