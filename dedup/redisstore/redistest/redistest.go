@@ -763,9 +763,9 @@ func (st *Sentinel) FailoverBy(sent *Server) {
 		if err != nil || len(addr) != 2 || addr[1] != strconv.Itoa(st.Replica.Port()) {
 			cmd := redis.NewStringCmd(ctx, "info", "sentinel")
 			_ = sc.Process(ctx, cmd)
-			info := cmd.Val()
-			tilted = tilted || strings.Contains(info, "sentinel_tilt:1")
-			if tilted && !again && time.Since(asked) > sentinelFailoverTimeout+time.Second && !strings.Contains(info, "sentinel_tilt:1") {
+			inTilt := hasLine(cmd.Val(), "sentinel_tilt:1")
+			tilted = tilted || inTilt
+			if tilted && !again && time.Since(asked) > sentinelFailoverTimeout+time.Second && !inTilt {
 				again = true // the first request timed out during the TILT
 				_ = sc.Failover(ctx, st.MasterName).Err()
 			}
