@@ -1857,21 +1857,7 @@ func TestTimedRotationWithoutAFileKeepsWriting(t *testing.T) {
 			refusedMu.Unlock()
 			s.checkpointMu.Unlock()
 			held = false
-			if err := s.Close(); err != nil {
-				t.Fatalf("Close: got %v, want nil", err)
-			}
-
-			s2, err := Open(path, Options{SweepInterval: -1})
-			if err != nil {
-				t.Fatalf("Open again: got %v, want nil", err)
-			}
-			t.Cleanup(func() { _ = s2.Close() })
-			for _, k := range settled {
-				rec, err := s2.Get(ctx, k)
-				if err != nil || rec.State != tc.want {
-					t.Fatalf("after a restart, %s: got (%v, %v), want (%v, nil)", k.ID, rec.State, err, tc.want)
-				}
-			}
+			wantAfterRestart(t, s, path, settled, tc.want)
 		})
 	}
 }
@@ -1969,6 +1955,13 @@ func TestFullJournalRefusesClaimsBeforeCommits(t *testing.T) {
 	if err := s.Ping(ctx); err != nil {
 		t.Errorf("Ping once the disk has room: got %v, want nil", err)
 	}
+	wantAfterRestart(t, s, path, committed, dedup.StateProcessed)
+}
+
+// wantAfterRestart closes s, opens its file at path again and fails t
+// unless each of keys is there in state want.
+func wantAfterRestart(t *testing.T, s *Store, path string, keys []dedup.Key, want dedup.State) {
+	t.Helper()
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: got %v, want nil", err)
 	}
@@ -1977,9 +1970,9 @@ func TestFullJournalRefusesClaimsBeforeCommits(t *testing.T) {
 		t.Fatalf("Open again: got %v, want nil", err)
 	}
 	t.Cleanup(func() { _ = s2.Close() })
-	for _, k := range committed {
-		if rec, err := s2.Get(ctx, k); err != nil || rec.State != dedup.StateProcessed {
-			t.Fatalf("after a restart, %s: got (%v, %v), want processed", k.ID, rec.State, err)
+	for _, k := range keys {
+		if rec, err := s2.Get(context.Background(), k); err != nil || rec.State != want {
+			t.Fatalf("after a restart, %s: got (%v, %v), want (%v, nil)", k.ID, rec.State, err, want)
 		}
 	}
 }
