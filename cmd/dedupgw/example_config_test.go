@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -156,15 +157,7 @@ func TestQuickStartServes(t *testing.T) {
 // sent to the example route it names, gives that key. The orders route
 // keys on what its signature covers, not on a header a sender picks.
 func TestWorkedExampleKeys(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(readme), "\n## A worked example with curl\n")
-	if !ok {
-		t.Fatal("README: got no worked example section")
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
+	section := readmeSection(t, "## A worked example with curl")
 	f, err := loadConfig(examplePath, envMap(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -206,4 +199,24 @@ func TestWorkedExampleKeys(t *testing.T) {
 	if checked < 2 {
 		t.Errorf("duplicate answers checked: got %d, want the orders and stripe ones (>= 2)", checked)
 	}
+}
+
+// readmeSection returns the README's section under heading (as written,
+// "## Title"), up to the next heading of its level or above (a "# "
+// comment line in a code block does not end it).
+func readmeSection(t *testing.T, heading string) string {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("README: got no %q section", heading)
+	}
+	level := len(heading) - len(strings.TrimLeft(heading, "#"))
+	if i := regexp.MustCompile(fmt.Sprintf(`\n#{2,%d} `, level)).FindStringIndex(section); i != nil {
+		section = section[:i[0]]
+	}
+	return section
 }

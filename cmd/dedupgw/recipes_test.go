@@ -11,7 +11,6 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -25,17 +24,7 @@ import (
 // providers" section, by route name.
 func readmeRecipes(t *testing.T) map[string]string {
 	t.Helper()
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(readme), "\n#### Recipes for other providers\n")
-	if !ok {
-		t.Fatal("README: got no \"Recipes for other providers\" section")
-	}
-	if i := regexp.MustCompile(`\n#{2,4} `).FindStringIndex(section); i != nil {
-		section = section[:i[0]]
-	}
+	section := readmeSection(t, "#### Recipes for other providers")
 	name := regexp.MustCompile(`(?m)^  - name: (\S+)$`)
 	recipes := map[string]string{}
 	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(section, -1) {
@@ -78,6 +67,14 @@ func changeHeader(name, value string) func(map[string]string, string) (map[strin
 		h = maps.Clone(h)
 		h[name] = value
 		return h, body
+	}
+}
+
+// replaceInHeader replaces old with new in the header name: an item of a
+// structured signature header.
+func replaceInHeader(name, old, new string) func(map[string]string, string) (map[string]string, string) {
+	return func(h map[string]string, body string) (map[string]string, string) {
+		return changeHeader(name, strings.Replace(h[name], old, new, 1))(h, body)
 	}
 }
 
@@ -152,12 +149,8 @@ func recipeDeliveries() map[string]recipeDelivery {
 			body:    paddleBody,
 			wantKey: "evt_01gks14ge726w50ch2tmaw2a1x",
 			tampered: map[string]func(map[string]string, string) (map[string]string, string){
-				"body": changeBody,
-				"timestamp": func(h map[string]string, body string) (map[string]string, string) {
-					h = maps.Clone(h)
-					h["Paddle-Signature"] = strings.Replace(h["Paddle-Signature"], "ts="+paddleTS, "ts=1671552778", 1)
-					return h, body
-				},
+				"body":      changeBody,
+				"timestamp": replaceInHeader("Paddle-Signature", "ts="+paddleTS, "ts=1671552778"),
 			},
 		},
 		"calendly": {
@@ -168,12 +161,8 @@ func recipeDeliveries() map[string]recipeDelivery {
 			},
 			body: calendlyBody,
 			tampered: map[string]func(map[string]string, string) (map[string]string, string){
-				"body": changeBody,
-				"timestamp": func(h map[string]string, body string) (map[string]string, string) {
-					h = maps.Clone(h)
-					h["Calendly-Webhook-Signature"] = strings.Replace(h["Calendly-Webhook-Signature"], "t="+calendlyTS, "t=1492774578", 1)
-					return h, body
-				},
+				"body":      changeBody,
+				"timestamp": replaceInHeader("Calendly-Webhook-Signature", "t="+calendlyTS, "t=1492774578"),
 			},
 		},
 		"linear": {
