@@ -32,15 +32,21 @@ func swSign(secret, id string, ts int64, body string) string {
 	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
 }
 
-func TestStandardWebhooksVerify(t *testing.T) {
+// swEd25519 returns a new Ed25519 key as a whpk_ secret, and the v1a entry
+// it signs swID, swTS and swBody with.
+func swEd25519(t *testing.T) (whpk, v1a string) {
+	t.Helper()
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatalf("GenerateKey: %v", err)
 	}
-	whpk := "whpk_" + base64.StdEncoding.EncodeToString(pub)
-	v1a := "v1a," + base64.StdEncoding.EncodeToString(ed25519.Sign(priv, []byte(fmt.Sprintf("%s.%d.%s", swID, swTS, swBody))))
-	otherPub, _, _ := ed25519.GenerateKey(rand.Reader)
-	otherWhpk := "whpk_" + base64.StdEncoding.EncodeToString(otherPub)
+	return "whpk_" + base64.StdEncoding.EncodeToString(pub),
+		"v1a," + base64.StdEncoding.EncodeToString(ed25519.Sign(priv, []byte(fmt.Sprintf("%s.%d.%s", swID, swTS, swBody))))
+}
+
+func TestStandardWebhooksVerify(t *testing.T) {
+	whpk, v1a := swEd25519(t)
+	otherWhpk, _ := swEd25519(t)
 	bareSecret := strings.TrimPrefix(swSecret, "whsec_")
 	ts := fmt.Sprint(swTS)
 
@@ -204,12 +210,7 @@ func FuzzWebhookSignatures(f *testing.F) {
 // checked, and only the first maxV1aSignatures v1a entries are tried (a
 // sender signs once per key it holds).
 func TestStandardWebhooksBoundsEd25519Work(t *testing.T) {
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatalf("GenerateKey: %v", err)
-	}
-	whpk := "whpk_" + base64.StdEncoding.EncodeToString(pub)
-	good := "v1a," + base64.StdEncoding.EncodeToString(ed25519.Sign(priv, []byte(fmt.Sprintf("%s.%d.%s", swID, swTS, swBody))))
+	whpk, good := swEd25519(t)
 	junk := func(n int) string {
 		return strings.TrimSpace(strings.Repeat("v1a,"+base64.StdEncoding.EncodeToString(make([]byte, ed25519.SignatureSize))+" ", n))
 	}
