@@ -153,7 +153,7 @@ func (v *genericVerifier) checkFields() error {
 		return fmt.Errorf("signature.separator: invalid separator %q (want \",\" or \";\")", v.separator)
 	}
 	for _, f := range []struct{ name, val string }{{"signature_field", v.sigField}, {"timestamp_field", v.tsField}} {
-		if f.val != "" && (!isItemKey(f.val)) {
+		if f.val != "" && !isItemKey(f.val) {
 			return fmt.Errorf("signature.%s: invalid item key %q (want letters, digits, - or _)", f.name, f.val)
 		}
 	}
