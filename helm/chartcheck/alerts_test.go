@@ -38,15 +38,21 @@ func parseRules(t *testing.T, what string, content []byte) *rulefmt.RuleGroups {
 	return groups
 }
 
-// TestAlertRuleFile: the rule file the chart ships loads into Prometheus as
-// it is, for users without the Operator, and every alert carries a severity
-// and a runbook.
-func TestAlertRuleFile(t *testing.T) {
+// shippedRules reads and checks (parseRules) the rule file the chart ships.
+func shippedRules(t *testing.T) *rulefmt.RuleGroups {
+	t.Helper()
 	raw, err := os.ReadFile(filepath.Join("..", "dedupgw", "alerts", "dedupgw.rules.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	groups := parseRules(t, "alerts/dedupgw.rules.yaml", raw)
+	return parseRules(t, "alerts/dedupgw.rules.yaml", raw)
+}
+
+// TestAlertRuleFile: the rule file the chart ships loads into Prometheus as
+// it is, for users without the Operator, and every alert carries a severity
+// and a runbook.
+func TestAlertRuleFile(t *testing.T) {
+	groups := shippedRules(t)
 	for _, g := range groups.Groups {
 		for _, r := range g.Rules {
 			if r.Alert == "" {
@@ -70,11 +76,7 @@ func TestPrometheusRule(t *testing.T) {
 	if r := decodeStrict(t, render(t, "dedupgw", "a", "ns")); len(r.PrometheusRules) != 0 {
 		t.Errorf("default values: got PrometheusRules %v, want none", keys(r.PrometheusRules))
 	}
-	raw, err := os.ReadFile(filepath.Join("..", "dedupgw", "alerts", "dedupgw.rules.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	shipped := parseRules(t, "alerts/dedupgw.rules.yaml", raw)
+	shipped := shippedRules(t)
 
 	for _, mode := range []string{"standalone", "sidecar"} {
 		t.Run(mode, func(t *testing.T) {
@@ -132,12 +134,8 @@ func TestPrometheusRule(t *testing.T) {
 // selector that names the wrong label value, or an aggregation that drops
 // a label the other side keeps, fails here though it parses.
 func TestAlertsFireWhenTheyShould(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "dedupgw", "alerts", "dedupgw.rules.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	exprs := map[string]string{}
-	for _, g := range parseRules(t, "alerts/dedupgw.rules.yaml", raw).Groups {
+	for _, g := range shippedRules(t).Groups {
 		for _, r := range g.Rules {
 			exprs[r.Alert] = r.Expr
 		}
