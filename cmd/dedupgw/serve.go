@@ -189,6 +189,9 @@ type server struct {
 	// across a reload, so the drain must outlast the timeouts of the routes
 	// a reload replaced, not only of the file in force.
 	longestTimeout time.Duration
+	// open opens the store; nil means openStore. Tests put a failing store
+	// here.
+	open func(Store, *zap.Logger) (dedup.Store, error)
 }
 
 // drainTimeout bounds the drain on SIGTERM: the longest upstream_timeout a
@@ -202,21 +205,28 @@ func (s *server) drainTimeout() time.Duration {
 // listener fails, then shuts down gracefully.
 func (s *server) run(sigs <-chan os.Signal) error {
 	f := s.file
-	store, err := openStore(f.Store, s.log)
+	open := s.open
+	if open == nil {
+		open = openStore
+	}
+	store, err := open(f.Store, s.log)
 	if err != nil {
 		return err
 	}
 	s.store = store
 	storeClosed := false
-	closeStore := func() {
+	closeStore := func() error {
 		storeClosed = true
 		if err := store.Close(); err != nil {
-			s.log.Error("closing the store", zap.Error(err))
+			return fmt.Errorf("closing the store: %w", err)
 		}
+		return nil
 	}
 	defer func() {
 		if !storeClosed {
-			closeStore()
+			if err := closeStore(); err != nil {
+				s.log.Error("closing the store", zap.Error(err))
+			}
 		}
 	}()
 	// An unreachable store is no reason not to start: Redis may come up
@@ -370,9 +380,12 @@ loop:
 	if err := adminSrv.Shutdown(actx); err != nil {
 		_ = adminSrv.Close()
 	}
-	closeStore() // before the last line, which says all is done
+	// A store that cannot close cleanly (bolt: the last checkpoint failed,
+	// say on a full disk) fails the exit, so a supervisor sees it; what it
+	// did not write stays in its journal for the next start.
+	closeErr := closeStore() // before the last line, which says all is done
 	s.log.Info("dedupgw stopped", zap.Duration("drained_in", time.Since(start)))
-	return runErr
+	return errors.Join(runErr, closeErr)
 }
 
 // serveListener serves srv on l until Shutdown; name says which listener.

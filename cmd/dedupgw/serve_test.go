@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dedupgw/dedupgw/dedup"
 	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
@@ -372,6 +374,39 @@ func TestStoppedIsLoggedOnceTheStoreIsClosed(t *testing.T) {
 		}
 	default:
 		t.Error(`got no "dedupgw stopped" line`)
+	}
+}
+
+// closeFailingStore is a store whose Close reports err after closing it.
+type closeFailingStore struct {
+	dedup.Store
+	err error
+}
+
+func (s closeFailingStore) Close() error { return errors.Join(s.Store.Close(), s.err) }
+
+// TestStoreCloseFailureFailsTheExit: a store that did not close cleanly
+// (bolt's last checkpoint failing on a full disk) makes run return an error,
+// which exits 1, so a supervisor sees the stop was not clean.
+func TestStoreCloseFailureFailsTheExit(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dir := t.TempDir()
+	cfg, _ := tokenConfig(t, dir, "http://127.0.0.1:1")
+	f, err := loadConfig(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeErr := errors.New("boltstore: checkpoint: no space left on device")
+	s := &server{path: cfg, log: zap.NewNop(), level: zap.NewAtomicLevel(), file: f,
+		open: func(cfg Store, log *zap.Logger) (dedup.Store, error) {
+			st, err := openStore(cfg, log)
+			return closeFailingStore{st, closeErr}, err
+		}}
+	sigs := make(chan os.Signal, 1)
+	sigs <- syscall.SIGTERM // stops it as soon as it has started
+	err = s.run(sigs)
+	if !errors.Is(err, closeErr) || !strings.Contains(err.Error(), "closing the store") {
+		t.Errorf("run with a store whose Close fails: got %v, want %q wrapped as closing the store", err, closeErr)
 	}
 }
 
