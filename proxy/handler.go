@@ -388,10 +388,16 @@ func (g *Gateway) rejectFingerprint(w http.ResponseWriter, d *delivery) {
 
 // storeError applies on_store_error after a failed claim: forward without a
 // claim (fail open, Dedup-Status: store-error) or 503 with Retry-After.
+//
+// A fail-open forward is warned about every time, with its key: it is the
+// record of which events may reach the application twice. A rejection is
+// warned about sampled (see sampledLogsPerSecond): the sender retries it,
+// nothing needs reconciling, and an outage would otherwise double the log
+// (the delivery line already names each key and outcome).
 func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, err error) {
 	d.outcome = outcomeStoreError
 	if d.rt.OnStoreError == Reject {
-		d.rt.log.Warn("store unavailable: delivery rejected", keyField(d.clientKey), requestIDField(d.requestID), zap.Error(err))
+		d.rt.sampledLog.Warn("store unavailable: delivery rejected", keyField(d.clientKey), requestIDField(d.requestID), zap.Error(err))
 		d.answer = http.StatusServiceUnavailable
 		setDedupStatus(w.Header(), statusStoreError)
 		writeProblem(w, probStoreError.with(d.rt.Name, "the dedup store is unavailable; retry the delivery"), retryLaterSeconds)

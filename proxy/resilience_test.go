@@ -341,6 +341,45 @@ func TestLogLinesLeaveOutAnEmptyRequestID(t *testing.T) {
 	}
 }
 
+// TestStoreErrorWarnings: during a store outage a rejected delivery's
+// warning is sampled (the sender retries it; the delivery line and the
+// metric count each one), while every fail-open forward is warned about
+// with its key, the record of what may reach the application twice.
+func TestStoreErrorWarnings(t *testing.T) {
+	up := newUpstream(t, nil)
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	defer mem.Close()
+	fs := &flakyStore{Store: mem}
+	fs.down.Store(true)
+	rejecting := genericRoute("rejecting", "/hooks/rejecting", up.URL)
+	rejecting.OnStoreError = Reject
+	open := genericRoute("open", "/hooks/open", up.URL)
+	h := newHarness(t, Config{Routes: []Route{rejecting, open}}, harnessOpts{store: fs, logClock: fixedLogClock{}})
+	const n = 3 * sampledLogsPerSecond
+	for i := range n {
+		body := fmt.Sprintf(`{"id":"evt_%d"}`, i)
+		if resp := h.send("/hooks/rejecting", body); resp.Status != http.StatusServiceUnavailable {
+			t.Fatalf("rejecting route, store down: got %d, want 503", resp.Status)
+		}
+		if resp := h.send("/hooks/open", body); resp.Status != http.StatusOK {
+			t.Fatalf("fail-open route, store down: got %d, want 200", resp.Status)
+		}
+	}
+	if got := h.logs.FilterMessage("store unavailable: delivery rejected").Len(); got != sampledLogsPerSecond {
+		t.Errorf("rejected warnings within one second: got %d, want %d (sampled)", got, sampledLogsPerSecond)
+	}
+	keys := map[any]bool{}
+	for _, e := range h.logs.FilterMessage("store unavailable: forwarding without deduplication (fail open)").All() {
+		keys[e.ContextMap()["key"]] = true
+	}
+	if len(keys) != n {
+		t.Errorf("fail-open warnings: got %d distinct keys, want %d, one per delivery", len(keys), n)
+	}
+	if got := counterValue(t, h.gw.metrics.deliveries, "rejecting", outcomeStoreError); got != n {
+		t.Errorf("store_error deliveries on the rejecting route: got %v, want %d", got, n)
+	}
+}
+
 // TestWaitAcrossReplicas: two gateways share one store; a duplicate reaching
 // replica B while replica A forwards waits for A's result.
 func TestWaitAcrossReplicas(t *testing.T) {
