@@ -241,7 +241,9 @@ func (a *admin) key(w http.ResponseWriter, r *http.Request) (*route, dedup.Key, 
 
 // notFoundDetail explains a key the store has no record of. On a
 // client_identity route the stored key carries the client's scope, which
-// an operator holding only the client's own key would leave out.
+// an operator holding only the client's own key would leave out. With a
+// client_identity_secret the scope cannot be worked out from the
+// credential without the secret: the hint says so, and never shows it.
 func notFoundDetail(rt *route, id string) string {
 	const detail = "the store has no record of this key"
 	if rt.ClientIdentity == "" {
@@ -250,7 +252,11 @@ func notFoundDetail(rt *route, id string) string {
 	if scope, _, ok := strings.Cut(id, ":"); ok && len(scope) == clientScopeLen {
 		return detail
 	}
-	return detail + "; route " + rt.Name + " scopes keys per client (client_identity: " + rt.ClientIdentity + "): a stored key is " + strconv.Itoa(clientScopeLen) + " hex digits, a colon, then the client's key, as in the application's Dedup-Key after its namespace (unless that shows a sha256: hash)"
+	digest := "SHA-256 of the client's " + rt.ClientIdentity + " value"
+	if rt.scopeMAC != nil {
+		digest = "HMAC-SHA256 of the client's " + rt.ClientIdentity + " value, keyed with the route's client_identity_secret"
+	}
+	return detail + "; route " + rt.Name + " scopes keys per client (client_identity: " + rt.ClientIdentity + "): a stored key is the first " + strconv.Itoa(clientScopeLen) + " hex digits of the " + digest + ", a colon, then the client's key, as in the application's Dedup-Key after its namespace (unless that shows a sha256: hash)"
 }
 
 func (a *admin) getKey(w http.ResponseWriter, r *http.Request) {

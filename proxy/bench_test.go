@@ -8,10 +8,12 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupgw/dedupgw/dedup/memstore"
+	"github.com/dedupgw/dedupgw/providers"
 )
 
 // BenchmarkHandler measures the handler in process (httptest recorder in,
@@ -63,7 +65,8 @@ func BenchmarkHandler(b *testing.B) {
 // BenchmarkAPIDuplicate measures a retry of a completed request with a 1 KiB
 // JSON body on a memstore: a plain keyed route (one claim, JSON ack) against
 // an API idempotency route (fingerprint with an excluded field, client scope,
-// a read before the claim, replayed answer).
+// a read before the claim, replayed answer), and the same route with its
+// client scope keyed by a client_identity_secret.
 func BenchmarkAPIDuplicate(b *testing.B) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -76,7 +79,9 @@ func BenchmarkAPIDuplicate(b *testing.B) {
 	plain := genericRoute("plain", "/plain", up.URL)
 	api := paymentsRoute(up.URL)
 	api.ClientIdentity = "Authorization"
-	gw, err := New(Config{Routes: []Route{plain, api}}, store, Options{Registerer: prometheus.NewRegistry(), Backend: "memory"})
+	keyed := api
+	keyed.Name, keyed.Path, keyed.ClientIdentitySecret = "keyed", "/api/keyed/*", "0123456789abcdef"
+	gw, err := New(Config{Routes: []Route{plain, api, keyed}}, store, Options{Registerer: prometheus.NewRegistry(), Backend: "memory"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -90,7 +95,7 @@ func BenchmarkAPIDuplicate(b *testing.B) {
 		gw.ServeHTTP(rec, req)
 		return rec
 	}
-	for _, path := range []string{"/plain", payCharge} {
+	for _, path := range []string{"/plain", payCharge, "/api/keyed/charge"} {
 		if got := send(path).Header().Get(HeaderDedupStatus); got != statusForwarded {
 			b.Fatalf("%s first request: got Dedup-Status %q, want forwarded", path, got)
 		}
@@ -101,6 +106,34 @@ func BenchmarkAPIDuplicate(b *testing.B) {
 					b.Fatalf("got Dedup-Status %q, want duplicate", got)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkClientScope measures a client scope alone: the SHA-256 of the
+// Authorization value, and its HMAC-SHA256 with a client_identity_secret.
+func BenchmarkClientScope(b *testing.B) {
+	for _, tt := range []struct{ name, secret string }{
+		{"sha256", ""},
+		{"hmac-sha256", "0123456789abcdef"},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			r := paymentsRoute("http://127.0.0.1:3000")
+			r.ClientIdentity, r.ClientIdentitySecret = "Authorization", tt.secret
+			rt, errs := buildRoute(0, r, providers.New, time.Now)
+			if len(errs) > 0 {
+				b.Fatal(errs)
+			}
+			req := httptest.NewRequest(http.MethodPost, payCharge, nil)
+			req.Header.Set("Authorization", "Basic YWxpY2U6aHVudGVyMg==")
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, ok, _ := rt.clientScope(req); !ok {
+						b.Fatal("got no scope")
+					}
+				}
+			})
 		})
 	}
 }

@@ -15,6 +15,10 @@ const (
 	Replay  = "replay"  // duplicate_response
 )
 
+// MinClientIdentitySecret is the shortest Route.ClientIdentitySecret New
+// accepts, in bytes.
+const MinClientIdentitySecret = 16
+
 // Config is the plain-data configuration of a Gateway. The command line builds
 // it from the YAML file; tests build it directly.
 type Config struct {
@@ -90,12 +94,22 @@ type Route struct {
 	// key header) that scopes keys per client, so two clients using the same
 	// key never collide. The stored key (what /v1/keys addresses, and what
 	// Dedup-Key carries after the namespace) is "<scope>:<key>", where scope
-	// is the first 32 hex digits of the SHA-256 of the header's first value;
-	// the header's value itself is never stored. A delivery without the
-	// header (or with it empty) counts as having no key: on_missing_key
-	// decides (reject: 400; forward: forwarded unkeyed). Empty means keys
-	// are not scoped.
+	// is the first 32 hex digits of the SHA-256 of the header's first value
+	// (of its HMAC-SHA256 with ClientIdentitySecret when that is set); the
+	// header's value itself is never stored. A delivery without the header
+	// (or with it empty) counts as having no key: on_missing_key decides
+	// (reject: 400; forward: forwarded unkeyed). Empty means keys are not
+	// scoped.
 	ClientIdentity string
+	// ClientIdentitySecret, when set, keys the client scope: it is the first
+	// 32 hex digits of HMAC-SHA256(ClientIdentitySecret, header's value), so
+	// a stored key, which the application sees in Dedup-Key and the admin
+	// API shows, says nothing about the credential (an unsalted SHA-256 of
+	// a weak HTTP Basic password can be cracked offline). It needs
+	// ClientIdentity and at least MinClientIdentitySecret bytes. Changing it
+	// re-scopes every key: keys recorded under the old one are no longer
+	// found. Empty means the plain SHA-256.
+	ClientIdentitySecret string
 
 	// Provider configures key extraction and signature verification.
 	Provider providers.Config

@@ -182,7 +182,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	d.clientKey = id
 	if rt.ClientIdentity != "" {
-		scope, ok, twoIDs := clientScope(r, rt.ClientIdentity)
+		scope, ok, twoIDs := rt.clientScope(r)
 		if twoIDs {
 			// Refused whatever on_missing_key says, as an ambiguous key is.
 			g.reject(w, d, outcomeRejectedKey, probMissingKey.with(rt.Name, "the "+rt.ClientIdentity+" header appears more than once, with different values; this route scopes idempotency keys per client"))

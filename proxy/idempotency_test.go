@@ -213,6 +213,20 @@ func TestIdempotencyKeyMode(t *testing.T) {
 			wantUpstream: 2,
 		},
 		{
+			name: "client_identity_secret: replayed per client, as without it",
+			route: func(r *Route) {
+				r.ClientIdentity, r.ClientIdentitySecret = "Authorization", "0123456789abcdef"
+			},
+			steps: []apiStep{
+				{body: `{"amount":100}`, headers: []string{key1, asAlice}, wantStatus: 201, wantDedup: "forwarded", wantBody: created(0)},
+				{body: `{"amount":999}`, headers: []string{key1, asBob}, wantStatus: 201, wantDedup: "forwarded", wantBody: created(1)},
+				{body: `{"amount":100}`, headers: []string{key1, asAlice}, wantStatus: 201, wantDedup: "duplicate", wantBody: created(0)},
+				{body: `{"amount":999}`, headers: []string{key1, asAlice}, wantStatus: 422, wantDedup: "rejected"},
+				{body: `{"amount":100}`, headers: []string{key1}, wantStatus: 400, wantDedup: "rejected", wantBodyHas: "no Authorization header"},
+			},
+			wantUpstream: 2,
+		},
+		{
 			name:  "client_identity: no identity header is a missing key",
 			route: func(r *Route) { r.ClientIdentity = "Authorization" },
 			steps: []apiStep{
@@ -297,61 +311,151 @@ func scopedKey(identity, key string) string {
 	return hex.EncodeToString(sum[:])[:32] + ":" + key
 }
 
-// TestClientScopedKeyAddressing: the upstream's Dedup-Key names the stored
-// key, which the keys API finds; the ack names the client's own key.
-func TestClientScopedKeyAddressing(t *testing.T) {
-	up := newUpstream(t, createPayment)
-	r := paymentsRoute(up.URL)
-	r.ClientIdentity = "Authorization"
-	r.DuplicateResponse = Ack
-	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
-	h.send(payCharge, `{"amount":100}`, key1, asAlice)
-	dup := h.send(payCharge, `{"amount":100}`, key1, asAlice)
+// TestClientScope: the scope is the start of the header value's SHA-256,
+// or with client_identity_secret of its HMAC-SHA256 keyed with the secret.
+// The wanted values come from outside Go:
+//
+//	printf '%s' 'Bearer alice-token' | sha256sum
+//	printf '%s' 'Bearer alice-token' | openssl dgst -sha256 -hmac 0123456789abcdef
+//
+// Each route scopes its values twice, in turn, so a pooled HMAC that kept
+// anything of the value before shows.
+func TestClientScope(t *testing.T) {
+	const (
+		secret  = "0123456789abcdef"
+		other   = "fedcba9876543210"
+		oneByte = "0123456789abcdeg"
+	)
+	alice, bob := "Bearer alice-token", "Bearer bob-token"
+	long := "Basic " + strings.Repeat("a", 300) // more than one 128-byte chunk
+	tests := []struct {
+		name, secret, value, want string
+	}{
+		{"no secret: SHA-256", "", alice, "d747bee75cd0ee92b8d91359dd7d5e52"},
+		{"secret: HMAC-SHA256", secret, alice, "953c104bf982ad78a94dbd5cee2a3fd4"},
+		{"secret, another client", secret, bob, "927d7b9189d138c8f9584d9621f4b949"},
+		{"secret, a value longer than the buffer", secret, long, "8ad1bf10f96186f3fc0e5f36a6f8176e"},
+		{"another secret", other, alice, "37254d3faf35c7a216f16b2f59c3224e"},
+		{"a secret one byte off", oneByte, alice, "80992e9bf5d9c620c0ed0d026f3362ac"},
+		{"a secret longer than SHA-256's block", strings.Repeat("k", 70), alice, "9ec15d94bdbb76e71521c2421a395eed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := paymentsRoute("http://127.0.0.1:3000")
+			r.ClientIdentity, r.ClientIdentitySecret = "Authorization", tt.secret
+			rt, errs := buildRoute(0, r, providers.New, time.Now)
+			if len(errs) > 0 {
+				t.Fatal(errs)
+			}
+			for i, v := range []string{tt.value, alice + "x", tt.value} {
+				req := httptest.NewRequest(http.MethodPost, payCharge, nil)
+				req.Header.Set("Authorization", v)
+				scope, ok, ambiguous := rt.clientScope(req)
+				if !ok || ambiguous {
+					t.Fatalf("call %d: got ok %v, ambiguous %v; want a scope", i, ok, ambiguous)
+				}
+				if i != 1 && scope != tt.want {
+					t.Errorf("call %d: got scope %q, want %q", i, scope, tt.want)
+				}
+			}
+		})
+	}
+	// Two secrets, or none, scope one client apart.
+	seen := map[string]string{}
+	for _, tt := range tests {
+		if tt.value != alice {
+			continue
+		}
+		if prev, dup := seen[tt.want]; dup {
+			t.Errorf("%q and %q: got one scope %s for alice, want each secret its own", prev, tt.name, tt.want)
+		}
+		seen[tt.want] = tt.name
+	}
+}
 
-	stored := scopedKey("Bearer alice-token", "k1")
-	if got, want := up.request(0).Header.Get(HeaderDedupKey), "payments:"+stored; got != want {
-		t.Errorf("upstream Dedup-Key: got %q, want %q", got, want)
+// TestClientScopedKeyAddressing: the upstream's Dedup-Key names the stored
+// key, which the keys API finds; the ack names the client's own key. With
+// client_identity_secret the stored key's scope is the HMAC one (openssl
+// dgst -sha256 -hmac 0123456789abcdef, as in TestClientScope), the
+// unkeyed scope finds nothing, and the secret is in no answer or log line.
+func TestClientScopedKeyAddressing(t *testing.T) {
+	const secret = "0123456789abcdef"
+	tests := []struct {
+		name, secret string
+		stored       string // the stored key of alice's k1
+		other        string // a scoped key of alice's k1 that must not be found
+		hint         string // in the 404 for the client's own key
+	}{
+		{"no secret", "", scopedKey("Bearer alice-token", "k1"), scopedKey("Bearer bob-token", "k1"),
+			"scopes keys per client (client_identity: Authorization): a stored key is the first 32 hex digits of the SHA-256 of the client's Authorization value, a colon, then the client's key"},
+		{"client_identity_secret", secret, "953c104bf982ad78a94dbd5cee2a3fd4:k1", scopedKey("Bearer alice-token", "k1"),
+			"scopes keys per client (client_identity: Authorization): a stored key is the first 32 hex digits of the HMAC-SHA256 of the client's Authorization value, keyed with the route's client_identity_secret, a colon, then the client's key"},
 	}
-	if !hasBody(dup.Body, `"key":"k1"`) {
-		t.Errorf("duplicate ack: got %s, want the client's key \"k1\"", dup.Body)
-	}
-	admin := httptest.NewServer(NewAdmin(h.gw, h.store, AdminOptions{}))
-	defer admin.Close()
-	resp, err := admin.Client().Get(admin.URL + "/v1/keys/payments/" + stored)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Errorf("GET /v1/keys/payments/%s: got %d, want 200", stored, resp.StatusCode)
-	}
-	// An identity header repeated with different values identifies no one:
-	// which one the application reads is not the gateway's to guess.
-	if resp := h.send(payCharge, `{"amount":100}`, key1, asAlice, asBob); resp.Status != http.StatusBadRequest || !hasBody(resp.Body, "the Authorization header appears more than once, with different values") {
-		t.Errorf("two different identities: got %d %s, want 400 naming Authorization", resp.Status, resp.Body)
-	}
-	if resp := h.send(payCharge, `{"amount":100}`, key1, asAlice, asAlice); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "duplicate" {
-		t.Errorf("one identity sent twice: got %d %s, want the duplicate ack", resp.Status, resp.Header.Get(HeaderDedupStatus))
-	}
-	// The client's own key is not the stored one: the 404 says how to
-	// spell it; a scoped key that is absent gets the plain answer.
-	for _, tt := range []struct{ key, want, not string }{
-		{"k1", "scopes keys per client (client_identity: Authorization): a stored key is 32 hex digits, a colon, then the client's key", ""},
-		{scopedKey("Bearer bob-token", "k1"), "the store has no record of this key", "scopes keys"},
-	} {
-		resp, err := admin.Client().Get(admin.URL + "/v1/keys/payments/" + tt.key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), tt.want) || tt.not != "" && strings.Contains(string(body), tt.not) {
-			t.Errorf("GET /v1/keys/payments/%s: got %d %s, want 404 saying %q", tt.key, resp.StatusCode, body, tt.want)
-		}
-	}
-	rec, err := h.record("payments", stored)
-	if err != nil || rec.Fingerprint == "" {
-		t.Errorf("stored record: got %+v, %v; want one with a fingerprint", rec, err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, createPayment)
+			r := paymentsRoute(up.URL)
+			r.ClientIdentity, r.ClientIdentitySecret = "Authorization", tc.secret
+			r.DuplicateResponse = Ack
+			h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+			h.send(payCharge, `{"amount":100}`, key1, asAlice)
+			dup := h.send(payCharge, `{"amount":100}`, key1, asAlice)
+
+			if got, want := up.request(0).Header.Get(HeaderDedupKey), "payments:"+tc.stored; got != want {
+				t.Errorf("upstream Dedup-Key: got %q, want %q", got, want)
+			}
+			if dup.Header.Get(HeaderDedupStatus) != "duplicate" || !hasBody(dup.Body, `"key":"k1"`) {
+				t.Errorf("duplicate ack: got %s %s, want a duplicate naming the client's key \"k1\"", dup.Header.Get(HeaderDedupStatus), dup.Body)
+			}
+			admin := httptest.NewServer(NewAdmin(h.gw, h.store, AdminOptions{}))
+			defer admin.Close()
+			resp, err := admin.Client().Get(admin.URL + "/v1/keys/payments/" + tc.stored)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("GET /v1/keys/payments/%s: got %d, want 200", tc.stored, resp.StatusCode)
+			}
+			// An identity header repeated with different values identifies no one:
+			// which one the application reads is not the gateway's to guess.
+			if resp := h.send(payCharge, `{"amount":100}`, key1, asAlice, asBob); resp.Status != http.StatusBadRequest || !hasBody(resp.Body, "the Authorization header appears more than once, with different values") {
+				t.Errorf("two different identities: got %d %s, want 400 naming Authorization", resp.Status, resp.Body)
+			}
+			if resp := h.send(payCharge, `{"amount":100}`, key1, asAlice, asAlice); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "duplicate" {
+				t.Errorf("one identity sent twice: got %d %s, want the duplicate ack", resp.Status, resp.Header.Get(HeaderDedupStatus))
+			}
+			// The client's own key is not the stored one: the 404 says how to
+			// spell it; a scoped key that is absent gets the plain answer.
+			for _, tt := range []struct{ key, want, not string }{
+				{"k1", tc.hint, ""},
+				{tc.other, "the store has no record of this key", "scopes keys"},
+			} {
+				resp, err := admin.Client().Get(admin.URL + "/v1/keys/payments/" + tt.key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), tt.want) || tt.not != "" && strings.Contains(string(body), tt.not) {
+					t.Errorf("GET /v1/keys/payments/%s: got %d %s, want 404 saying %q", tt.key, resp.StatusCode, body, tt.want)
+				}
+				if tc.secret != "" && strings.Contains(string(body), tc.secret) {
+					t.Errorf("GET /v1/keys/payments/%s: got %s, want the secret not shown", tt.key, body)
+				}
+			}
+			rec, err := h.record("payments", tc.stored)
+			if err != nil || rec.Fingerprint == "" {
+				t.Errorf("stored record: got %+v, %v; want one with a fingerprint", rec, err)
+			}
+			if tc.secret != "" {
+				for _, e := range h.logs.All() {
+					if line := fmt.Sprint(e.Message, e.ContextMap()); strings.Contains(line, tc.secret) {
+						t.Errorf("log line shows the client_identity_secret: %s", line)
+					}
+				}
+			}
+		})
 	}
 }
 

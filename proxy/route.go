@@ -41,6 +41,9 @@ type route struct {
 	// metrics are the route's series, set by the Gateway before the route
 	// serves (New, Reload).
 	metrics *routeMetrics
+	// scopeMAC keys the client scope with ClientIdentitySecret; nil when
+	// the route has none (the scope is then the plain SHA-256).
+	scopeMAC *scopeMAC
 }
 
 // routeLabel names a route in validation errors: "routes[1] (stripe)".
@@ -412,6 +415,18 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 		}
 		if !slices.Contains(p.allowed, *p.v) {
 			bad(p.field, "%q must be one of %s", *p.v, strings.Join(p.allowed, ", "))
+		}
+	}
+
+	// Neither message shows the secret.
+	if r.ClientIdentitySecret != "" {
+		if r.ClientIdentity == "" {
+			bad("client_identity_secret", "is set without client_identity (it keys the hash of that header's value)")
+		}
+		if len(r.ClientIdentitySecret) < MinClientIdentitySecret {
+			bad("client_identity_secret", "is shorter than %d bytes (the value is not shown)", MinClientIdentitySecret)
+		} else {
+			rt.scopeMAC = newScopeMAC(r.ClientIdentitySecret)
 		}
 	}
 

@@ -75,6 +75,16 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			return []Route{r}
 		}, []string{"routes[0].secrets[0] is empty"}},
 		{"generic without keys", func() []Route { r := good(); r.Provider = providers.Config{}; return []Route{r} }, []string{"routes[0].keys:"}},
+		{"client_identity_secret shorter than 16 bytes", func() []Route {
+			r := good()
+			r.ClientIdentity, r.ClientIdentitySecret = "Authorization", "fifteen-bytes!!"
+			return []Route{r}
+		}, []string{"routes[0].client_identity_secret: is shorter than 16 bytes (the value is not shown)"}},
+		{"client_identity_secret without client_identity", func() []Route {
+			r := good()
+			r.ClientIdentitySecret = "0123456789abcdef"
+			return []Route{r}
+		}, []string{"routes[0].client_identity_secret: is set without client_identity"}},
 	}
 	store := memstore.New(memstore.Options{SweepInterval: -1})
 	defer store.Close()
@@ -88,6 +98,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("got error %q, want it to contain %q", err, w)
+				}
+			}
+			for _, r := range tc.routes() {
+				if r.ClientIdentitySecret != "" && strings.Contains(err.Error(), r.ClientIdentitySecret) {
+					t.Errorf("got error %q, want it not to show the client_identity_secret", err)
 				}
 			}
 		})
