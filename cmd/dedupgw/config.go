@@ -258,6 +258,12 @@ type Route struct {
 	FingerprintExclude []string `config:"fingerprint_exclude"`
 	// ClientIdentity names a header whose hash scopes keys per client.
 	ClientIdentity string `config:"client_identity"`
+	// ClientIdentitySecret, when set, keys that hash (HMAC-SHA256), so a
+	// stored key says nothing about the credential. It needs
+	// ClientIdentity and at least proxy.MinClientIdentitySecret bytes; set
+	// but empty (a ${VAR} left unset) is an error, not the plain hash. Nil
+	// means the plain SHA-256.
+	ClientIdentitySecret *secret `config:"client_identity_secret"`
 	// Policy overrides the defaults: block for this route.
 	Policy `config:",squash"`
 }
@@ -276,6 +282,14 @@ func namespaceOf(r Route) string {
 		return r.Namespace
 	}
 	return r.Name
+}
+
+// identitySecretOf is r's client_identity_secret, "" when unset.
+func identitySecretOf(r Route) string {
+	if r.ClientIdentitySecret == nil {
+		return ""
+	}
+	return string(*r.ClientIdentitySecret)
 }
 
 // toleranceOf is r's signed-timestamp tolerance: its tolerance, else the
@@ -635,6 +649,7 @@ func (f *File) GatewayConfig() proxy.Config {
 			MaxReplayBytes:        *p.MaxReplayBytes,
 			ReplayHeaders:         append([]string{}, p.ReplayHeaders...),
 			ClientIdentity:        r.ClientIdentity,
+			ClientIdentitySecret:  identitySecretOf(r),
 			Provider: providers.Config{
 				Provider:  providerOf(r),
 				Keys:      slices.Clone(r.Keys),

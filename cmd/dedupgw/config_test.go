@@ -1425,3 +1425,109 @@ func TestSharedNamespaceIsWarned(t *testing.T) {
 			"  - name: b\n    path: /b\n    upstream: http://x\n    keys: [\"json:id\"]\n    namespace: shared\n", "routes[1].namespace", "")
 	})
 }
+
+// TestClientIdentitySecret: client_identity_secret is a secret as
+// admin.token and secrets are (expanded from the environment, refused when
+// YAML would change it, never shown), at least 16 bytes, and only with
+// client_identity. Set but empty is an error rather than the plain hash.
+func TestClientIdentitySecret(t *testing.T) {
+	const (
+		good  = "k7Qp-2xV9s-Lm4Rt-8zWc"
+		short = "short-s3cret" // 12 bytes
+		key   = "routes[0].client_identity_secret"
+	)
+	scoped := func(secret string) string {
+		return minimal + "    client_identity: Authorization\n    client_identity_secret: " + secret + "\n"
+	}
+	tests := []struct {
+		name       string
+		text       string
+		env        map[string]string
+		want       []string
+		wantSecret string // in the proxy's route, when the file is valid
+	}{
+		{"absent", minimal + "    client_identity: Authorization\n", nil, nil, ""},
+		{"from the environment", scoped(`"${CIS}"`), map[string]string{"CIS": good}, nil, good},
+		{"written in the file", scoped(`"` + good + `"`), nil, nil, good},
+		{"16 bytes", scoped(`"0123456789abcdef"`), nil, nil, "0123456789abcdef"},
+		{"shorter than 16 bytes", scoped(`"${CIS}"`), map[string]string{"CIS": short}, []string{
+			key + ": is shorter than 16 bytes (the value is not shown); use a random one, e.g. from openssl rand -hex 32",
+		}, ""},
+		{"15 bytes", scoped(`"0123456789abcde"`), nil, []string{
+			key + ": is shorter than 16 bytes (the value is not shown); use a random one, e.g. from openssl rand -hex 32",
+		}, ""},
+		{"from an unset variable", scoped(`"${CIS}"`), nil, []string{
+			key + ": must not be empty (environment variable CIS is not set) (omit the key to hash client identities without a secret)",
+		}, ""},
+		{"empty", scoped(`""`), nil, []string{
+			key + ": must not be empty (omit the key to hash client identities without a secret)",
+		}, ""},
+		{"part from an unset variable", scoped(`"${CIS}${SUFFIX}"`), map[string]string{"CIS": good}, []string{
+			key + ": environment variable SUFFIX is not set (the secret would be only the rest of its text)",
+		}, ""},
+		{"without client_identity", minimal + "    client_identity_secret: \"${CIS}\"\n", map[string]string{"CIS": good}, []string{
+			key + ": is set without client_identity (it keys the hash of that header's value)",
+		}, ""},
+		{"YAML reads it as a number", scoped("01234567012345670123"), nil, []string{
+			key + ": must be a string; YAML reads it as a number or a boolean, whose text can change on the way (0123 is octal 83, 1e5 the float 100000); quote it (the value is not shown)",
+		}, ""},
+		{"YAML reads it as a date", scoped("2024-01-01"), nil, []string{key + ": want a string; quote it (the value is not shown)"}, ""},
+		{"a mapping", scoped("{a: b}"), nil, []string{key + ": want a string; quote it (the value is not shown)"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, got := loadText(t, tt.text, tt.env)
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("got problems\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(tt.want, "\n  "))
+			}
+			for _, p := range got {
+				for _, s := range []string{good, short, "01234567012345670123", "0123456789abcde"} {
+					if strings.Contains(p, s) {
+						t.Errorf("problem %q shows the secret", p)
+					}
+				}
+			}
+			if tt.want != nil {
+				return
+			}
+			if got := f.GatewayConfig().Routes[0].ClientIdentitySecret; got != tt.wantSecret {
+				t.Errorf("proxy route's ClientIdentitySecret: got %q, want %q", got, tt.wantSecret)
+			}
+			if err := tryGateway(f); err != nil {
+				t.Errorf("building the gateway: got %v, want nil", err)
+			}
+		})
+	}
+}
+
+// TestValidateDoesNotShowClientIdentitySecret runs validate on a valid and
+// an invalid file: the secret is in neither's output, and the problem names
+// the key and the route.
+func TestValidateDoesNotShowClientIdentitySecret(t *testing.T) {
+	const secret = "k7Qp-2xV9s-Lm4Rt-8zWc"
+	tests := []struct {
+		name     string
+		identity string
+		code     int
+		want     string // in stderr
+	}{
+		{"valid", "    client_identity: Authorization\n", exitOK, ""},
+		{"without client_identity", "", exitFail, `routes[0].client_identity_secret: is set without client_identity (it keys the hash of that header's value) (route "orders")`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("CIS", secret)
+			path := writeConfig(t, minimal+tt.identity+"    duplicate_response: replay\n    client_identity_secret: \"${CIS}\"\n")
+			var stdout, stderr strings.Builder
+			if got := run([]string{"validate", "--config", path}, &stdout, &stderr); got != tt.code {
+				t.Errorf("exit: got %d, want %d (stdout %q, stderr %q)", got, tt.code, stdout.String(), stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tt.want) {
+				t.Errorf("stderr: got %q, want it to contain %q", stderr.String(), tt.want)
+			}
+			if out := stdout.String() + stderr.String(); strings.Contains(out, secret) {
+				t.Errorf("validate output shows the secret: %q", out)
+			}
+		})
+	}
+}

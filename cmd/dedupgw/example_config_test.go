@@ -26,12 +26,14 @@ var exampleSecrets = map[string]string{
 	"SLACK_SIGNING_SECRET":      "slack-example",
 	"ORDERS_WEBHOOK_SECRET":     "orders-example",
 	"ORDERS_WEBHOOK_SECRET_OLD": "orders-example-old",
+	"CLIENT_IDENTITY_SECRET":    "client-identity-example-secret",
 }
 
 // TestExampleConfig checks config.example.yaml both ways a user meets it:
 // as shipped (secrets commented out, no environment: the quick start) and
-// with its secrets: lines enabled and their variables set. Both must pass
-// validate, including building the gateway's routes.
+// with its secrets: and client_identity_secret: lines enabled and their
+// variables set. Both must pass validate, including building the gateway's
+// routes.
 func TestExampleConfig(t *testing.T) {
 	text, err := os.ReadFile(examplePath)
 	if err != nil {
@@ -41,14 +43,19 @@ func TestExampleConfig(t *testing.T) {
 	if enabled == string(text) {
 		t.Fatal("example has no commented secrets: lines to enable")
 	}
+	keyed := strings.ReplaceAll(enabled, "# client_identity_secret:", "client_identity_secret:")
+	if keyed == enabled {
+		t.Fatal("example has no commented client_identity_secret: line to enable")
+	}
 	tests := []struct {
-		name        string
-		text        string
-		env         map[string]string
-		wantSecrets int // routes with secrets
+		name            string
+		text            string
+		env             map[string]string
+		wantSecrets     int // routes with secrets
+		wantScopeSecret int // routes with a client_identity_secret
 	}{
-		{"as shipped, no environment", string(text), nil, 0},
-		{"secrets enabled and set", enabled, exampleSecrets, 6},
+		{"as shipped, no environment", string(text), nil, 0, 0},
+		{"secrets enabled and set", keyed, exampleSecrets, 6, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,11 +67,14 @@ func TestExampleConfig(t *testing.T) {
 				t.Fatalf("building the gateway: got %v, want nil", err)
 			}
 			providersSeen := map[string]bool{}
-			withSecrets := 0
+			withSecrets, withScopeSecret := 0, 0
 			for _, r := range f.GatewayConfig().Routes {
 				providersSeen[r.Provider.Provider] = true
 				if len(r.Provider.Secrets) > 0 {
 					withSecrets++
+				}
+				if r.ClientIdentitySecret != "" {
+					withScopeSecret++
 				}
 			}
 			for _, p := range []string{providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack, providers.Generic} {
@@ -75,11 +85,14 @@ func TestExampleConfig(t *testing.T) {
 			if withSecrets != tt.wantSecrets {
 				t.Errorf("routes with secrets: got %d, want %d", withSecrets, tt.wantSecrets)
 			}
+			if withScopeSecret != tt.wantScopeSecret {
+				t.Errorf("routes with a client_identity_secret: got %d, want %d", withScopeSecret, tt.wantScopeSecret)
+			}
 		})
 	}
 
 	t.Run("secrets enabled but unset", func(t *testing.T) {
-		_, err := loadConfig(writeConfig(t, enabled), nil)
+		_, err := loadConfig(writeConfig(t, keyed), nil)
 		if err == nil || !strings.Contains(err.Error(), "environment variable STRIPE_WEBHOOK_SECRET is not set") {
 			t.Errorf("got %v, want the unset STRIPE_WEBHOOK_SECRET named", err)
 		}

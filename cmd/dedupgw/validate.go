@@ -401,6 +401,30 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 	if r.ClientIdentity != "" && !isToken(r.ClientIdentity) {
 		ps.add(key+".client_identity", "invalid header name %q", r.ClientIdentity)
 	}
+	f.checkIdentitySecret(ps, key, r)
+}
+
+// checkIdentitySecret checks a route's client_identity_secret, as
+// proxy.New does, without showing it. Set but empty is an error: a
+// ${VAR} left unset would otherwise hash without the secret, and re-scope
+// every key.
+func (f *File) checkIdentitySecret(ps *Problems, key string, r Route) {
+	if r.ClientIdentitySecret == nil {
+		return
+	}
+	k := key + ".client_identity_secret"
+	unset := f.unset[k]
+	switch s := *r.ClientIdentitySecret; {
+	case s == "":
+		ps.add(k, "%s (omit the key to hash client identities without a secret)", f.empty(k))
+	case len(unset) > 0:
+		ps.add(k, "environment variable %s is not set (the secret would be only the rest of its text)", strings.Join(unset, ", "))
+	case len(s) < proxy.MinClientIdentitySecret:
+		ps.add(k, "is shorter than %d bytes (the value is not shown); use a random one, e.g. from openssl rand -hex 32", proxy.MinClientIdentitySecret)
+	}
+	if r.ClientIdentity == "" {
+		ps.add(k, "is set without client_identity (it keys the hash of that header's value)")
+	}
 }
 
 func checkPath(ps *Problems, key, path, emptyMsg string) {
