@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -134,6 +135,96 @@ routes:
 		}
 	}
 	postWith(t, g2.url("/api/payments/charge"), `{"amount":300}`, "Idempotency-Key: k1", alice).want(t, "changed payload after restart", 422, "rejected", "")
+	if got := u.total.Load(); got != 2 {
+		t.Errorf("upstream requests: got %d, want 2", got)
+	}
+}
+
+// TestE2EClientIdentitySecret runs an API idempotency route with
+// client_identity_secret from the environment, with the real binary: the
+// application's Dedup-Key carries the HMAC scope (openssl dgst -sha256
+// -hmac 0123456789abcdef of "Bearer alice", first 32 hex digits), the retry
+// is replayed, and the keys CLI finds the stored key. A SIGHUP to another
+// secret re-scopes every key: it is warned about, without the secret, and
+// the same retry is forwarded again under the new scope. Neither secret is
+// ever logged.
+func TestE2EClientIdentitySecret(t *testing.T) {
+	const (
+		secret    = "0123456789abcdef"
+		rotated   = "fedcba9876543210"
+		scope     = "11691c11553143099b4c71476cf11581" // HMAC-SHA256(secret, "Bearer alice")
+		newScope  = "0aec81b0bb87a798460a38892fc8d293" // HMAC-SHA256(rotated, "Bearer alice")
+		alice     = "Authorization: Bearer alice"
+		request   = `{"amount":100}`
+		reloadMsg = "route's key sources changed"
+	)
+	u := newUpstream(t)
+	u.setHandler(func(w http.ResponseWriter, r *http.Request, _ int) {
+		n := u.total.Load()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Dedup-Key-Seen", r.Header.Get("Dedup-Key"))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"pay_%d"}`, n)
+	})
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	config := func(secretVar string) string {
+		return fmt.Sprintf(`listen: "127.0.0.1:0"
+admin:
+  listen: "127.0.0.1:0"
+log:
+  level: debug
+store:
+  backend: bolt
+  bolt:
+    path: %q
+routes:
+  - name: payments
+    path: /api/payments/*
+    upstream: %q
+    provider: generic
+    keys: ["header:Idempotency-Key"]
+    on_missing_key: reject
+    on_fingerprint_mismatch: reject
+    client_identity: Authorization
+    client_identity_secret: "${%s}"
+    duplicate_response: replay
+    replay_headers: [Content-Type, X-Dedup-Key-Seen]
+`, filepath.Join(dir, "dedupgw.db"), u.URL, secretVar)
+	}
+	writeFileAtomic(t, cfg, config("CLIENT_IDENTITY_SECRET"))
+	g := startGateway(t, cfg, "CLIENT_IDENTITY_SECRET="+secret, "CLIENT_IDENTITY_SECRET_NEW="+rotated)
+	url := g.url("/api/payments/charge")
+
+	first := postWith(t, url, request, "Idempotency-Key: k1", alice)
+	first.want(t, "first request", 201, "forwarded", `{"id":"pay_1"}`)
+	if got, want := first.header.Get("X-Dedup-Key-Seen"), "payments:"+scope+":k1"; got != want {
+		t.Errorf("upstream Dedup-Key: got %q, want %q", got, want)
+	}
+	postWith(t, url, request, "Idempotency-Key: k1", alice).want(t, "retry", 201, "duplicate", `{"id":"pay_1"}`)
+	code, stdout, stderr := runCLI(t, nil, "keys", "get", "--admin="+g.adminURL(""), "payments", scope+":k1")
+	if code != 0 || !strings.Contains(stdout, `"state": "processed"`) {
+		t.Errorf("keys get payments %s:k1: got exit %d, stdout %s, stderr %s; want the processed record", scope, code, stdout, stderr)
+	}
+
+	writeFileAtomic(t, cfg, config("CLIENT_IDENTITY_SECRET_NEW"))
+	g.signal(syscall.SIGHUP)
+	g.waitLog(`"msg":"config reloaded"`, 1)
+	if n := strings.Count(g.logs(), reloadMsg); n != 1 || !strings.Contains(g.logs(), `"client_identity_secret":"changed"`) {
+		t.Errorf("log: got %d %q warnings, want 1 with client_identity_secret \"changed\"; log:\n%s", n, reloadMsg, g.logs())
+	}
+	again := postWith(t, url, request, "Idempotency-Key: k1", alice)
+	again.want(t, "the retry after the secret changed", 201, "forwarded", `{"id":"pay_2"}`)
+	if got, want := again.header.Get("X-Dedup-Key-Seen"), "payments:"+newScope+":k1"; got != want {
+		t.Errorf("upstream Dedup-Key after the reload: got %q, want %q", got, want)
+	}
+	postWith(t, url, request, "Idempotency-Key: k1", alice).want(t, "its retry", 201, "duplicate", `{"id":"pay_2"}`)
+
+	for _, s := range []string{secret, rotated} {
+		if strings.Contains(g.logs(), s) {
+			t.Errorf("log shows a client_identity_secret:\n%s", g.logs())
+		}
+	}
 	if got := u.total.Load(); got != 2 {
 		t.Errorf("upstream requests: got %d, want 2", got)
 	}

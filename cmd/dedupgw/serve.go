@@ -582,8 +582,9 @@ func routeChanges(old, f *File) (added, removed, changed []string) {
 //   - Its key sources changed (keys:, or the provider whose preset they
 //     are when keys: is empty), unless the old list is the start of the
 //     new one: a source added at the end gives a key only to events that
-//     had none. A change of client_identity, which scopes every key, is
-//     such a change too.
+//     had none. A change of client_identity or client_identity_secret,
+//     which scope every key, is such a change too; the secret is logged
+//     only as added, removed, changed or unchanged.
 func warnKeyChanges(log *zap.Logger, old, f *File) {
 	was := make(map[string]Route, len(old.Routes))
 	for _, r := range old.Routes {
@@ -601,16 +602,37 @@ func warnKeyChanges(log *zap.Logger, old, f *File) {
 			continue
 		}
 		keys, prevKeys := effectiveKeys(r), effectiveKeys(prev)
+		secret := secretChange(identitySecretOf(prev), identitySecretOf(r))
 		kept := len(keys) >= len(prevKeys) && slices.Equal(prevKeys, keys[:len(prevKeys)]) &&
-			http.CanonicalHeaderKey(r.ClientIdentity) == http.CanonicalHeaderKey(prev.ClientIdentity)
+			http.CanonicalHeaderKey(r.ClientIdentity) == http.CanonicalHeaderKey(prev.ClientIdentity) &&
+			secret == "unchanged"
 		if !kept {
-			log.Warn("route's key sources changed: events get other keys than those recorded before the reload, so copies of events already forwarded may be forwarded again (add new sources after the old ones to keep their keys)",
+			log.Warn(keySourcesChanged,
 				zap.String("route", r.Name), zap.String("path", r.Path),
 				zap.String("provider", providerOf(r)), zap.String("previous_provider", providerOf(prev)),
 				zap.Strings("keys", keys), zap.Strings("previous_keys", prevKeys),
-				zap.String("client_identity", r.ClientIdentity), zap.String("previous_client_identity", prev.ClientIdentity))
+				zap.String("client_identity", r.ClientIdentity), zap.String("previous_client_identity", prev.ClientIdentity),
+				zap.String("client_identity_secret", secret))
 		}
 	}
+}
+
+// keySourcesChanged is warnKeyChanges' warning about a route whose events
+// get other keys.
+const keySourcesChanged = "route's key sources changed: events get other keys than those recorded before the reload, so copies of events already forwarded may be forwarded again (add new sources after the old ones to keep their keys); a change of client_identity or client_identity_secret re-scopes every key, so every retry of a request made before the reload is forwarded again"
+
+// secretChange describes how a secret went from was to is without showing
+// either: "unchanged", "added", "removed" or "changed".
+func secretChange(was, is string) string {
+	switch {
+	case was == is:
+		return "unchanged"
+	case was == "":
+		return "added"
+	case is == "":
+		return "removed"
+	}
+	return "changed"
 }
 
 // effectiveKeys is the key sources r keys on: its keys:, else its

@@ -754,7 +754,7 @@ func TestReloadWarnsWhenARouteChangesNamespace(t *testing.T) {
 
 	// The key sources: one added after the old ones keeps every old key;
 	// another first source does not.
-	const keysWarning = "route's key sources changed: events get other keys than those recorded before the reload, so copies of events already forwarded may be forwarded again (add new sources after the old ones to keep their keys)"
+	const keysWarning = "route's key sources changed: events get other keys than those recorded before the reload, so copies of events already forwarded may be forwarded again (add new sources after the old ones to keep their keys); a change of client_identity or client_identity_secret re-scopes every key, so every retry of a request made before the reload is forwarded again"
 	renamed := strings.Replace(text, "  - name: orders\n", "  - name: orders3\n", 1)
 	for i, step := range []struct {
 		keys string
@@ -805,34 +805,56 @@ func TestRouteChanges(t *testing.T) {
 // preset's there. Explicit keys replacing a preset give other keys (warned,
 // however short the old list looked); explicit keys equal to the preset,
 // or the same explicit keys under another provider, give the same keys
-// (not warned). client_identity scopes every key, so changing it warns too.
+// (not warned). client_identity and client_identity_secret scope every
+// key, so changing either warns too; the secret is logged only as added,
+// removed, changed or unchanged.
 func TestWarnKeyChangesComparesEffectiveKeys(t *testing.T) {
-	const keysWarning = "route's key sources changed: events get other keys than those recorded before the reload, so copies of events already forwarded may be forwarded again (add new sources after the old ones to keep their keys)"
+	const keysWarning = "route's key sources changed: events get other keys than those recorded before the reload, so copies of events already forwarded may be forwarded again (add new sources after the old ones to keep their keys); a change of client_identity or client_identity_secret re-scopes every key, so every retry of a request made before the reload is forwarded again"
 	route := func(provider string, keys ...string) Route {
 		return Route{Name: "r", Path: "/r", Upstream: "http://127.0.0.1:3000", Provider: provider, Keys: keys}
 	}
+	const secretA, secretB = "secret-A-0123456789", "secret-B-0123456789"
 	scoped := func(r Route, header string) Route { r.ClientIdentity = header; return r }
+	keyed := func(r Route, s string) Route { r.ClientIdentitySecret = ptr(secret(s)); return r }
+	api := scoped(route("generic", "header:Idempotency-Key"), "Authorization")
 	tests := []struct {
-		name     string
-		old, new Route
-		want     int
+		name       string
+		old, new   Route
+		want       int
+		wantSecret string // the warning's client_identity_secret field, if set
 	}{
-		{"preset replaced by explicit keys", route("stripe"), route("stripe", "json:data.object.id"), 1},
-		{"preset replaced by body", route("stripe"), route("stripe", "body"), 1},
-		{"preset extended at the end", route("github"), route("github", "header:X-GitHub-Delivery", "body"), 0},
-		{"explicit keys equal to the preset dropped", route("stripe", "json:id"), route("stripe"), 0},
-		{"same explicit keys, other provider", route("generic", "json:id"), route("stripe", "json:id"), 0},
-		{"preset of another provider", route("stripe"), route("slack"), 1},
-		{"client_identity added", route("generic", "header:Idempotency-Key"), scoped(route("generic", "header:Idempotency-Key"), "Authorization"), 1},
-		{"client_identity recased", scoped(route("generic", "header:Idempotency-Key"), "authorization"), scoped(route("generic", "header:Idempotency-Key"), "Authorization"), 0},
-		{"unchanged", route("stripe"), route("stripe"), 0},
+		{"preset replaced by explicit keys", route("stripe"), route("stripe", "json:data.object.id"), 1, ""},
+		{"preset replaced by body", route("stripe"), route("stripe", "body"), 1, ""},
+		{"preset extended at the end", route("github"), route("github", "header:X-GitHub-Delivery", "body"), 0, ""},
+		{"explicit keys equal to the preset dropped", route("stripe", "json:id"), route("stripe"), 0, ""},
+		{"same explicit keys, other provider", route("generic", "json:id"), route("stripe", "json:id"), 0, ""},
+		{"preset of another provider", route("stripe"), route("slack"), 1, ""},
+		{"client_identity added", route("generic", "header:Idempotency-Key"), scoped(route("generic", "header:Idempotency-Key"), "Authorization"), 1, ""},
+		{"client_identity recased", scoped(route("generic", "header:Idempotency-Key"), "authorization"), scoped(route("generic", "header:Idempotency-Key"), "Authorization"), 0, ""},
+		{"client_identity_secret added", api, keyed(api, secretA), 1, "added"},
+		{"client_identity_secret removed", keyed(api, secretA), api, 1, "removed"},
+		{"client_identity_secret rotated", keyed(api, secretA), keyed(api, secretB), 1, "changed"},
+		{"client_identity_secret kept", keyed(api, secretA), keyed(api, secretA), 0, ""},
+		{"client_identity changed, secret kept", keyed(api, secretA), keyed(scoped(api, "X-Api-Key"), secretA), 1, "unchanged"},
+		{"unchanged", route("stripe"), route("stripe"), 0, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			core, logs := observer.New(zapcore.WarnLevel)
 			warnKeyChanges(zap.New(core), &File{Routes: []Route{tt.old}}, &File{Routes: []Route{tt.new}})
-			if got := logs.FilterMessage(keysWarning).Len(); got != tt.want {
+			warnings := logs.FilterMessage(keysWarning).All()
+			if got := len(warnings); got != tt.want {
 				t.Errorf("got %d key-source warnings, want %d", got, tt.want)
+			}
+			for _, e := range warnings {
+				if got := e.ContextMap()["client_identity_secret"]; tt.wantSecret != "" && got != tt.wantSecret {
+					t.Errorf("client_identity_secret field: got %v, want %q", got, tt.wantSecret)
+				}
+			}
+			for _, e := range logs.All() {
+				if line := fmt.Sprint(e.Message, e.ContextMap()); strings.Contains(line, secretA) || strings.Contains(line, secretB) {
+					t.Errorf("warning shows the secret: %s", line)
+				}
 			}
 		})
 	}
