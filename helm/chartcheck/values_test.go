@@ -566,13 +566,16 @@ func TestPublishedServiceKeepsAdminInside(t *testing.T) {
 	}
 }
 
-// TestLiteralSecretsRefused checks that a literal password or route secret
-// fails the render (it would be stored in clear in the ConfigMap) without
+// TestLiteralSecretsRefused checks that a literal password, route secret or
+// client_identity_secret fails the render (it would be stored in clear in the ConfigMap) without
 // repeating the secret, while ${VAR} references render.
 func TestLiteralSecretsRefused(t *testing.T) {
 	const literal = "hunter2-s3cret"
 	stripe := []string{"--set", "routes[0].name=stripe", "--set", "routes[0].path=/stripe",
 		"--set", "routes[0].upstream=http://shop:3000", "--set", "routes[0].provider=stripe"}
+	api := []string{"--set", "routes[0].name=payments", "--set", "routes[0].path=/api/payments/*",
+		"--set", "routes[0].upstream=http://shop:3000", "--set", "routes[0].provider=generic",
+		"--set", "routes[0].keys[0]=header:Idempotency-Key", "--set", "routes[0].client_identity=Authorization"}
 	redis := []string{"--set", "store.backend=redis"}
 	tests := []struct {
 		name    string
@@ -592,6 +595,11 @@ func TestLiteralSecretsRefused(t *testing.T) {
 		{"route secret with a literal part", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=whsec_${PART}"}),
 			[]string{"routes[0].secrets[0]", "existingSecret"}},
 		{"route secret references", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=${NEW},routes[0].secrets[1]=${OLD}"}), nil},
+		{"client_identity_secret literal", slices.Concat(api, []string{"--set-string", "routes[0].client_identity_secret=" + literal}),
+			[]string{"routes[0].client_identity_secret", `route "payments"`, "existingSecret", "${CLIENT_IDENTITY_SECRET}"}},
+		{"client_identity_secret with a literal part", slices.Concat(api, []string{"--set-string", "routes[0].client_identity_secret=pepper-${PART}"}),
+			[]string{"routes[0].client_identity_secret", "existingSecret"}},
+		{"client_identity_secret reference", slices.Concat(api, []string{"--set-string", "routes[0].client_identity_secret=${CLIENT_IDENTITY_SECRET}"}), nil},
 		{"admin token literal in env", []string{"--set", "env[0].name=DEDUPGW_ADMIN_TOKEN", "--set-string", "env[0].value=" + literal},
 			[]string{"env[0] gives DEDUPGW_ADMIN_TOKEN a literal value", "valueFrom.secretKeyRef", "admin.tokenSecret.name"}},
 		{"redis password literal in env", []string{"--set", "env[0].name=DEDUPGW_STORE_REDIS_PASSWORD", "--set-string", "env[0].value=" + literal},

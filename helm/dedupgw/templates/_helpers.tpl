@@ -188,6 +188,10 @@ error never repeats the value. */}}
 {{- fail (printf "routes[%d].secrets[%d] (route %q) holds a literal secret, which would be written in clear to the ConfigMap. Put it in the Secret named by existingSecret (e.g. as WEBHOOK_SECRET) and write \"${WEBHOOK_SECRET}\" in secrets" $i $j (toString (get $r "name"))) }}
 {{- end }}
 {{- end }}
+{{- $cis := get $r "client_identity_secret" | default "" | toString }}
+{{- if and $cis (not (regexMatch $ref $cis)) }}
+{{- fail (printf "routes[%d].client_identity_secret (route %q) holds a literal secret, which would be written in clear to the ConfigMap. Put it in the Secret named by existingSecret (e.g. as CLIENT_IDENTITY_SECRET) and write \"${CLIENT_IDENTITY_SECRET}\" in client_identity_secret" $i (toString (get $r "name"))) }}
+{{- end }}
 {{- end }}
 {{- $_ := include "dedupgw.terminationGracePeriodSeconds" . }}
 {{- include "dedupgw.validateLeases" . }}
