@@ -551,6 +551,22 @@ func TestSecretWithWhiteSpaceIsWarned(t *testing.T) {
 			t.Errorf("warning %q: got the secret in it, want it never shown", w)
 		}
 	}
+
+	api := "routes:\n  - name: api\n    path: /api\n    upstream: http://x\n    keys: [header:Idempotency-Key]\n" +
+		"    client_identity: Authorization\n    client_identity_secret: %q\n"
+	for _, tt := range []struct{ secret, want string }{
+		{"pepper-0123456789abcdef\n", `routes[0].client_identity_secret: route "api" has a client_identity_secret that begins or ends with white space`},
+		{"\tpepper-0123456789abcdef", `routes[0].client_identity_secret: route "api" has a client_identity_secret that begins or ends with white space`},
+		{"pepper-0123456789abcdef", ""},
+	} {
+		wantWarning(t, fmt.Sprintf(api, tt.secret), "routes[0].client_identity_secret", tt.want)
+	}
+	f, _ = loadText(t, fmt.Sprintf(api, "pepper-s3cret-0123456789\n"), nil)
+	for _, w := range f.Warnings() {
+		if strings.Contains(w.String(), "s3cret") {
+			t.Errorf("warning %q: got the client_identity_secret in it, want it never shown", w)
+		}
+	}
 }
 
 // TestWindowShorterThanSignedTimestampsIsWarned: a signed timestamp is

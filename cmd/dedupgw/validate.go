@@ -542,7 +542,9 @@ func (f *File) unsetNote(key string) string {
 // key in one slot, on one node.
 //
 // A secret that begins or ends with white space (a trailing newline of a
-// file the variable was read from) is not what any provider signs with.
+// file the variable was read from) is not what any provider signs with; a
+// client_identity_secret with it scopes keys unlike a replica given the
+// secret without it.
 //
 // store.redis.wait_replicas makes a claim fail while too few replicas
 // acknowledge it; a route with on_store_error: forward then forwards every
@@ -570,6 +572,12 @@ func (f *File) Warnings() []Problem {
 					Msg: fmt.Sprintf("route %q has a secret that begins or ends with white space (a trailing newline from the file it was read from?): deliveries signed with the secret itself fail their check", r.Name),
 				})
 			}
+		}
+		if cis := identitySecretOf(r); cis != "" && strings.TrimSpace(cis) != cis {
+			ws = append(ws, Problem{
+				Key: fmt.Sprintf("routes[%d].client_identity_secret", i),
+				Msg: fmt.Sprintf("route %q has a client_identity_secret that begins or ends with white space (a trailing newline from the file it was read from?): a replica given the same secret without it scopes every key differently", r.Name),
+			})
 		}
 		if p.Window != nil && signsTimestamps(r) {
 			tol := toleranceOf(r)
