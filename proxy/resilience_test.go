@@ -153,6 +153,8 @@ func TestCommitTriedAgainInTheBackground(t *testing.T) {
 		rec, err := mem.Get(context.Background(), key)
 		return err == nil && rec.State == dedup.StateProcessed
 	})
+	// The retry logs its success after the store recorded it.
+	waitFor(t, "the later try logged", func() bool { return logs.FilterMessage("commit recorded on a later try").Len() > 0 })
 	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Header.Get(HeaderDedupStatus) != "duplicate" {
 		t.Errorf("the event's next copy: got %d %q, want 200 duplicate", resp.Status, resp.Header.Get(HeaderDedupStatus))
 	}
