@@ -90,8 +90,9 @@ func TestLeaseBoundsForward(t *testing.T) {
 		// The store's lease ends 100ms after the claim by our clock; the
 		// reserve is 2.5s: no forward at all.
 		{"store clock behind ours", leaseStore{leaseLeft: 100 * time.Millisecond}, 10 * time.Second, 5 * time.Second, 0},
-		// 2.6s left, reserve 2.5s: the upstream gets about 100ms, not 5s.
-		{"forward cut mid-way", leaseStore{leaseLeft: 2600 * time.Millisecond}, 10 * time.Second, 5 * time.Second, 1},
+		// 3.5s left, reserve 2.5s: the upstream gets about 1s, not 5s (time
+		// enough to reach it on a loaded machine).
+		{"forward cut mid-way", leaseStore{leaseLeft: 3500 * time.Millisecond}, 10 * time.Second, 5 * time.Second, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
