@@ -261,8 +261,9 @@ type Route struct {
 	// ClientIdentitySecret, when set, keys that hash (HMAC-SHA256), so a
 	// stored key says nothing about the credential. It needs
 	// ClientIdentity and at least proxy.MinClientIdentitySecret bytes; set
-	// but empty (a ${VAR} left unset) is an error, not the plain hash. Nil
-	// means the plain SHA-256.
+	// but empty (a ${VAR} left unset, or the key written without a value)
+	// is an error, not the plain hash. Nil (the key left out) means the
+	// plain SHA-256.
 	ClientIdentitySecret *secret `config:"client_identity_secret"`
 	// Policy overrides the defaults: block for this route.
 	Policy `config:",squash"`
@@ -900,7 +901,10 @@ var secretListType = reflect.TypeFor[secretList]()
 // (a date, a mapping) is refused without being shown.
 type secret string
 
-var secretType = reflect.TypeFor[secret]()
+var (
+	secretType    = reflect.TypeFor[secret]()
+	secretPtrType = reflect.TypeFor[*secret]()
+)
 
 // secretNotShown is the problem with a secret that YAML read as neither a
 // string nor a number (2024-01-01 is a date): its value is not echoed.
@@ -910,10 +914,17 @@ const secretNotShown = "want a string; quote it (the value is not shown)"
 // values of the wrong type by key path. A value that fails to decode leaves v
 // unchanged.
 func decode(raw any, v reflect.Value, path string, ps *Problems) {
+	t := v.Type()
 	if raw == nil {
+		// An optional secret written without a value ("key:" or "key: ~",
+		// as a template or envsubst leaves an unset variable) is set but
+		// empty, which Validate refuses, not left out: left out, it would
+		// silently turn off what it protects.
+		if t == secretPtrType {
+			v.Set(reflect.New(secretType))
+		}
 		return
 	}
-	t := v.Type()
 	switch {
 	case t == durationType:
 		d, err := toDuration(raw)

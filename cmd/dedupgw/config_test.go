@@ -1478,6 +1478,13 @@ func TestClientIdentitySecret(t *testing.T) {
 		{"empty", scoped(`""`), nil, []string{
 			key + ": must not be empty (omit the key to hash client identities without a secret)",
 		}, ""},
+		// A template or envsubst that left the value out: not the plain hash.
+		{"written without a value", scoped(""), nil, []string{
+			key + ": must not be empty (omit the key to hash client identities without a secret)",
+		}, ""},
+		{"null", scoped("~"), nil, []string{
+			key + ": must not be empty (omit the key to hash client identities without a secret)",
+		}, ""},
 		{"part from an unset variable", scoped(`"${CIS}${SUFFIX}"`), map[string]string{"CIS": good}, []string{
 			key + ": environment variable SUFFIX is not set (the secret would be only the rest of its text)",
 		}, ""},
