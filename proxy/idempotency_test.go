@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -370,6 +372,61 @@ func TestClientScope(t *testing.T) {
 			t.Errorf("%q and %q: got one scope %s for alice, want each secret its own", prev, tt.name, tt.want)
 		}
 		seen[tt.want] = tt.name
+	}
+}
+
+// TestClientScopeConcurrent: deliveries scope their clients at once, each
+// from a pooled HMAC of its own: every scope equals the HMAC-SHA256 that
+// crypto/hmac computes alone, so a state two deliveries shared (or one that
+// kept a previous value) shows, and -race names it. A state back in the pool
+// holds none of the value it hashed.
+func TestClientScopeConcurrent(t *testing.T) {
+	const secret = "0123456789abcdef"
+	r := paymentsRoute("http://127.0.0.1:3000")
+	r.ClientIdentity, r.ClientIdentitySecret = "Authorization", secret
+	rt, errs := buildRoute(0, r, providers.New, time.Now)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	want := func(v string) string {
+		mac := hmac.New(sha256.New, []byte(secret))
+		mac.Write([]byte(v))
+		return hex.EncodeToString(mac.Sum(nil))[:clientScopeLen]
+	}
+	// Values of many lengths, some over the 128-byte chunk.
+	value := func(g, i int) string { return fmt.Sprintf("Bearer %d-%d-%s", g, i, strings.Repeat("x", (g*31+i)%200)) }
+	const goroutines, each = 8, 300
+	var wg sync.WaitGroup
+	errc := make(chan string, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				v := value(g, i)
+				req := httptest.NewRequest(http.MethodPost, payCharge, nil)
+				req.Header.Set("Authorization", v)
+				if got, ok, _ := rt.clientScope(req); !ok || got != want(v) {
+					errc <- fmt.Sprintf("scope of %q: got %q, want %q", v, got, want(v))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errc)
+	for e := range errc {
+		t.Error(e)
+	}
+
+	// The pool hands back, on this goroutine, the state it was just given
+	// (or, when it dropped it, a new one): its buffer is cleared either way.
+	for i := range 50 {
+		v := "Basic " + strings.Repeat(strconv.Itoa(i%10), 100+i)
+		rt.scopeMAC.scope(v)
+		s := rt.scopeMAC.pool.Get().(*scopeState)
+		if s.in != ([128]byte{}) {
+			t.Fatalf("a pooled state after scoping %q: got %q in its buffer, want it cleared", v, s.in)
+		}
+		rt.scopeMAC.pool.Put(s)
 	}
 }
 
