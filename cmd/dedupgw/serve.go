@@ -72,9 +72,7 @@ func cmdServe(args []string, stderr io.Writer) int {
 	for _, name := range UnknownEnv(os.Environ()) {
 		log.Warn("environment variable overrides no configuration key; ignored (misspelt?)", zap.String("variable", name))
 	}
-	for _, w := range f.Warnings() {
-		log.Warn("configuration likely wrong", zap.String("key", w.Key), zap.String("problem", w.Msg))
-	}
+	logWarnings(log, f)
 	if v := os.Getenv("GOGC"); gogcUnreadable(v) {
 		log.Warn("GOGC is neither a whole number nor off: the Go runtime ignores it and collects at GOGC=100, and the heap floor is off", zap.String("GOGC", v))
 	}
@@ -533,6 +531,7 @@ func (s *server) reload() {
 		s.setAdmin(f.Admin)
 	}
 	s.longestTimeout = max(s.longestTimeout, old.maxUpstreamTimeout())
+	logWarnings(s.log, f)
 	warnKeyChanges(s.log, old, f)
 	s.file = f
 	fields := []zap.Field{zap.String("config", s.path), zap.Int("routes", len(f.Routes))}
@@ -543,6 +542,15 @@ func (s *server) reload() {
 		fields = append(fields, zap.Bool("defaults_changed", true))
 	}
 	s.log.Info("config reloaded", fields...)
+}
+
+// logWarnings logs what validate would warn about in f, at start-up and
+// after each reload: a file a reload brought in is as likely to be wrong as
+// the one serve started with.
+func logWarnings(log *zap.Logger, f *File) {
+	for _, w := range f.Warnings() {
+		log.Warn("configuration likely wrong", zap.String("key", w.Key), zap.String("problem", w.Msg))
+	}
 }
 
 // routeChanges names the routes a reload from old to f added, removed and

@@ -163,6 +163,9 @@ func TestServeLifecycleInProcess(t *testing.T) {
 	if line := p.logs.FilterMessage("config reloaded").All()[0].ContextMap(); line["routes_changed"] != nil || line["defaults_changed"] != nil {
 		t.Errorf("config reloaded: got %v, want no routes or defaults named (neither changed)", line)
 	}
+	if got := p.logs.FilterMessage("configuration likely wrong").Len(); got != 0 {
+		t.Errorf("configuration warnings after a reload to a sound file: got %d, want 0", got)
+	}
 	tests := []struct {
 		token string
 		want  int
@@ -186,6 +189,32 @@ func TestServeLifecycleInProcess(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "y.db")); !os.IsNotExist(err) {
 		t.Errorf("y.db: got %v, want it never created (store changes need a restart)", err)
+	}
+}
+
+// TestReloadLogsConfigWarnings: a file a reload brings in gets the warnings
+// validate and serve's start give, naming the key and never the secret.
+func TestReloadLogsConfigWarnings(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	cfg, text := tokenConfig(t, t.TempDir(), "http://127.0.0.1:1")
+	p := startInProcess(t, cfg)
+	writeFileAtomic(t, cfg, text+"    client_identity: Authorization\n    client_identity_secret: \"pepper-s3cret-0123456789\\n\"\n")
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reloaded", 1)
+	var keys []string
+	for _, e := range p.logs.FilterMessage("configuration likely wrong").All() {
+		keys = append(keys, fmt.Sprint(e.ContextMap()["key"]))
+	}
+	if want := []string{"routes[0].client_identity_secret"}; !slices.Equal(keys, want) {
+		t.Errorf("configuration warnings after the reload: got keys %q, want %q", keys, want)
+	}
+	for _, e := range p.logs.All() {
+		if strings.Contains(fmt.Sprint(e.Message, e.ContextMap()), "s3cret") {
+			t.Errorf("log line %q: got the secret in it, want it never shown", e.Message)
+		}
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
 	}
 }
 
