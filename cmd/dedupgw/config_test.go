@@ -1473,17 +1473,17 @@ func TestClientIdentitySecret(t *testing.T) {
 			key + ": is shorter than 16 bytes (the value is not shown); use a random one, e.g. from openssl rand -hex 32",
 		}, ""},
 		{"from an unset variable", scoped(`"${CIS}"`), nil, []string{
-			key + ": must not be empty (environment variable CIS is not set) (omit the key to hash client identities without a secret)",
+			key + ": must not be empty (environment variable CIS is not set) (set it; removing the key instead hashes client identities without a secret and re-scopes every key)",
 		}, ""},
 		{"empty", scoped(`""`), nil, []string{
-			key + ": must not be empty (omit the key to hash client identities without a secret)",
+			key + ": must not be empty (set it; removing the key instead hashes client identities without a secret and re-scopes every key)",
 		}, ""},
 		// A template or envsubst that left the value out: not the plain hash.
 		{"written without a value", scoped(""), nil, []string{
-			key + ": must not be empty (omit the key to hash client identities without a secret)",
+			key + ": must not be empty (set it; removing the key instead hashes client identities without a secret and re-scopes every key)",
 		}, ""},
 		{"null", scoped("~"), nil, []string{
-			key + ": must not be empty (omit the key to hash client identities without a secret)",
+			key + ": must not be empty (set it; removing the key instead hashes client identities without a secret and re-scopes every key)",
 		}, ""},
 		{"part from an unset variable", scoped(`"${CIS}${SUFFIX}"`), map[string]string{"CIS": good}, []string{
 			key + ": environment variable SUFFIX is not set (the secret would be only the rest of its text)",

@@ -416,7 +416,7 @@ func (f *File) checkIdentitySecret(ps *Problems, key string, r Route) {
 	unset := f.unset[k]
 	switch s := *r.ClientIdentitySecret; {
 	case s == "":
-		ps.add(k, "%s (omit the key to hash client identities without a secret)", f.empty(k))
+		ps.add(k, "%s (set it; removing the key instead hashes client identities without a secret and re-scopes every key)", f.empty(k))
 	case len(unset) > 0:
 		ps.add(k, "environment variable %s is not set (the secret would be only the rest of its text)", strings.Join(unset, ", "))
 	case len(s) < proxy.MinClientIdentitySecret:
