@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -307,6 +310,7 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	for i, r := range f.Routes {
 		routes[i] = r.Name + "=" + r.Path
 	}
+	logSecretIDs(s.log, f)
 	s.log.Info("dedupgw started",
 		zap.String("version", version),
 		zap.String("listen", gl.Addr().String()),
@@ -620,7 +624,36 @@ func warnKeyChanges(log *zap.Logger, old, f *File) {
 				zap.String("provider", providerOf(r)), zap.String("previous_provider", providerOf(prev)),
 				zap.Strings("keys", keys), zap.Strings("previous_keys", prevKeys),
 				zap.String("client_identity", r.ClientIdentity), zap.String("previous_client_identity", prev.ClientIdentity),
-				zap.String("client_identity_secret", secret))
+				zap.String("client_identity_secret", secret),
+				zap.String("client_identity_secret_id", secretID(identitySecretOf(r))),
+				zap.String("previous_client_identity_secret_id", secretID(identitySecretOf(prev))))
+		}
+	}
+}
+
+// secretID identifies a client_identity_secret without showing it: the
+// first 8 hex digits of its HMAC-SHA256 over a fixed label (a key check
+// value), "" for none. Replicas, and runs before and after a restart,
+// whose ids differ scope every key differently; the id gives away no more
+// about the secret than any Dedup-Key scoped with it.
+func secretID(secret string) string {
+	if secret == "" {
+		return ""
+	}
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte("dedupgw client_identity_secret id"))
+	return hex.EncodeToString(mac.Sum(nil))[:8]
+}
+
+// logSecretIDs logs, at start-up, the id of each route's
+// client_identity_secret: a restart warns about nothing it does not see
+// (the secret comes from the environment), so this line is what shows that
+// a replica, or this run against the last, scopes keys with another one.
+func logSecretIDs(log *zap.Logger, f *File) {
+	for _, r := range f.Routes {
+		if id := secretID(identitySecretOf(r)); id != "" {
+			log.Info("route scopes client keys with its client_identity_secret; every replica and every run must show this id, or their keys differ",
+				zap.String("route", r.Name), zap.String("client_identity_secret_id", id))
 		}
 	}
 }

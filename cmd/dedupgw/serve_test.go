@@ -218,6 +218,42 @@ func TestReloadLogsConfigWarnings(t *testing.T) {
 	}
 }
 
+// TestStartLogsSecretIDs: a restart with another client_identity_secret
+// re-scopes every key and warns about nothing (it cannot see the last run's
+// secret), so the start-up names each route's secret by an id (openssl dgst
+// -sha256 -hmac SECRET of a fixed label) that operators compare across
+// replicas and runs; the secret itself is never logged.
+func TestStartLogsSecretIDs(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	tests := []struct{ secret, wantID string }{
+		{"pepper-s3cret-0123456789", "6ee57d81"},
+		{"pepper-0ther-0123456789ab", "016212a7"},
+	}
+	for _, tt := range tests {
+		cfg, text := tokenConfig(t, t.TempDir(), "http://127.0.0.1:1")
+		writeFileAtomic(t, cfg, text+fmt.Sprintf("    client_identity: Authorization\n    client_identity_secret: %q\n", tt.secret))
+		p := startInProcess(t, cfg)
+		var ids []any
+		for _, e := range p.logs.FilterFieldKey("client_identity_secret_id").All() {
+			if e.ContextMap()["route"] != "orders" {
+				t.Errorf("secret id line: got route %v, want orders", e.ContextMap()["route"])
+			}
+			ids = append(ids, e.ContextMap()["client_identity_secret_id"])
+		}
+		if len(ids) != 1 || ids[0] != tt.wantID {
+			t.Errorf("start-up secret ids with %q: got %v, want [%s]", tt.secret, ids, tt.wantID)
+		}
+		if err := p.stop(); err != nil {
+			t.Errorf("run: got %v, want nil", err)
+		}
+		for _, e := range p.logs.All() {
+			if strings.Contains(fmt.Sprint(e.Message, e.ContextMap()), tt.secret) {
+				t.Errorf("log line %q: got the secret in it, want it never shown", e.Message)
+			}
+		}
+	}
+}
+
 // TestReloadKeepsAdminGuarded: admin.listen needs a restart, so a reload
 // that moves it to loopback and drops the token must not drop the token of
 // the non-loopback listener still running.
