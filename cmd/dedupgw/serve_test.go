@@ -915,6 +915,14 @@ func TestWarnKeyChangesComparesEffectiveKeys(t *testing.T) {
 				if got := e.ContextMap()["client_identity_secret"]; tt.wantSecret != "" && got != tt.wantSecret {
 					t.Errorf("client_identity_secret field: got %v, want %q", got, tt.wantSecret)
 				}
+				// The ids name which secret each side ran with.
+				fields := e.ContextMap()
+				if got, want := fields["client_identity_secret_id"], secretID(identitySecretOf(tt.new)); got != want {
+					t.Errorf("client_identity_secret_id: got %v, want %q (the new secret's)", got, want)
+				}
+				if got, want := fields["previous_client_identity_secret_id"], secretID(identitySecretOf(tt.old)); got != want {
+					t.Errorf("previous_client_identity_secret_id: got %v, want %q (the old secret's)", got, want)
+				}
 			}
 			for _, e := range logs.All() {
 				if line := fmt.Sprint(e.Message, e.ContextMap()); strings.Contains(line, secretA) || strings.Contains(line, secretB) {
