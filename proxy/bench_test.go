@@ -8,12 +8,10 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupgw/dedupgw/dedup/memstore"
-	"github.com/dedupgw/dedupgw/providers"
 )
 
 // BenchmarkHandler measures the handler in process (httptest recorder in,
@@ -118,12 +116,7 @@ func BenchmarkClientScope(b *testing.B) {
 		{"hmac-sha256", "0123456789abcdef"},
 	} {
 		b.Run(tt.name, func(b *testing.B) {
-			r := paymentsRoute("http://127.0.0.1:3000")
-			r.ClientIdentity, r.ClientIdentitySecret = "Authorization", tt.secret
-			rt, errs := buildRoute(0, r, providers.New, time.Now)
-			if len(errs) > 0 {
-				b.Fatal(errs)
-			}
+			rt := scopedRoute(b, tt.secret)
 			req := httptest.NewRequest(http.MethodPost, payCharge, nil)
 			req.Header.Set("Authorization", "Basic YWxpY2U6aHVudGVyMg==")
 			b.ReportAllocs()

@@ -313,6 +313,19 @@ func scopedKey(identity, key string) string {
 	return hex.EncodeToString(sum[:])[:32] + ":" + key
 }
 
+// scopedRoute builds the payments route scoping keys by Authorization, with
+// secret as its client_identity_secret ("" for none).
+func scopedRoute(tb testing.TB, secret string) *route {
+	tb.Helper()
+	r := paymentsRoute("http://127.0.0.1:3000")
+	r.ClientIdentity, r.ClientIdentitySecret = "Authorization", secret
+	rt, errs := buildRoute(0, r, providers.New, time.Now)
+	if len(errs) > 0 {
+		tb.Fatal(errs)
+	}
+	return rt
+}
+
 // TestClientScope: the scope is the start of the header value's SHA-256,
 // or with client_identity_secret of its HMAC-SHA256 keyed with the secret.
 // The wanted values come from outside Go:
@@ -343,12 +356,7 @@ func TestClientScope(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := paymentsRoute("http://127.0.0.1:3000")
-			r.ClientIdentity, r.ClientIdentitySecret = "Authorization", tt.secret
-			rt, errs := buildRoute(0, r, providers.New, time.Now)
-			if len(errs) > 0 {
-				t.Fatal(errs)
-			}
+			rt := scopedRoute(t, tt.secret)
 			for i, v := range []string{tt.value, alice + "x", tt.value} {
 				req := httptest.NewRequest(http.MethodPost, payCharge, nil)
 				req.Header.Set("Authorization", v)
@@ -382,12 +390,7 @@ func TestClientScope(t *testing.T) {
 // holds none of the value it hashed.
 func TestClientScopeConcurrent(t *testing.T) {
 	const secret = "0123456789abcdef"
-	r := paymentsRoute("http://127.0.0.1:3000")
-	r.ClientIdentity, r.ClientIdentitySecret = "Authorization", secret
-	rt, errs := buildRoute(0, r, providers.New, time.Now)
-	if len(errs) > 0 {
-		t.Fatal(errs)
-	}
+	rt := scopedRoute(t, secret)
 	want := func(v string) string {
 		mac := hmac.New(sha256.New, []byte(secret))
 		mac.Write([]byte(v))
