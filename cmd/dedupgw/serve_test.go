@@ -401,17 +401,28 @@ func TestMissingReplicasAreWarnedAtStartUp(t *testing.T) {
 	}
 }
 
+// runStopped runs s (its log and open set by the caller) on tokenConfig's
+// file in dir, with SIGTERM already queued, so it stops as soon as it has
+// started, and returns run's error.
+func runStopped(t *testing.T, dir string, s *server) error {
+	t.Helper()
+	cfg, _ := tokenConfig(t, dir, "http://127.0.0.1:1")
+	f, err := loadConfig(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.path, s.file, s.level = cfg, f, zap.NewAtomicLevel()
+	sigs := make(chan os.Signal, 1)
+	sigs <- syscall.SIGTERM
+	return s.run(sigs)
+}
+
 // "dedupgw stopped" is the last line, and means the store is closed: when it
 // is logged, another process may open the bbolt file (a rolling restart on
 // the same volume, say).
 func TestStoppedIsLoggedOnceTheStoreIsClosed(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	dir := t.TempDir()
-	cfg, _ := tokenConfig(t, dir, "http://127.0.0.1:1")
-	f, err := loadConfig(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	opened := make(chan error, 1)
 	onStopped := zap.Hooks(func(e zapcore.Entry) error {
 		if e.Message == "dedupgw stopped" {
@@ -426,10 +437,7 @@ func TestStoppedIsLoggedOnceTheStoreIsClosed(t *testing.T) {
 		return nil
 	})
 	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel)
-	s := &server{path: cfg, log: zap.New(core, onStopped), level: zap.NewAtomicLevel(), file: f}
-	sigs := make(chan os.Signal, 1)
-	sigs <- syscall.SIGTERM // stops it as soon as it has started
-	if err := s.run(sigs); err != nil {
+	if err := runStopped(t, dir, &server{log: zap.New(core, onStopped)}); err != nil {
 		t.Fatalf("run: %v", err)
 	}
 	select {
@@ -455,21 +463,12 @@ func (s closeFailingStore) Close() error { return errors.Join(s.Store.Close(), s
 // which exits 1, so a supervisor sees the stop was not clean.
 func TestStoreCloseFailureFailsTheExit(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	dir := t.TempDir()
-	cfg, _ := tokenConfig(t, dir, "http://127.0.0.1:1")
-	f, err := loadConfig(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	closeErr := errors.New("boltstore: checkpoint: no space left on device")
-	s := &server{path: cfg, log: zap.NewNop(), level: zap.NewAtomicLevel(), file: f,
+	err := runStopped(t, t.TempDir(), &server{log: zap.NewNop(),
 		open: func(cfg Store, log *zap.Logger) (dedup.Store, error) {
 			st, err := openStore(cfg, log)
 			return closeFailingStore{st, closeErr}, err
-		}}
-	sigs := make(chan os.Signal, 1)
-	sigs <- syscall.SIGTERM // stops it as soon as it has started
-	err = s.run(sigs)
+		}})
 	if !errors.Is(err, closeErr) || !strings.Contains(err.Error(), "closing the store") {
 		t.Errorf("run with a store whose Close fails: got %v, want %q wrapped as closing the store", err, closeErr)
 	}
