@@ -123,6 +123,19 @@ func (u *upstream) count(key string) int {
 // appended to the route.
 func gwConfig(t *testing.T, dir, upstreamURL, top, route string) string {
 	t.Helper()
+	return gatewayConfig(t, dir, top, fmt.Sprintf(`  - name: orders
+    path: /hooks/orders
+    upstream: %q
+    provider: generic
+    keys: ["header:Idempotency-Key"]
+%s`, upstreamURL, route))
+}
+
+// gatewayConfig writes dir/config.yaml and returns its path: both listeners
+// on free loopback ports, debug logs, the bolt file dir/dedupgw.db, the
+// top-level keys top, and routes, the list under routes:.
+func gatewayConfig(t *testing.T, dir, top, routes string) string {
+	t.Helper()
 	text := fmt.Sprintf(`listen: "127.0.0.1:0"
 admin:
   listen: "127.0.0.1:0"
@@ -134,12 +147,7 @@ store:
     path: %q
 %s
 routes:
-  - name: orders
-    path: /hooks/orders
-    upstream: %q
-    provider: generic
-    keys: ["header:Idempotency-Key"]
-%s`, filepath.Join(dir, "dedupgw.db"), top, upstreamURL, route)
+%s`, filepath.Join(dir, "dedupgw.db"), top, routes)
 	path := filepath.Join(dir, "config.yaml")
 	writeFileAtomic(t, path, text)
 	return path

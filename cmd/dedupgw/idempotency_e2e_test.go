@@ -57,6 +57,22 @@ func (r apiReply) want(t *testing.T, what string, status int, dedup, body string
 	}
 }
 
+// paymentsRoute is the README's API idempotency route "payments" on
+// /api/payments/* to upstreamURL, keys scoped by Authorization, with extra
+// appended to it.
+func paymentsRoute(upstreamURL, extra string) string {
+	return fmt.Sprintf(`  - name: payments
+    path: /api/payments/*
+    upstream: %q
+    provider: generic
+    keys: ["header:Idempotency-Key"]
+    on_missing_key: reject
+    on_fingerprint_mismatch: reject
+    client_identity: Authorization
+    duplicate_response: replay
+%s`, upstreamURL, extra)
+}
+
 // TestE2EAPIIdempotency runs the API idempotency route of the README with
 // the real binary on a bolt file: replay, 422, 400, per-client keys, the
 // keys CLI addressing a client's key, and a replay after kill -9.
@@ -70,28 +86,9 @@ func TestE2EAPIIdempotency(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":"pay_%d"}`, n)
 	})
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "config.yaml")
-	writeFileAtomic(t, cfg, fmt.Sprintf(`listen: "127.0.0.1:0"
-admin:
-  listen: "127.0.0.1:0"
-store:
-  backend: bolt
-  bolt:
-    path: %q
-routes:
-  - name: payments
-    path: /api/payments/*
-    upstream: %q
-    provider: generic
-    keys: ["header:Idempotency-Key"]
-    on_missing_key: reject
-    on_fingerprint_mismatch: reject
-    fingerprint_exclude: [request_time]
-    client_identity: Authorization
-    duplicate_response: replay
+	cfg := gatewayConfig(t, t.TempDir(), "", paymentsRoute(u.URL, `    fingerprint_exclude: [request_time]
     replay_headers: [Content-Type, Location, X-Dedup-Key-Seen]
-`, filepath.Join(dir, "dedupgw.db"), u.URL))
+`))
 	g := startGateway(t, cfg)
 	url := g.url("/api/payments/charge")
 	const alice, bob = "Authorization: Bearer alice", "Authorization: Bearer bob"
@@ -167,32 +164,12 @@ func TestE2EClientIdentitySecret(t *testing.T) {
 		fmt.Fprintf(w, `{"id":"pay_%d"}`, n)
 	})
 	dir := t.TempDir()
-	cfg := filepath.Join(dir, "config.yaml")
 	config := func(secretVar string) string {
-		return fmt.Sprintf(`listen: "127.0.0.1:0"
-admin:
-  listen: "127.0.0.1:0"
-log:
-  level: debug
-store:
-  backend: bolt
-  bolt:
-    path: %q
-routes:
-  - name: payments
-    path: /api/payments/*
-    upstream: %q
-    provider: generic
-    keys: ["header:Idempotency-Key"]
-    on_missing_key: reject
-    on_fingerprint_mismatch: reject
-    client_identity: Authorization
-    client_identity_secret: "${%s}"
-    duplicate_response: replay
+		return gatewayConfig(t, dir, "", paymentsRoute(u.URL, fmt.Sprintf(`    client_identity_secret: "${%s}"
     replay_headers: [Content-Type, X-Dedup-Key-Seen]
-`, filepath.Join(dir, "dedupgw.db"), u.URL, secretVar)
+`, secretVar)))
 	}
-	writeFileAtomic(t, cfg, config("CLIENT_IDENTITY_SECRET"))
+	cfg := config("CLIENT_IDENTITY_SECRET")
 	g := startGateway(t, cfg, "CLIENT_IDENTITY_SECRET="+secret, "CLIENT_IDENTITY_SECRET_NEW="+rotated)
 	url := g.url("/api/payments/charge")
 
@@ -207,7 +184,7 @@ routes:
 		t.Errorf("keys get payments %s:k1: got exit %d, stdout %s, stderr %s; want the processed record", scope, code, stdout, stderr)
 	}
 
-	writeFileAtomic(t, cfg, config("CLIENT_IDENTITY_SECRET_NEW"))
+	config("CLIENT_IDENTITY_SECRET_NEW")
 	g.signal(syscall.SIGHUP)
 	g.waitLog(`"msg":"config reloaded"`, 1)
 	if n := strings.Count(g.logs(), reloadMsg); n != 1 || !strings.Contains(g.logs(), `"client_identity_secret":"changed"`) {
