@@ -338,7 +338,7 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		case len(unset) > 0:
 			// "whsec_${SUFFIX}" with SUFFIX unset is "whsec_": not empty,
 			// but not the secret either, and every delivery would fail.
-			ps.add(k, "environment variable %s is not set (the secret would be only the rest of its text)", strings.Join(unset, ", "))
+			addPartlyUnset(ps, k, unset)
 		}
 	}
 	if provider == providers.StandardWebhooks {
@@ -418,13 +418,19 @@ func (f *File) checkIdentitySecret(ps *Problems, key string, r Route) {
 	case s == "":
 		ps.add(k, "%s (set it; removing the key instead hashes client identities without a secret and re-scopes every key)", f.empty(k))
 	case len(unset) > 0:
-		ps.add(k, "environment variable %s is not set (the secret would be only the rest of its text)", strings.Join(unset, ", "))
+		addPartlyUnset(ps, k, unset)
 	case len(s) < proxy.MinClientIdentitySecret:
 		ps.add(k, "is shorter than %d bytes (the value is not shown); use a random one, e.g. from openssl rand -hex 32", proxy.MinClientIdentitySecret)
 	}
 	if r.ClientIdentity == "" {
 		ps.add(k, "is set without client_identity (it keys the hash of that header's value)")
 	}
+}
+
+// addPartlyUnset reports the secret at key, built in part from the unset
+// variables vars: not empty, but not the secret either.
+func addPartlyUnset(ps *Problems, key string, vars []string) {
+	ps.add(key, "environment variable %s is not set (the secret would be only the rest of its text)", strings.Join(vars, ", "))
 }
 
 func checkPath(ps *Problems, key, path, emptyMsg string) {
