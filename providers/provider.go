@@ -23,6 +23,24 @@ const (
 	Generic          = "generic"
 )
 
+// RetrySpan returns how long after its first attempt provider (one of the
+// names above) may deliver an event again on its own, as its documentation
+// states, and that statement; zero when its retries end within the gateway's
+// default window of a day (Shopify, Slack), it does not retry by itself
+// (GitHub) or the schedule is the sender's own (generic). A route's window
+// shorter than the span forgets a processed key while the provider may
+// still deliver it.
+func RetrySpan(provider string) (time.Duration, string) {
+	switch provider {
+	case Stripe:
+		return 72 * time.Hour, "Stripe retries for up to 3 days in live mode"
+	case StandardWebhooks:
+		// Svix: at once, then 5s, 5m, 30m, 2h, 5h, 10h and 10h later.
+		return 27*time.Hour + 35*time.Minute + 5*time.Second, "Svix retries for up to 27h35m5s after the first attempt"
+	}
+	return 0, ""
+}
+
 // Sentinel errors returned by verifiers. The gateway answers all of them with 401.
 var (
 	ErrNoSignature  = errors.New("providers: no signature")

@@ -457,13 +457,20 @@ admin:
 // want.
 func wantWarning(t *testing.T, text, key, want string) {
 	t.Helper()
+	wantWarningAbout(t, text, key, "", want)
+}
+
+// wantWarningAbout is wantWarning for the warnings under key whose message
+// holds about, where key has warnings of more than one kind.
+func wantWarningAbout(t *testing.T, text, key, about, want string) {
+	t.Helper()
 	f, problems := loadText(t, text, nil)
 	if len(problems) != 0 {
 		t.Fatalf("got problems %q, want none", problems)
 	}
 	var got []string
 	for _, w := range f.Warnings() {
-		if w.Key == key {
+		if w.Key == key && strings.Contains(w.Msg, about) {
 			got = append(got, w.String())
 		}
 	}
@@ -597,7 +604,63 @@ func TestWindowShorterThanSignedTimestampsIsWarned(t *testing.T) {
 		{"stripe without secrets", "    provider: stripe\n    window: 1m\n", ""},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { wantWarning(t, route+tt.extra, "routes[0].window", tt.want) })
+		t.Run(tt.name, func(t *testing.T) {
+			wantWarningAbout(t, route+tt.extra, "routes[0].window", "signed timestamp", tt.want)
+		})
+	}
+}
+
+// TestWindowShorterThanRetriesIsWarned: a window shorter than the span its
+// provider documents for its retries forgets a key the provider may still
+// deliver; providers whose retries end within a day, or that do not retry,
+// get no warning.
+func TestWindowShorterThanRetriesIsWarned(t *testing.T) {
+	route := "routes:\n  - name: a\n    path: /a\n    upstream: http://127.0.0.1:3000\n"
+	tests := []struct {
+		name, extra string
+		want        string // "" for no warning
+	}{
+		{"stripe, default window", "    provider: stripe\n",
+			`routes[0].window: route "a" forgets a processed key after 24h0m0s, but Stripe retries for up to 3 days in live mode: a retry that reaches the gateway later (its answers lost, or the gateway unreachable for a while) is forwarded again; set window: 72h or more`},
+		{"stripe, 72h", "    provider: stripe\n    window: 72h\n", ""},
+		{"stripe, 71h59m", "    provider: stripe\n    window: 71h59m\n", `routes[0].window: route "a" forgets a processed key after 71h59m0s, but Stripe retries`},
+		{"standard-webhooks, default window", "    provider: standard-webhooks\n",
+			`routes[0].window: route "a" forgets a processed key after 24h0m0s, but Svix retries for up to 27h35m5s after the first attempt: a retry that reaches the gateway later (its answers lost, or the gateway unreachable for a while) is forwarded again; set window: 28h or more`},
+		{"standard-webhooks, 28h", "    provider: standard-webhooks\n    window: 28h\n", ""},
+		{"shopify, 5h", "    provider: shopify\n    window: 5h\n", ""},
+		{"slack, 1h", "    provider: slack\n    window: 1h\n", ""},
+		{"github, 1m", "    provider: github\n    window: 1m\n", ""},
+		{"generic, 1m", "    keys: [body]\n    window: 1m\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantWarningAbout(t, route+tt.extra, "routes[0].window", "retries", tt.want) })
+	}
+	t.Run("window from defaults", func(t *testing.T) {
+		wantWarningAbout(t, "defaults:\n  window: 96h\n"+route+"    provider: stripe\n", "routes[0].window", "retries", "")
+	})
+}
+
+// TestToleranceWithoutTimestampIsWarned: tolerance bounds only signed
+// timestamps; on a route whose scheme signs none it bounds nothing.
+func TestToleranceWithoutTimestampIsWarned(t *testing.T) {
+	route := "routes:\n  - name: a\n    path: /a\n    upstream: http://127.0.0.1:3000\n    tolerance: 10m\n"
+	tests := []struct {
+		name, extra string
+		want        string // "" for no warning
+	}{
+		{"github", "    provider: github\n    secrets: [s]\n",
+			`routes[0].tolerance: route "a" sets a tolerance, but its signatures carry no timestamp (github signs none), so it bounds nothing`},
+		{"shopify without secrets", "    provider: shopify\n", `routes[0].tolerance: route "a" sets a tolerance, but its signatures carry no timestamp (shopify signs none)`},
+		{"generic without a timestamp", "    keys: [body]\n    secrets: [s]\n",
+			`routes[0].tolerance: route "a" sets a tolerance, but its signatures carry no timestamp (no signature.timestamp_header or timestamp_field), so it bounds nothing`},
+		{"generic with a timestamp header", "    keys: [body]\n    secrets: [s]\n    signature:\n      timestamp_header: X-Ts\n      template: \"{timestamp}.{body}\"\n", ""},
+		{"stripe", "    provider: stripe\n    secrets: [whsec_x]\n    window: 72h\n", ""},
+		{"stripe without secrets yet", "    provider: stripe\n    window: 72h\n", ""},
+		{"slack", "    provider: slack\n", ""},
+		{"standard-webhooks", "    provider: standard-webhooks\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantWarning(t, route+tt.extra, "routes[0].tolerance", tt.want) })
 	}
 }
 

@@ -529,7 +529,11 @@ func (f *File) unsetNote(key string) string {
 //
 // A window shorter than twice the signature tolerance on a route that signs
 // timestamps forgets a key while a captured copy of its delivery still
-// verifies: the copy is forwarded again.
+// verifies: the copy is forwarded again. A window shorter than the span the
+// route's provider documents for its retries (providers.RetrySpan) forgets
+// a key the provider may still deliver.
+//
+// A tolerance on a route whose signatures carry no timestamp bounds nothing.
 //
 // An unsigned generic route that replays stored answers without
 // client_identity replays the answer one client got to any client that
@@ -583,6 +587,18 @@ func (f *File) Warnings() []Problem {
 			ws = append(ws, Problem{
 				Key: fmt.Sprintf("routes[%d].client_identity_secret", i),
 				Msg: fmt.Sprintf("route %q has a client_identity_secret that begins or ends with white space (a trailing newline from the file it was read from?): a replica given the same secret without it scopes every key differently", r.Name),
+			})
+		}
+		if r.Tolerance != nil && !timestamped(r) {
+			ws = append(ws, Problem{
+				Key: fmt.Sprintf("routes[%d].tolerance", i),
+				Msg: fmt.Sprintf("route %q sets a tolerance, but its signatures carry no timestamp (%s), so it bounds nothing", r.Name, untimedReason(r)),
+			})
+		}
+		if span, why := providers.RetrySpan(providerOf(r)); p.Window != nil && *p.Window < span {
+			ws = append(ws, Problem{
+				Key: fmt.Sprintf("routes[%d].window", i),
+				Msg: fmt.Sprintf("route %q forgets a processed key after %v, but %s: a retry that reaches the gateway later (its answers lost, or the gateway unreachable for a while) is forwarded again; set window: %dh or more", r.Name, *p.Window, why, (span+time.Hour-1)/time.Hour),
 			})
 		}
 		if p.Window != nil && signsTimestamps(r) {
@@ -647,13 +663,15 @@ func (f *File) Warnings() []Problem {
 }
 
 // signsTimestamps reports whether r verifies a signed timestamp against its
-// tolerance: stripe, slack and standard-webhooks routes with secrets, and
-// generic ones with secrets and a signature.timestamp_header or
-// timestamp_field.
+// tolerance: a route with secrets whose scheme signs one (see timestamped).
 func signsTimestamps(r Route) bool {
-	if len(r.Secrets) == 0 {
-		return false
-	}
+	return len(r.Secrets) > 0 && timestamped(r)
+}
+
+// timestamped reports whether r's signature scheme signs a timestamp, which
+// tolerance bounds: stripe, slack and standard-webhooks, and generic with a
+// signature.timestamp_header or timestamp_field.
+func timestamped(r Route) bool {
 	switch providerOf(r) {
 	case providers.Stripe, providers.Slack, providers.StandardWebhooks:
 		return true
@@ -661,6 +679,15 @@ func signsTimestamps(r Route) bool {
 		return r.Signature.TimestampHeader != "" || r.Signature.TimestampField != ""
 	}
 	return false
+}
+
+// untimedReason says why r's signatures carry no timestamp (timestamped is
+// false).
+func untimedReason(r Route) string {
+	if providerOf(r) == providers.Generic {
+		return "no signature.timestamp_header or timestamp_field"
+	}
+	return providerOf(r) + " signs none"
 }
 
 // sharedNamespaceWarnings warns about each route that shares its key
