@@ -233,8 +233,14 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	// An unreachable store is no reason not to start: Redis may come up
 	// later, and meanwhile each delivery meets its route's on_store_error
 	// policy. But say so now, not at the first delivery or readiness probe.
+	// Refused credentials are another matter: a wrong password would fail
+	// every delivery open (on_store_error: forward, the default) for as long
+	// as the gateway runs, so it is a start-up error, like any wrong key.
 	pingCtx, cancel := context.WithTimeout(context.Background(), startupPingTimeout)
-	if err := store.Ping(pingCtx); err != nil {
+	if err := store.Ping(pingCtx); redisstore.CredentialsRefused(err) {
+		cancel()
+		return fmt.Errorf("store.redis: Redis refused the gateway's credentials or what they allow (%s): %w", credentialHint(f.Store.Redis, err), err)
+	} else if err != nil {
 		s.log.Warn("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers",
 			zap.String("backend", f.Store.Backend), zap.Error(err))
 	} else if rs, ok := store.(*redisstore.Store); ok {
@@ -693,6 +699,19 @@ func effectiveKeys(r Route) []string {
 
 // startupPingTimeout bounds the store check at start-up.
 const startupPingTimeout = 3 * time.Second
+
+// credentialHint says which keys to check when Redis refused the
+// gateway's credentials (err), for the start-up error.
+func credentialHint(r Redis, err error) string {
+	if redis.IsPermissionError(err) || strings.Contains(err.Error(), "NOPERM ") {
+		return "the ACL user may not run a command the store needs: grant it the ones the README lists under Redis"
+	}
+	hint := "check store.redis.username and store.redis.password"
+	if r.MasterName != "" {
+		hint += ", and the sentinels' sentinel_username and sentinel_password"
+	}
+	return hint
+}
 
 // warnEviction warns when Redis may evict the store's keys: an evicted
 // processed key lets its event's next copy through, silently.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/dedupgw/dedupgw/dedup"
 	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+	"github.com/redis/go-redis/v9"
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -302,6 +303,89 @@ func TestUnreachableStoreIsReportedAtStartUp(t *testing.T) {
 	if err := p.stop(); err != nil {
 		t.Errorf("run: got %v, want nil", err)
 	}
+}
+
+// TestRefusedRedisCredentialsFailStartUp: a wrong or missing password, or
+// an ACL user that may not run what the store needs, is a configuration
+// error: serve stops at start-up naming the keys to check, where it would
+// otherwise fail every delivery open (on_store_error: forward) for as long
+// as it ran.
+func TestRefusedRedisCredentialsFailStartUp(t *testing.T) {
+	srv := redistest.Start(t)
+	if err := srv.Client().ConfigSet(context.Background(), "requirepass", "good-pw").Err(); err != nil {
+		t.Fatalf("CONFIG SET requirepass: got %v, want nil", err)
+	}
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: "good-pw"})
+	defer admin.Close()
+	// An ACL user with every command the store needs but PING.
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "noping", "on", ">u-pw", "~dedupgw:*", "resetchannels",
+		"-@all", "+evalsha", "+eval", "+get", "+set", "+del").Err(); err != nil {
+		t.Fatalf("ACL SETUSER: got %v, want nil", err)
+	}
+	tests := []struct {
+		name     string
+		st       redisStore
+		wantErrs []string // nil: starts
+	}{
+		{"right password", redisStore{password: "good-pw"}, nil},
+		{"wrong password", redisStore{password: "bad-pw"},
+			[]string{"store.redis: Redis refused the gateway's credentials or what they allow (check store.redis.username and store.redis.password)", "WRONGPASS"}},
+		{"no password", redisStore{},
+			[]string{"(check store.redis.username and store.redis.password)", "NOAUTH"}},
+		{"ACL user without a command", redisStore{username: "noping", password: "u-pw"},
+			[]string{"(the ACL user may not run a command the store needs: grant it the ones the README lists under Redis)", "NOPERM"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.st.addrs = []string{srv.Addr()}
+			cfg := redisConfig(t, "http://127.0.0.1:1", tt.st)
+			f, err := loadConfig(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			core, logs := observer.New(zapcore.DebugLevel)
+			s := &server{path: cfg, file: f, log: zap.New(core), level: zap.NewAtomicLevel()}
+			sigs := make(chan os.Signal, 1)
+			sigs <- syscall.SIGTERM // a gateway that starts stops at once
+			err = s.run(sigs)
+			if tt.wantErrs == nil {
+				if err != nil || logs.FilterMessage("dedupgw started").Len() != 1 {
+					t.Errorf("run: got %v, want a start and a clean stop", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("run: got nil, want an error holding %q", tt.wantErrs)
+			}
+			for _, want := range tt.wantErrs {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("run: got %q, want it to hold %q", err, want)
+				}
+			}
+			if strings.Contains(err.Error(), "-pw") {
+				t.Errorf("run: got %q, want no password in it", err)
+			}
+			if n := logs.FilterMessage("dedupgw started").Len(); n != 0 {
+				t.Errorf("got %d start lines, want none", n)
+			}
+		})
+	}
+	t.Run("sentinel refuses", func(t *testing.T) {
+		st := redistest.StartSentinelWithUser(t, "gw", "s3ntinel-pw")
+		cfg := redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName,
+			sentinelUsername: "gw", sentinelPassword: "wrong-pw"})
+		f, err := loadConfig(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &server{path: cfg, file: f, log: zap.NewNop(), level: zap.NewAtomicLevel()}
+		sigs := make(chan os.Signal, 1)
+		sigs <- syscall.SIGTERM
+		err = s.run(sigs)
+		if want := "check store.redis.username and store.redis.password, and the sentinels' sentinel_username and sentinel_password"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("run: got %v, want an error holding %q", err, want)
+		}
+	})
 }
 
 // A Redis that may evict the store's keys is named at start-up: each

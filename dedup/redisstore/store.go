@@ -520,6 +520,33 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+// CredentialsRefused reports whether err (from any Store method, Ping
+// included) is Redis refusing the client's credentials or what they allow:
+// NOAUTH (a password is required), WRONGPASS (wrong username or password),
+// NOPERM (the ACL user may not run a command the store needs), or an older
+// or other server's AUTH error. It is a configuration error, which waiting
+// does not mend, unlike an unreachable or loading Redis. A sentinel's
+// refusal counts too.
+func CredentialsRefused(err error) bool {
+	if err == nil {
+		return false
+	}
+	if redis.IsAuthError(err) || redis.IsPermissionError(err) ||
+		redis.HasErrorPrefix(err, "AUTH ") || redis.HasErrorPrefix(err, "invalid password") ||
+		redis.HasErrorPrefix(err, "NOPERM ") {
+		return true
+	}
+	// go-redis reports a sentinel's refusal, and some connection set-ups,
+	// as text that is not a Redis error value.
+	msg := err.Error()
+	for _, code := range []string{"NOAUTH ", "WRONGPASS ", "NOPERM "} {
+		if strings.Contains(msg, code) {
+			return true
+		}
+	}
+	return false
+}
+
 // clusterServes returns an error unless the Cluster node c reports
 // cluster_state:ok. A master answers PING while the Cluster is down (a
 // master lost and not yet replaced, or just restarted), when every command
