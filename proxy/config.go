@@ -42,6 +42,14 @@ type Route struct {
 	Namespace string
 	// Methods accepted on the route. Empty means POST only; others get 405.
 	Methods []string
+	// PreserveHost sends the sender's Host header to the upstream. False
+	// (the default) sends the upstream URL's host, as
+	// httputil.ProxyRequest.SetURL does; the sender's stays in
+	// X-Forwarded-Host either way. An application that checks Host against
+	// its own names (Django's ALLOWED_HOSTS, Rails' config.hosts) or builds
+	// URLs from it wants it preserved; an upstream reached through a
+	// virtual-hosted load balancer or ingress wants its own.
+	PreserveHost bool
 
 	// Window is how long a processed key is remembered. Zero means 24h.
 	Window time.Duration

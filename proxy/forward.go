@@ -35,7 +35,8 @@ func deliveryFrom(ctx context.Context) *delivery {
 }
 
 // newReverseProxy builds rt's reverse proxy. The outbound request goes to
-// rt.target joined with the inbound path, with X-Forwarded-For (appended to
+// rt.target joined with the inbound path, under the target's Host (the
+// sender's with rt.PreserveHost), with X-Forwarded-For (appended to
 // the sender's chain), X-Forwarded-Host/Proto (see keepForwarded), and
 // Dedup-Key (see dedupKeyHeader) when the delivery is keyed. The sender's
 // own Dedup-Key header never reaches the upstream.
@@ -48,6 +49,9 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
+			if rt.PreserveHost {
+				pr.Out.Host = pr.In.Host
+			}
 			if xff, ok := pr.In.Header["X-Forwarded-For"]; ok && len(xff) > 0 {
 				pr.Out.Header["X-Forwarded-For"] = xff
 			}

@@ -371,6 +371,38 @@ func TestForwardedRequestReachesUpstreamIntact(t *testing.T) {
 	}
 }
 
+// TestPreserveHost: by default the upstream gets its own host as Host, as
+// httputil.ProxyRequest.SetURL sends it; with PreserveHost it gets the
+// sender's, which an application checking Host against its own names
+// (Django's ALLOWED_HOSTS) needs. X-Forwarded-Host carries the sender's
+// either way.
+func TestPreserveHost(t *testing.T) {
+	up := newUpstream(t, nil)
+	own := genericRoute("own", "/hooks/own", up.URL)
+	kept := genericRoute("kept", "/hooks/kept", up.URL)
+	kept.PreserveHost = true
+	h := newHarness(t, Config{Routes: []Route{own, kept}}, harnessOpts{})
+	upHost := strings.TrimPrefix(up.URL, "http://")
+	tests := []struct {
+		path, wantHost string
+	}{
+		{"/hooks/own", upHost},
+		{"/hooks/kept", "hooks.example.com"},
+	}
+	for i, tt := range tests {
+		if resp := h.send(tt.path, `{"id":"evt_host"}`, "Host: hooks.example.com"); resp.Status != http.StatusOK {
+			t.Fatalf("%s: got status %d, want 200", tt.path, resp.Status)
+		}
+		got := up.request(i)
+		if got.Host != tt.wantHost {
+			t.Errorf("%s: upstream Host: got %q, want %q", tt.path, got.Host, tt.wantHost)
+		}
+		if xfh := got.Header.Get("X-Forwarded-Host"); xfh != "hooks.example.com" {
+			t.Errorf("%s: upstream X-Forwarded-Host: got %q, want hooks.example.com", tt.path, xfh)
+		}
+	}
+}
+
 // TestForwardedProtoAndHostBehindAnIngress checks that the X-Forwarded-Proto
 // and X-Forwarded-Host an ingress terminating TLS set reach the upstream, as
 // they did before the gateway stood in between (an app that redirects plain

@@ -227,6 +227,10 @@ func (h *harness) try(ctx context.Context, method, path, body string, headers ..
 	}
 	for _, kv := range headers {
 		k, v, _ := strings.Cut(kv, ":")
+		if k == "Host" { // net/http sends req.Host, not a Host header
+			req.Host = strings.TrimSpace(v)
+			continue
+		}
 		req.Header.Add(k, strings.TrimSpace(v))
 	}
 	resp, err := h.srv.Client().Do(req)

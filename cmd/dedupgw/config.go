@@ -251,6 +251,9 @@ type Route struct {
 	Tolerance *time.Duration `config:"tolerance"`
 	// Methods accepted. Empty means POST.
 	Methods []string `config:"methods"`
+	// PreserveHost sends the sender's Host to the upstream instead of the
+	// upstream URL's host (see proxy.Route.PreserveHost).
+	PreserveHost bool `config:"preserve_host"`
 	// Signature configures the generic provider's HMAC check.
 	Signature Signature `config:"signature"`
 	// FingerprintExclude lists top-level JSON fields left out of the
@@ -636,6 +639,7 @@ func (f *File) GatewayConfig() proxy.Config {
 			Upstream:              r.Upstream,
 			Namespace:             namespaceOf(r),
 			Methods:               slices.Clone(methods),
+			PreserveHost:          r.PreserveHost,
 			Window:                *p.Window,
 			FailedRetention:       failedRetention(p),
 			Lease:                 *p.Lease,

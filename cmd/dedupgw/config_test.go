@@ -142,6 +142,7 @@ routes:
     provider: github
     namespace: shared
     methods: [POST, PUT]
+    preserve_host: true
     window: 5m
     failed_retention: 1m
     lease: 10s
@@ -186,6 +187,8 @@ routes:
 		{"a.Provider.Keys", a.Provider.Keys, []string(nil)},
 		{"b.Namespace", b.Namespace, "shared"},
 		{"b.Methods", b.Methods, []string{"POST", "PUT"}},
+		{"a.PreserveHost", a.PreserveHost, false},
+		{"b.PreserveHost", b.PreserveHost, true},
 		{"b.Window", b.Window, 5 * time.Minute},
 		{"b.FailedRetention", b.FailedRetention, time.Minute},
 		{"b.Lease", b.Lease, 10 * time.Second},
