@@ -50,6 +50,13 @@ type Route struct {
 	// URLs from it wants it preserved; an upstream reached through a
 	// virtual-hosted load balancer or ingress wants its own.
 	PreserveHost bool
+	// StripPath removes the route's own path from the request's before it
+	// is appended to the upstream URL's: all of it on an exact route, the
+	// prefix (without its trailing "/") on a "/prefix/*" route. So
+	// /webhooks/stripe with upstream http://billing:3000/stripe/webhook
+	// reaches /stripe/webhook, and /billing/x under "/billing/*" reaches
+	// /x. False (the default) appends the whole request path.
+	StripPath bool
 
 	// Window is how long a processed key is remembered. Zero means 24h.
 	Window time.Duration

@@ -48,7 +48,14 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 	}
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			rest := true // a path is left to append
+			if rt.StripPath {
+				rest = stripRoutePath(pr.Out.URL, rt)
+			}
 			pr.SetURL(target)
+			if !rest { // the target's path as it is, not with a "/" added
+				pr.Out.URL.Path, pr.Out.URL.RawPath = target.Path, target.RawPath
+			}
 			if rt.PreserveHost {
 				pr.Out.Host = pr.In.Host
 			}
@@ -102,6 +109,26 @@ func (g *Gateway) newReverseProxy(rt *route) *httputil.ReverseProxy {
 		ErrorHandler:   g.errorHandler,
 		ErrorLog:       errLog,
 	}
+}
+
+// stripRoutePath removes rt's path from u's (see Route.StripPath), which rt
+// matched, and reports whether any path is left.
+func stripRoutePath(u *url.URL, rt *route) bool {
+	strip := rt.Path
+	if rt.prefix != "" {
+		strip = strings.TrimSuffix(rt.prefix, "/")
+	}
+	u.Path = strings.TrimPrefix(u.Path, strip)
+	if u.RawPath != "" {
+		// The escaped form keeps its escapes below the route's path; one
+		// whose route part is escaped too is rebuilt from Path.
+		raw, ok := strings.CutPrefix(u.RawPath, strip)
+		if !ok {
+			raw = ""
+		}
+		u.RawPath = raw
+	}
+	return u.Path != ""
 }
 
 // keepForwarded puts the X-Forwarded-Proto and X-Forwarded-Host that in, a

@@ -403,6 +403,44 @@ func TestPreserveHost(t *testing.T) {
 	}
 }
 
+// TestStripPath: with StripPath the upstream gets what follows the route's
+// path appended to its own (nothing on an exact route, without a "/"
+// added), escapes and the query kept; without it the whole path.
+func TestStripPath(t *testing.T) {
+	up := newUpstream(t, nil)
+	exact := genericRoute("exact", "/webhooks/stripe", up.URL+"/stripe/webhook")
+	exact.StripPath = true
+	prefix := genericRoute("prefix", "/billing/*", up.URL+"/base")
+	prefix.StripPath = true
+	bare := genericRoute("bare", "/bare/*", up.URL)
+	bare.StripPath = true
+	kept := genericRoute("kept", "/kept/*", up.URL+"/base")
+	h := newHarness(t, Config{Routes: []Route{exact, prefix, bare, kept}}, harnessOpts{})
+	tests := []struct {
+		send, wantURI string
+	}{
+		{"/webhooks/stripe", "/stripe/webhook"},
+		{"/webhooks/stripe?x=1", "/stripe/webhook?x=1"},
+		{"/billing/invoices/7", "/base/invoices/7"},
+		{"/billing/", "/base/"},
+		{"/billing", "/base"},
+		{"/billing/a%20b/50%25-off", "/base/a%20b/50%25-off"},
+		{"/billing/%41b", "/base/%41b"}, // an escape kept as sent
+		{"/bill%69ng/x%41", "/base/xA"}, // the route's part escaped: rebuilt from the path
+		{"/bare/x", "/x"},
+		{"/bare", "/"},
+		{"/kept/x", "/base/kept/x"},
+	}
+	for i, tt := range tests {
+		if resp := h.send(tt.send, fmt.Sprintf(`{"id":"evt_strip_%d"}`, i)); resp.Status != http.StatusOK {
+			t.Fatalf("%s: got status %d, want 200", tt.send, resp.Status)
+		}
+		if got := up.request(i).URI; got != tt.wantURI {
+			t.Errorf("%s: upstream request target: got %q, want %q", tt.send, got, tt.wantURI)
+		}
+	}
+}
+
 // TestForwardedProtoAndHostBehindAnIngress checks that the X-Forwarded-Proto
 // and X-Forwarded-Host an ingress terminating TLS set reach the upstream, as
 // they did before the gateway stood in between (an app that redirects plain

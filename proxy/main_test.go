@@ -35,6 +35,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type seenRequest struct {
 	Method string
 	Path   string
+	// URI is the request target as sent (escapes included).
+	URI    string
 	Query  string
 	Host   string
 	Header http.Header
@@ -58,7 +60,7 @@ func newUpstream(t *testing.T, handle func(w http.ResponseWriter, r *http.Reques
 		u.mu.Lock()
 		n := len(u.seen)
 		u.seen = append(u.seen, seenRequest{
-			Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Host: r.Host,
+			Method: r.Method, Path: r.URL.Path, URI: r.RequestURI, Query: r.URL.RawQuery, Host: r.Host,
 			Header: r.Header.Clone(), Body: body,
 		})
 		u.mu.Unlock()

@@ -236,8 +236,8 @@ type Route struct {
 	Name string `config:"name"`
 	// Path is an exact path or a prefix ending in "/*". Required.
 	Path string `config:"path"`
-	// Upstream is the application's base URL; the request path is appended.
-	// Required.
+	// Upstream is the application's base URL; the request path is appended
+	// (without the route's own with StripPath). Required.
 	Upstream string `config:"upstream"`
 	// Namespace scopes keys. Empty means Name.
 	Namespace string `config:"namespace"`
@@ -254,6 +254,9 @@ type Route struct {
 	// PreserveHost sends the sender's Host to the upstream instead of the
 	// upstream URL's host (see proxy.Route.PreserveHost).
 	PreserveHost bool `config:"preserve_host"`
+	// StripPath removes the route's path from the request's before it is
+	// appended to the upstream URL's (see proxy.Route.StripPath).
+	StripPath bool `config:"strip_path"`
 	// Signature configures the generic provider's HMAC check.
 	Signature Signature `config:"signature"`
 	// FingerprintExclude lists top-level JSON fields left out of the
@@ -640,6 +643,7 @@ func (f *File) GatewayConfig() proxy.Config {
 			Namespace:             namespaceOf(r),
 			Methods:               slices.Clone(methods),
 			PreserveHost:          r.PreserveHost,
+			StripPath:             r.StripPath,
 			Window:                *p.Window,
 			FailedRetention:       failedRetention(p),
 			Lease:                 *p.Lease,

@@ -143,6 +143,7 @@ routes:
     namespace: shared
     methods: [POST, PUT]
     preserve_host: true
+    strip_path: true
     window: 5m
     failed_retention: 1m
     lease: 10s
@@ -189,6 +190,8 @@ routes:
 		{"b.Methods", b.Methods, []string{"POST", "PUT"}},
 		{"a.PreserveHost", a.PreserveHost, false},
 		{"b.PreserveHost", b.PreserveHost, true},
+		{"a.StripPath", a.StripPath, false},
+		{"b.StripPath", b.StripPath, true},
 		{"b.Window", b.Window, 5 * time.Minute},
 		{"b.FailedRetention", b.FailedRetention, time.Minute},
 		{"b.Lease", b.Lease, 10 * time.Second},
