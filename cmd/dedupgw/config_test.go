@@ -670,6 +670,36 @@ func TestToleranceWithoutTimestampIsWarned(t *testing.T) {
 	}
 }
 
+// TestStrippedPrefixOverSignedRouteIsWarned: a strip_path prefix route
+// reaches every upstream path below its upstream's, so an unsigned one on
+// the upstream of a signed route reaches that route's handler unsigned.
+func TestStrippedPrefixOverSignedRouteIsWarned(t *testing.T) {
+	public := func(upstream, extra string) string {
+		return "  - name: public\n    path: /public/*\n    upstream: " + upstream + "\n    keys: [body]\n" + extra
+	}
+	stripe := func(upstream string) string {
+		return "  - name: stripe\n    path: /stripe\n    upstream: " + upstream + "\n    provider: stripe\n    secrets: [whsec_x]\n    window: 72h\n"
+	}
+	strip := "    strip_path: true\n"
+	tests := []struct {
+		name, routes string
+		want         string // "" for no warning
+	}{
+		{"stripped, same upstream", public("http://app:3000", strip) + stripe("http://app:3000"),
+			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app:3000/, where route "stripe"'s deliveries (stripe signatures) arrive: a sender can reach that handler through "public" without its signature`},
+		{"not stripped", public("http://app:3000", "") + stripe("http://app:3000"), ""},
+		{"stripped to its own base path", public("http://app:3000/public-api", strip) + stripe("http://app:3000"), ""},
+		{"stripped to another host", public("http://other:3000", strip) + stripe("http://app:3000"), ""},
+		{"stripped, in another case", public("http://app:3000/base", strip) + stripe("http://APP:3000/Base"),
+			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app:3000/base/, where route "stripe"'s deliveries`},
+		{"stripped, verified alike", public("http://app:3000", strip+"    provider: stripe\n    secrets: [whsec_y]\n    window: 72h\n") + stripe("http://app:3000"), ""},
+		{"stripped exact route", "  - name: public\n    path: /public\n    upstream: http://app:3000\n    keys: [body]\n" + strip + stripe("http://app:3000"), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantWarning(t, "routes:\n"+tt.routes, "routes[0].strip_path", tt.want) })
+	}
+}
+
 // TestUnsignedProviderRoutesAreNamed: a provider route without secrets
 // verifies nothing; one warning names every such route.
 func TestUnsignedProviderRoutesAreNamed(t *testing.T) {

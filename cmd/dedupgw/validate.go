@@ -535,6 +535,10 @@ func (f *File) unsetNote(key string) string {
 //
 // A tolerance on a route whose signatures carry no timestamp bounds nothing.
 //
+// A strip_path prefix route reaches every path below its upstream's: one
+// that verifies otherwise than a route whose upstream paths lie there lets
+// senders reach that route's handler without its signature.
+//
 // An unsigned generic route that replays stored answers without
 // client_identity replays the answer one client got to any client that
 // sends the same key (the IETF idempotency draft scopes keys per client).
@@ -637,6 +641,7 @@ func (f *File) Warnings() []Problem {
 		}
 	}
 	ws = append(ws, f.sharedNamespaceWarnings()...)
+	ws = append(ws, f.strippedPrefixWarnings()...)
 	if len(unsigned) > 0 {
 		verb := "verify"
 		if len(unsigned) == 1 {
@@ -715,6 +720,54 @@ func (f *File) sharedNamespaceWarnings() []Problem {
 		})
 	}
 	return ws
+}
+
+// strippedPrefixWarnings warns about each strip_path prefix route whose
+// upstream paths overlap those of a route that verifies its deliveries
+// otherwise (see verificationOf), on the same upstream: "/public/*" with
+// strip_path to http://app:3000 forwards /public/stripe to the app's
+// /stripe, where the signed stripe route's deliveries arrive, with no
+// signature check. Without strip_path each route reaches only paths under
+// its own, and the router refuses the ambiguous ones.
+func (f *File) strippedPrefixWarnings() []Problem {
+	var ws []Problem
+	for i, a := range f.Routes {
+		if !a.StripPath || !strings.HasSuffix(a.Path, "/*") {
+			continue
+		}
+		aOrigin, aPaths := upstreamPaths(a)
+		for _, b := range f.Routes {
+			if b.Name == a.Name || len(b.Secrets) == 0 || verificationOf(a) == verificationOf(b) {
+				continue
+			}
+			bOrigin, bPaths := upstreamPaths(b)
+			if aOrigin != bOrigin || !strings.HasPrefix(bPaths, aPaths) && !strings.HasPrefix(aPaths, bPaths) {
+				continue
+			}
+			ws = append(ws, Problem{
+				Key: fmt.Sprintf("routes[%d].strip_path", i),
+				Msg: fmt.Sprintf("route %q (%s) forwards anything below %s to %s%s, where route %q's deliveries (%s) arrive: a sender can reach that handler through %q without its signature; give %q its own upstream base path or drop strip_path", a.Name, verificationOf(a), strings.TrimSuffix(a.Path, "*"), aOrigin, aPaths, b.Name, verificationOf(b), a.Name, a.Name),
+			})
+		}
+	}
+	return ws
+}
+
+// upstreamPaths returns the scheme and host of r's upstream, in lower
+// case, and the upstream path under which its deliveries arrive, in lower
+// case and ending in "/" (upstreams may read paths without regard to
+// case): the upstream URL's path joined with the route's path, or with
+// strip_path the upstream URL's path alone.
+func upstreamPaths(r Route) (origin, paths string) {
+	u, err := url.Parse(r.Upstream)
+	if err != nil { // refused by Validate
+		return r.Upstream, "/"
+	}
+	p := u.Path
+	if !r.StripPath {
+		p = strings.TrimSuffix(p, "/") + "/" + strings.TrimPrefix(strings.TrimSuffix(r.Path, "*"), "/")
+	}
+	return strings.ToLower(u.Scheme + "://" + u.Host), strings.ToLower(strings.TrimSuffix(p, "/") + "/")
 }
 
 // verificationOf describes which senders r lets in, without its secrets:
