@@ -89,11 +89,40 @@ func TestDelayProxy(t *testing.T) {
 
 func TestDelayProxyTargetDown(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	for attempt := 1; ; attempt++ {
+		target, n, err := readThroughProxyToFreePort(t)
+		timedOut := false
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			timedOut = true
+		}
+		// go test runs packages side by side: another package's server may
+		// take the port FreePort found free before the proxy dials it, and
+		// the proxy then relays to it. Try another port then.
+		if timedOut && attempt < 3 && listening(target) {
+			t.Logf("attempt %d: %s was taken meanwhile; trying another port", attempt, target)
+			continue
+		}
+		if err == nil || n != 0 {
+			t.Errorf("got %d bytes, err %v from a proxy whose target is down, want 0 bytes and the connection closed", n, err)
+		}
+		if timedOut {
+			t.Errorf("got a read timeout, want the proxy to close the connection at once")
+		}
+		return
+	}
+}
+
+// readThroughProxyToFreePort reads from a DelayProxy to a port FreePort
+// found free, for up to 5s, and returns the port's address and what the
+// read returned.
+func readThroughProxyToFreePort(t *testing.T) (target string, n int, err error) {
+	t.Helper()
 	port, err := FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewDelayProxy(net.JoinHostPort("127.0.0.1", itoa(port)))
+	target = net.JoinHostPort("127.0.0.1", itoa(port))
+	p, err := NewDelayProxy(target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,13 +133,18 @@ func TestDelayProxyTargetDown(t *testing.T) {
 	}
 	defer c.Close()
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	n, err := c.Read(make([]byte, 1))
-	if err == nil || n != 0 {
-		t.Errorf("got %d bytes, err %v from a proxy whose target is down, want 0 bytes and the connection closed", n, err)
+	n, err = c.Read(make([]byte, 1))
+	return target, n, err
+}
+
+// listening reports whether something accepts connections on addr.
+func listening(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
 	}
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
-		t.Errorf("got a read timeout, want the proxy to close the connection at once")
-	}
+	_ = c.Close()
+	return true
 }
 
 func TestDelayProxyCloseEndsConnections(t *testing.T) {
