@@ -7,6 +7,7 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -246,6 +247,44 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 	}
 	delete(s.records, key)
 	return !s.now().After(r.ExpiresAt), nil
+}
+
+// List implements dedup.Store in key (ID) order, each key at most once.
+// A page sorts the namespace's IDs past the cursor under the store's lock:
+// O(n log n) for n keys of the namespace, for operators and tests.
+func (s *Store) List(ctx context.Context, namespace string, opts dedup.ListOptions) (dedup.ListPage, error) {
+	after, err := dedup.ParseKeyCursor(opts.Cursor)
+	if err != nil {
+		return dedup.ListPage{}, fmt.Errorf("memstore: list: %w", err)
+	}
+	if err := s.begin(ctx, "list"); err != nil {
+		return dedup.ListPage{}, err
+	}
+	defer s.mu.Unlock()
+	now := s.now()
+	var ids []string
+	for k := range s.records {
+		if k.Namespace == namespace && (opts.Cursor == "" || k.ID > after) {
+			ids = append(ids, k.ID)
+		}
+	}
+	slices.Sort(ids)
+	limit := opts.PageLimit()
+	var page dedup.ListPage
+	for _, id := range ids {
+		r := s.records[dedup.Key{Namespace: namespace, ID: id}]
+		if now.After(r.ExpiresAt) || !opts.Match(*r) {
+			continue
+		}
+		rec := export(r)
+		rec.Response = nil
+		page.Entries = append(page.Entries, dedup.ListEntry{ID: id, Record: rec})
+		if len(page.Entries) == limit {
+			page.Next = dedup.KeyCursor(id)
+			break
+		}
+	}
+	return page, nil
 }
 
 // Ping implements dedup.Store: nil unless ctx is done or the store closed.
