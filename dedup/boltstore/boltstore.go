@@ -252,6 +252,13 @@ type Store struct {
 	// preallocate zero-fills a new journal segment (see Options).
 	preallocate func(*os.File) error
 
+	// listBudget is how many bbolt records one List page examines at most:
+	// listScanBudget, but tests lower it.
+	listBudget int
+	// listRead, when set (by tests), runs after a List page copied the
+	// leases and the journal's index, before it reads bbolt.
+	listRead func()
+
 	// probed, when set (by tests), runs after a Claim's probe found that
 	// the journal records, before the claim is decided again.
 	probed func()
@@ -323,6 +330,7 @@ func Open(path string, opts Options) (*Store, error) {
 		sealedCh:        make(chan struct{}, 1),
 		drained:         make(chan struct{}, 1),
 		maxBacklog:      maxBacklogBytes,
+		listBudget:      listScanBudget,
 		syncFile:        fdatasync,
 		writeAt:         (*os.File).WriteAt,
 		preallocate:     opts.preallocate,
