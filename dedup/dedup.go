@@ -218,6 +218,25 @@ type Store interface {
 	// Forget deletes the key whatever its state, so the next delivery is
 	// forwarded. It reports whether a record existed.
 	Forget(ctx context.Context, key Key) (bool, error)
+	// List returns one page of namespace's live records that pass opts's
+	// filters (see ListOptions), for operators: it scans the namespace, so
+	// it is no operation for a hot path. Expired records (as Get sees them)
+	// are never listed. A key whose record is live and passes the filters
+	// for the whole listing, from the first page to the last, is returned
+	// at least once; a key created, changed or deleted meanwhile may or may
+	// not be, in the state it had when its page was read. Keys of other
+	// namespaces are never listed.
+	//
+	// Each backend says how much more it guarantees: memstore and boltstore
+	// list in key order and return each key at most once; redisstore
+	// follows Redis SCAN, in no order, and may return a key on two pages.
+	// IDs a backend keeps only as a SHA-256 (see its key scheme) cannot be
+	// given back and are not listed.
+	//
+	// A page holds at most opts.PageLimit() entries and may hold none
+	// while Next is not empty. A Cursor the store did not hand out fails
+	// with an error wrapping ErrBadCursor.
+	List(ctx context.Context, namespace string, opts ListOptions) (ListPage, error)
 	// Ping reports whether the backend is reachable (readiness).
 	Ping(ctx context.Context) error
 	// Close releases resources and stops background goroutines.

@@ -56,10 +56,11 @@ const (
 	opRelease = "release"
 	opGet     = "get"
 	opForget  = "forget"
+	opList    = "list"
 	opPing    = "ping"
 )
 
-var storeOps = []string{opClaim, opCommit, opRelease, opGet, opForget, opPing}
+var storeOps = []string{opClaim, opCommit, opRelease, opGet, opForget, opList, opPing}
 
 // storeOp indexes storeOps, so an operation's series are found without a
 // label lookup.
@@ -71,6 +72,7 @@ const (
 	storeOpRelease
 	storeOpGet
 	storeOpForget
+	storeOpList
 	storeOpPing
 	numStoreOps
 )
@@ -285,7 +287,8 @@ func codeClassIndex(status int) int {
 const codeClassError = 4
 
 // instrumentedStore wraps a dedup.Store and records the duration and errors of
-// every operation. ErrNotFound and ErrNotOwner are answers, not errors.
+// every operation. ErrNotFound and ErrNotOwner are answers, not errors, and
+// ErrBadCursor is the caller's.
 type instrumentedStore struct {
 	next dedup.Store
 	// Each operation's series, indexed by storeOp.
@@ -308,7 +311,7 @@ func newInstrumentedStore(next dedup.Store, m *metrics, backend string) *instrum
 
 func (s *instrumentedStore) observe(op storeOp, start time.Time, err error) {
 	s.durations[op].Observe(time.Since(start).Seconds())
-	if err != nil && !errors.Is(err, dedup.ErrNotFound) && !errors.Is(err, dedup.ErrNotOwner) {
+	if err != nil && !errors.Is(err, dedup.ErrNotFound) && !errors.Is(err, dedup.ErrNotOwner) && !errors.Is(err, dedup.ErrBadCursor) {
 		s.errors[op].Inc()
 	}
 }
@@ -351,6 +354,14 @@ func (s *instrumentedStore) Forget(ctx context.Context, key dedup.Key) (bool, er
 	ok, err := s.next.Forget(ctx, key)
 	s.observe(storeOpForget, start, err)
 	return ok, err
+}
+
+// List implements dedup.Store.
+func (s *instrumentedStore) List(ctx context.Context, namespace string, opts dedup.ListOptions) (dedup.ListPage, error) {
+	start := time.Now()
+	page, err := s.next.List(ctx, namespace, opts)
+	s.observe(storeOpList, start, err)
+	return page, err
 }
 
 // Ping implements dedup.Store.

@@ -216,8 +216,8 @@ func TestMetricLabelValues(t *testing.T) {
 		{"dedupgw_deliveries_total", "outcome", []string{"duplicate", "forwarded", "in_flight", "rejected_body", "rejected_fingerprint", "rejected_key", "rejected_signature", "store_error", "unkeyed"}},
 		{"dedupgw_releases_total", "reason", []string{"shutdown", "timeout", "upstream_error", "upstream_status"}},
 		{"dedupgw_upstream_duration_seconds", "code_class", []string{"2xx", "3xx", "4xx", "5xx", "error"}},
-		{"dedupgw_store_operation_duration_seconds", "op", []string{"claim", "commit", "forget", "get", "ping", "release"}},
-		{"dedupgw_store_errors_total", "op", []string{"claim", "commit", "forget", "get", "ping", "release"}},
+		{"dedupgw_store_operation_duration_seconds", "op", []string{"claim", "commit", "forget", "get", "list", "ping", "release"}},
+		{"dedupgw_store_errors_total", "op", []string{"claim", "commit", "forget", "get", "list", "ping", "release"}},
 		{"dedupgw_build_info", "version", []string{"test"}},
 		{"dedupgw_build_info", "goversion", []string{runtime.Version()}},
 	}

@@ -501,6 +501,7 @@ func TestConformanceScriptOnly(t *testing.T) {
 	srv := redistest.Start(t)
 	refuse := newRefuseSetGetHook(t, srv)
 	storetest.Run(t, storetest.Harness{
+		ListUnordered: true, // SCAN
 		New: func(t testing.TB, now dedup.Clock) dedup.Store {
 			client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 			t.Cleanup(func() { _ = client.Close() })

@@ -52,6 +52,10 @@ type Harness struct {
 	// may call Close twice; the second call's error is ignored). New should
 	// fail t (t.Fatal) if the store cannot be made.
 	New func(t testing.TB, now dedup.Clock) dedup.Store
+	// ListUnordered says the backend's List follows no order and may return
+	// a key on two pages (Redis SCAN). False means the suite checks that
+	// listings come in key order with each key once.
+	ListUnordered bool
 }
 
 // Durations the suite uses. Whole seconds, so second-precision stores pass.
@@ -64,6 +68,7 @@ const (
 type env struct {
 	s   dedup.Store
 	clk *FakeClock
+	h   Harness
 }
 
 func newEnv(t *testing.T, h Harness) *env {
@@ -74,7 +79,7 @@ func newEnv(t *testing.T, h Harness) *env {
 		t.Fatal("Harness.New returned a nil store")
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	return &env{s: s, clk: clk}
+	return &env{s: s, clk: clk, h: h}
 }
 
 // Run runs the conformance suite against the backend h makes, each check in
@@ -108,6 +113,13 @@ func Run(t *testing.T, h Harness) {
 		{"MillisecondTimes", testMillisecondTimes},
 		{"NamespacesIsolate", testNamespaces},
 		{"UnusualIDs", testUnusualIDs},
+		{"ListStates", testListStates},
+		{"ListTimeRange", testListTimeRange},
+		{"ListPages", testListPages},
+		{"ListExpired", testListExpired},
+		{"ListNamespaces", testListNamespaces},
+		{"ListForgotten", testListForgotten},
+		{"ListBadCursor", testListBadCursor},
 		{"Ping", testPing},
 		{"CancelledContext", testCancelled},
 		{"AfterClose", testAfterClose},
@@ -891,6 +903,10 @@ func ops(s dedup.Store, k dedup.Key, token string) []struct {
 		}},
 		{"Forget", func(ctx context.Context) error {
 			_, err := s.Forget(ctx, k)
+			return err
+		}},
+		{"List", func(ctx context.Context) error {
+			_, err := s.List(ctx, k.Namespace, dedup.ListOptions{})
 			return err
 		}},
 		{"Ping", func(ctx context.Context) error { return s.Ping(ctx) }},
