@@ -29,7 +29,11 @@
 //     next Claim starts over with Attempts 1 and FirstSeen now;
 //   - operations with an already cancelled context fail with an error that
 //     wraps context.Canceled and change nothing;
-//   - operations after Close fail with a non-nil error (ErrClosed preferred).
+//   - operations after Close fail with a non-nil error (ErrClosed preferred);
+//   - List shows each key's record as Get does (without Owner and
+//     Response), places settled records in time by CompletedAt and
+//     processing ones by FirstSeen, and in key order with each key once
+//     unless Harness.ListUnordered.
 package storetest
 
 import (
