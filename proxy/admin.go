@@ -54,6 +54,9 @@ type keyRecord struct {
 //	GET    /healthz                  200 while the process serves
 //	GET    /readyz                   200 when store.Ping answers within 2s, else 503; 503 once g drains
 //	GET    /metrics                  Prometheus exposition of opts.Gatherer
+//	GET    /v1/keys/{route}          one page of the route's keys, {"keys":[…],"next":"…"}, filtered
+//	                                 by ?state= ?since= ?until=, sized by ?limit=, resumed at
+//	                                 ?cursor= (see listKeys); 400 invalid-query for a bad value
 //	GET    /v1/keys/{route}/{key...} the key's record as JSON; 404 if absent or the route is unknown
 //	DELETE /v1/keys/{route}/{key...} forget the key (204); 404 if absent; 409 in-flight (with
 //	                                 Retry-After) while a delivery holds a live lease on it,
@@ -112,14 +115,13 @@ func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 	serve("/v1/keys/{route}/{key...}",
 		methodHandler{http.MethodGet, a.auth(http.HandlerFunc(a.getKey))},
 		methodHandler{http.MethodDelete, a.auth(http.HandlerFunc(a.forgetKey))})
-	// Anything else is a 404 problem, /v1/keys/{route} included (ServeMux
-	// would redirect it to /v1/keys/{route}/ to reach the {key...} pattern).
+	serve("/v1/keys/{route}", methodHandler{http.MethodGet, a.auth(http.HandlerFunc(a.listKeys))})
+	// Anything else is a 404 problem.
 	detail := "the admin API serves " + strings.Join(served[:len(served)-1], ", ") + " and " + served[len(served)-1]
 	notFound := func(w http.ResponseWriter, _ *http.Request) {
 		writeProblem(w, probNotFound.with("", detail), 0)
 	}
 	mux.HandleFunc("/", notFound)
-	mux.HandleFunc("/v1/keys/{route}", notFound)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// ServeMux redirects a path with "//", "." or ".." to its cleaned
 		// form, method kept: DELETE /v1/keys/r/x//y (or //v1/keys/r/x//y)

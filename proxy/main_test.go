@@ -300,6 +300,13 @@ func (s *flakyStore) Get(ctx context.Context, k dedup.Key) (dedup.Record, error)
 	return s.Store.Get(ctx, k)
 }
 
+func (s *flakyStore) List(ctx context.Context, ns string, o dedup.ListOptions) (dedup.ListPage, error) {
+	if s.down.Load() {
+		return dedup.ListPage{}, errStoreDown
+	}
+	return s.Store.List(ctx, ns, o)
+}
+
 func (s *flakyStore) Ping(ctx context.Context) error {
 	if s.down.Load() {
 		return errStoreDown
