@@ -610,8 +610,15 @@ routes:
 		{"keys forget --help", []string{"keys", "forget", "--help"}, 0, nil, []string{"-force"}, nil},
 		{"keys without args", []string{"keys", "get"}, 2, nil, []string{"dedupgw keys get: missing ROUTE and KEY", "Usage:"}, nil},
 		{"keys without a key", []string{"keys", "get", "slow"}, 2, nil, []string{`dedupgw keys get: missing KEY after ROUTE "slow"`}, nil},
-		{"keys without a subcommand", []string{"keys"}, 2, nil, []string{"dedupgw keys: missing subcommand (get or forget)"}, nil},
-		{"keys list", []string{"keys", "list"}, 2, nil, []string{`dedupgw keys: unknown subcommand "list" (want get or forget); there is no listing`}, nil},
+		{"keys without a subcommand", []string{"keys"}, 2, nil, []string{"dedupgw keys: missing subcommand (get, list or forget)"}, nil},
+		{"keys list without a route", []string{"keys", "list"}, 2, nil, []string{"dedupgw keys list: missing ROUTE"}, nil},
+		{"keys list with a key", []string{"keys", "list", "orders", "evt_1"}, 2, nil, []string{"dedupgw keys list: want ROUTE alone, got 2"}, nil},
+		{"keys list flag after the route", []string{"keys", "list", "orders", "--state", "failed"}, 2, nil, []string{"flags go before ROUTE"}, nil},
+		{"keys list with an unknown state", []string{"keys", "list", "--state", "done", "orders"}, 2, nil, []string{"--state done: want processing, processed or failed"}, nil},
+		{"keys list --help", []string{"keys", "list", "--help"}, 0, nil, []string{"-since", "-limit"}, nil},
+		{"keys forget with a key and filters", []string{"keys", "forget", "--state", "failed", "orders", "evt_1"}, 2, nil, []string{"give either KEY or filters"}, nil},
+		{"keys forget without a key or filters", []string{"keys", "forget", "orders"}, 2, nil, []string{"to forget by state or time, give --state"}, nil},
+		{"keys unknown subcommand", []string{"keys", "drop"}, 2, nil, []string{`dedupgw keys: unknown subcommand "drop" (want get, list or forget)`}, nil},
 		{"keys flag after the key", []string{"keys", "get", "orders", "evt_1", "--admin", "http://127.0.0.1:1"}, 2, nil, []string{"flags go before ROUTE and KEY"}, nil},
 	}
 	for _, tt := range tests {

@@ -22,31 +22,39 @@ const keysTimeout = 10 * time.Second
 
 const keysUsage = `Usage:
   dedupgw keys get [--admin URL] ROUTE KEY     print the key's record as JSON
+  dedupgw keys list [--admin URL] [--state S] [--since T] [--until T] [--limit N] ROUTE
+                                               print the route's keys, one JSON object a line
   dedupgw keys forget [--admin URL] [--force] ROUTE KEY
                                                forget the key so its next delivery is forwarded;
                                                a key whose delivery is in flight needs --force
+  dedupgw keys forget [--admin URL] [--force] [--yes] [--state S] [--since T] [--until T] ROUTE
+                                               forget every key the filters list: without --yes
+                                               only print them; keys in flight need --force
+
+--state is processing, processed or failed (comma-separated for several).
+--since and --until take an RFC 3339 time (2026-12-01T10:00:00Z) or a
+duration meaning that long ago (1h); a processed or failed key is placed
+by when it completed, one in flight by when it was first seen. Since is
+inclusive, until exclusive. --limit 0 (the default) lists every key.
 
 The admin token is read from DEDUPGW_ADMIN_TOKEN. --admin defaults to
 DEDUPGW_ADMIN_URL, else ` + defaultAdminURL + `.
 `
 
-// cmdKeys runs "keys get" and "keys forget" against the admin API. It exits
-// non-zero when the key is absent (404), the token is refused (401) or the
-// gateway cannot be reached.
+// cmdKeys runs "keys get", "keys list" and "keys forget" against the admin
+// API. It exits non-zero when the key is absent (404), the token is refused
+// (401) or the gateway cannot be reached; see cmdKeysForgetMany for a
+// forget by filters.
 func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case len(args) == 0:
-		fmt.Fprintf(stderr, "dedupgw keys: missing subcommand (get or forget)\n%s", keysUsage)
+		fmt.Fprintf(stderr, "dedupgw keys: missing subcommand (get, list or forget)\n%s", keysUsage)
 		return exitUsage
 	case args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help":
 		fmt.Fprint(stdout, keysUsage)
 		return exitOK
-	case args[0] != "get" && args[0] != "forget":
-		msg := fmt.Sprintf("unknown subcommand %q (want get or forget)", args[0])
-		if args[0] == "list" {
-			msg += "; there is no listing: the admin API answers by exact key"
-		}
-		fmt.Fprintf(stderr, "dedupgw keys: %s\n%s", msg, keysUsage)
+	case args[0] != "get" && args[0] != "forget" && args[0] != "list":
+		fmt.Fprintf(stderr, "dedupgw keys: unknown subcommand %q (want get, list or forget)\n%s", args[0], keysUsage)
 		return exitUsage
 	}
 	op := args[0]
@@ -57,12 +65,28 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		def = v
 	}
 	admin := fs.String("admin", def, "admin API base URL")
-	var force *bool
+	var (
+		force *bool
+		yes   bool
+		f     listFilters
+	)
 	if op == "forget" {
 		force = fs.Bool("force", false, "forget the key even while a delivery of it is in flight")
+		fs.BoolVar(&yes, "yes", false, "with filters: forget the keys listed (without it they are only printed)")
+	}
+	if op != "get" {
+		fs.StringVar(&f.state, "state", "", "only keys in this state: processing, processed or failed (comma-separated for several)")
+		fs.StringVar(&f.since, "since", "", "only keys at or after this RFC 3339 time, or this long ago (1h)")
+		fs.StringVar(&f.until, "until", "", "only keys before this RFC 3339 time, or this long ago")
+	}
+	if op == "list" {
+		fs.IntVar(&f.limit, "limit", 0, "list at most this many keys (0: all)")
 	}
 	if err := fs.Parse(args[1:]); err != nil {
 		return usageExit(err)
+	}
+	if op == "list" || (op == "forget" && f.any()) {
+		return cmdKeysMany(op, fs, *admin, f, force != nil && *force, yes, stdout, stderr)
 	}
 	if fs.NArg() > 2 && strings.HasPrefix(fs.Arg(2), "-") {
 		// Go's flag package stops at the first argument: --admin after
@@ -73,6 +97,8 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() != 2 || fs.Arg(0) == "" || fs.Arg(1) == "" {
 		msg := fmt.Sprintf("want ROUTE and KEY, got %d argument(s)", fs.NArg())
 		switch {
+		case fs.NArg() == 1 && op == "forget":
+			msg = "missing KEY after ROUTE " + strconv.Quote(fs.Arg(0)) + " (to forget by state or time, give --state, --since or --until)"
 		case fs.NArg() == 1:
 			msg = "missing KEY after ROUTE " + strconv.Quote(fs.Arg(0))
 		case fs.NArg() == 0:
@@ -144,6 +170,39 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dedupgw keys: %s %s: %s (%s)\n", method, target, resp.Status, detail(body))
 	}
 	return exitFail
+}
+
+// cmdKeysMany runs "keys list" and a bulk "keys forget" (one with
+// filters) on the parsed flags: one argument, ROUTE.
+func cmdKeysMany(op string, fs *flag.FlagSet, admin string, f listFilters, force, yes bool, stdout, stderr io.Writer) int {
+	if fs.NArg() > 1 && strings.HasPrefix(fs.Arg(1), "-") {
+		fmt.Fprintf(stderr, "dedupgw keys %s: flags go before ROUTE, e.g. dedupgw keys %s --state failed ROUTE\n", op, op)
+		return exitUsage
+	}
+	if fs.NArg() != 1 || fs.Arg(0) == "" {
+		msg := fmt.Sprintf("want ROUTE alone, got %d argument(s)", fs.NArg())
+		switch {
+		case fs.NArg() == 0:
+			msg = "missing ROUTE"
+		case op == "forget":
+			msg = "give either KEY or filters (--state, --since, --until), not both"
+		}
+		fmt.Fprintf(stderr, "dedupgw keys %s: %s\n%s", op, msg, keysUsage)
+		return exitUsage
+	}
+	if msg := checkListArgs(f); msg != "" {
+		fmt.Fprintf(stderr, "dedupgw keys %s: %s\n", op, msg)
+		return exitUsage
+	}
+	base, err := url.Parse(strings.TrimRight(admin, "/"))
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		fmt.Fprintf(stderr, "dedupgw keys: invalid --admin URL %q\n", admin)
+		return exitUsage
+	}
+	if op == "list" {
+		return cmdKeysList(base.String(), fs.Arg(0), f, stdout, stderr)
+	}
+	return cmdKeysForgetMany(base.String(), fs.Arg(0), f, force, yes, stdout, stderr)
 }
 
 // pathSegment escapes s as one URL path segment: "/" included, and "." and

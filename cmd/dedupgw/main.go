@@ -4,7 +4,11 @@
 //	dedupgw validate --config FILE           check a configuration, listing every problem
 //	dedupgw version                          print the version
 //	dedupgw keys get [--admin URL] ROUTE KEY     show a key's record (admin API)
+//	dedupgw keys list [--admin URL] [--state S] [--since T] [--until T] [--limit N] ROUTE
+//	                                         list a route's keys as JSON Lines
 //	dedupgw keys forget [--admin URL] [--force] ROUTE KEY  forget a key so its replay is forwarded
+//	dedupgw keys forget [--admin URL] [--force] [--yes] [--state S] [--since T] [--until T] ROUTE
+//	                                         forget every key the filters list (--yes to do it)
 //
 // serve reloads the configuration on SIGHUP and drains in-flight deliveries on
 // SIGTERM or SIGINT. The keys commands read the admin token from
@@ -63,8 +67,13 @@ Usage:
   dedupgw validate --config FILE           check a configuration; exit 1 listing every problem
   dedupgw version                          print the version
   dedupgw keys get [--admin URL] ROUTE KEY     print a key's record as JSON
+  dedupgw keys list [--admin URL] [--state S] [--since T] [--until T] [--limit N] ROUTE
+                                           print a route's keys, one JSON object a line
   dedupgw keys forget [--admin URL] [--force] ROUTE KEY
                                            forget a key so its next delivery is forwarded
+  dedupgw keys forget [--admin URL] [--force] [--yes] [--state S] [--since T] [--until T] ROUTE
+                                           forget every key the filters list; without --yes
+                                           only print them (dedupgw keys --help says more)
 
 Environment:
   ${VAR} in config values is expanded; DEDUPGW_* variables override keys outside routes

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// listPageLimit is the page size the keys commands ask the listing for.
+const listPageLimit = 1000
+
+// listFilters are the flags "keys list" and a bulk "keys forget" share;
+// their values go to GET /v1/keys/{route} as they are, which checks them.
+type listFilters struct {
+	state, since, until string
+	// limit is the most keys to list, 0 for all.
+	limit int
+}
+
+// any reports whether a filter is set.
+func (f listFilters) any() bool { return f.state != "" || f.since != "" || f.until != "" }
+
+// query is the listing's query for cursor.
+func (f listFilters) query(cursor string) string {
+	q := url.Values{}
+	if f.state != "" {
+		q.Set("state", f.state)
+	}
+	if f.since != "" {
+		q.Set("since", f.since)
+	}
+	if f.until != "" {
+		q.Set("until", f.until)
+	}
+	page := listPageLimit
+	if f.limit > 0 {
+		page = min(f.limit, listPageLimit)
+	}
+	q.Set("limit", strconv.Itoa(page))
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	return q.Encode()
+}
+
+// listedKey is one key of a listing: its JSON object as the API sent it,
+// and the fields the bulk forget reads.
+type listedKey struct {
+	raw   json.RawMessage
+	Key   string `json:"key"`
+	State string `json:"state"`
+}
+
+// adminCall sends one request to the admin API with the token from the
+// environment and returns the status and at most limit bytes of the body.
+func adminCall(method, target string, limit int64) (int, []byte, error) {
+	req, err := http.NewRequest(method, target, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	if tok, _ := os.LookupEnv("DEDUPGW_ADMIN_TOKEN"); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	client := &http.Client{Timeout: keysTimeout}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if err != nil {
+		return 0, nil, fmt.Errorf("read answer: %w", err)
+	}
+	return resp.StatusCode, body, nil
+}
+
+// listKeys follows the listing of route page by page, calling fn with each
+// key. It prints why it stopped to stderr and returns the exit code:
+// exitUsage when the gateway refused a filter (400), exitFail for anything
+// else that went wrong.
+func listKeys(base, route string, f listFilters, stderr io.Writer, fn func(listedKey) error) int {
+	cursor := ""
+	seen := 0
+	for {
+		target := base + "/v1/keys/" + pathSegment(route) + "?" + f.query(cursor)
+		code, body, err := adminCall(http.MethodGet, target, 64<<20)
+		if err != nil {
+			fmt.Fprintf(stderr, "dedupgw keys: %v\n", err)
+			return exitFail
+		}
+		switch code {
+		case http.StatusOK:
+		case http.StatusBadRequest:
+			fmt.Fprintf(stderr, "dedupgw keys: %s\n", detail(body))
+			return exitUsage
+		case http.StatusNotFound:
+			fmt.Fprintf(stderr, "dedupgw keys: %s: not found (%s)\n", route, detail(body))
+			return exitFail
+		case http.StatusUnauthorized:
+			fmt.Fprintf(stderr, "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n")
+			return exitFail
+		default:
+			fmt.Fprintf(stderr, "dedupgw keys: GET %s: %d (%s)\n", target, code, detail(body))
+			return exitFail
+		}
+		var page struct {
+			Keys []json.RawMessage `json:"keys"`
+			Next string            `json:"next"`
+		}
+		if err := json.Unmarshal(body, &page); err != nil {
+			fmt.Fprintf(stderr, "dedupgw keys: GET %s: not a listing: %v\n", target, err)
+			return exitFail
+		}
+		for _, raw := range page.Keys {
+			k := listedKey{raw: raw}
+			if err := json.Unmarshal(raw, &k); err != nil {
+				fmt.Fprintf(stderr, "dedupgw keys: GET %s: not a key: %v\n", target, err)
+				return exitFail
+			}
+			if err := fn(k); err != nil {
+				fmt.Fprintf(stderr, "dedupgw keys: %v\n", err)
+				return exitFail
+			}
+			if seen++; seen == f.limit {
+				return exitOK
+			}
+		}
+		if page.Next == "" {
+			return exitOK
+		}
+		cursor = page.Next
+	}
+}
+
+// cmdKeysList prints every key of route that passes f as JSON Lines.
+func cmdKeysList(base, route string, f listFilters, stdout, stderr io.Writer) int {
+	return listKeys(base, route, f, stderr, func(k listedKey) error {
+		_, err := fmt.Fprintf(stdout, "%s\n", k.raw)
+		return err
+	})
+}
+
+// cmdKeysForgetMany forgets every key of route that passes f: it lists
+// them first, and without yes only prints them (JSON Lines) and what it
+// would do. Keys in flight are skipped unless force. It exits 0 when every
+// listed key was forgotten or had gone meanwhile, 1 when any was skipped
+// or failed.
+func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdout, stderr io.Writer) int {
+	var keys []listedKey
+	if code := listKeys(base, route, f, stderr, func(k listedKey) error {
+		keys = append(keys, k)
+		return nil
+	}); code != exitOK {
+		return code
+	}
+	inFlight := 0
+	for _, k := range keys {
+		if k.State == "processing" {
+			inFlight++
+		}
+	}
+	if !yes {
+		for _, k := range keys {
+			fmt.Fprintf(stdout, "%s\n", k.raw)
+		}
+		skip := "skipped: add --force to forget them too"
+		if force {
+			skip = "forgotten too (--force)"
+		}
+		fmt.Fprintf(stderr, "dedupgw keys forget: would forget %d key(s) of route %s; %d in flight would be %s. Nothing was forgotten: run again with --yes.\n", len(keys), route, inFlight, skip)
+		return exitOK
+	}
+	var forgotten, skipped, gone, failed int
+	for _, k := range keys {
+		if k.State == "processing" && !force {
+			skipped++
+			fmt.Fprintf(stdout, "skipped %s/%s: in flight (use --force)\n", route, k.Key)
+			continue
+		}
+		target := base + "/v1/keys/" + pathSegment(route) + "/" + pathSegment(k.Key)
+		if force {
+			target += "?force=true"
+		}
+		code, body, err := adminCall(http.MethodDelete, target, 1<<20)
+		switch {
+		case err != nil:
+			failed++
+			fmt.Fprintf(stderr, "dedupgw keys: %s/%s: %v\n", route, k.Key, err)
+		case code/100 == 2:
+			forgotten++
+			fmt.Fprintf(stdout, "forgot %s/%s\n", route, k.Key)
+		case code == http.StatusNotFound:
+			gone++
+			fmt.Fprintf(stdout, "not found anymore %s/%s\n", route, k.Key)
+		case code == http.StatusConflict:
+			skipped++
+			fmt.Fprintf(stdout, "skipped %s/%s: in flight since the listing (use --force)\n", route, k.Key)
+		case code == http.StatusUnauthorized:
+			fmt.Fprintf(stderr, "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n")
+			return exitFail
+		default:
+			failed++
+			fmt.Fprintf(stderr, "dedupgw keys: DELETE %s: %d (%s)\n", target, code, detail(body))
+		}
+	}
+	summary := fmt.Sprintf("forgotten %d, skipped %d (in flight), not found anymore %d", forgotten, skipped, gone)
+	if failed > 0 {
+		summary += fmt.Sprintf(", failed %d", failed)
+	}
+	fmt.Fprintln(stdout, summary)
+	if force && forgotten > 0 && inFlight > 0 {
+		fmt.Fprintln(stdout, "(forced: a delivery in flight, if any, will not be recorded when it finishes; a copy of it will be forwarded again)")
+	}
+	if skipped > 0 || failed > 0 {
+		return exitFail
+	}
+	return exitOK
+}
+
+// checkListArgs reports a usage problem of "keys list" or a bulk "keys
+// forget", or "" when there is none.
+func checkListArgs(f listFilters) string {
+	if f.limit < 0 {
+		return fmt.Sprintf("--limit %d: want a number of keys, or 0 for all", f.limit)
+	}
+	for s := range strings.SplitSeq(f.state, ",") {
+		switch strings.TrimSpace(s) {
+		case "", "processing", "processed", "failed":
+		default:
+			return fmt.Sprintf("--state %s: want processing, processed or failed (comma-separated for several)", s)
+		}
+	}
+	return ""
+}
