@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -23,7 +24,8 @@ import (
 )
 
 // File is the configuration file, as plain data. Load fills it from YAML,
-// expands ${VAR} references and applies DEDUPGW_* overrides; Validate checks
+// expands ${VAR} and ${file:PATH} references and applies DEDUPGW_*
+// overrides; Validate checks
 // it; GatewayConfig turns it into the proxy's configuration with every
 // default applied. The `config` tags are the YAML keys.
 type File struct {
@@ -48,6 +50,16 @@ type File struct {
 	// references named but the environment did not set, so Validate can say
 	// why a value is empty.
 	unset map[string][]string
+	// emptyFiles maps a value's key path to the files its ${file:PATH}
+	// references read as empty, as unset does for variables.
+	emptyFiles map[string][]string
+	// fileErrs maps a value's key path to why the files its ${file:PATH}
+	// references named could not be read: its problems, in place of any
+	// other problem with the value.
+	fileErrs map[string][]string
+	// files holds the state of every file a ${file:PATH} reference named,
+	// by absolute path (see referencedFiles).
+	files map[string]fileState
 	// fromEnv maps a key path a DEDUPGW_* variable set to that variable, so
 	// a problem with its value names where the value came from.
 	fromEnv map[string]string
@@ -421,7 +433,10 @@ const EnvPrefix = "DEDUPGW_"
 
 // Load reads the YAML configuration file at path. String values are expanded
 // after parsing, one value at a time, so "${VAR}" is replaced by the variable's
-// value from env (unset means empty) and can never add YAML structure. Then
+// value from env (unset means empty), and "${file:PATH}" by the content of
+// the file at PATH (relative to path's directory; see readFileRef), and
+// neither can add YAML structure. A file that cannot be read is a problem
+// named by the key that references it. Then
 // every scalar key outside routes: can be overridden by its DEDUPGW_* variable
 // (list keys take a comma-separated list). Unknown keys and values of the
 // wrong type are reported as Problems naming the key; the returned File is then
@@ -447,13 +462,17 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	}
 	raw := v.AllSettings()
 
-	f := &File{unset: map[string][]string{}, fromEnv: map[string]string{}, undecoded: map[string]bool{}}
+	f := &File{
+		unset: map[string][]string{}, emptyFiles: map[string][]string{}, fileErrs: map[string][]string{},
+		files: map[string]fileState{}, fromEnv: map[string]string{}, undecoded: map[string]bool{},
+	}
 	var ps Problems
 	// viper matches keys case-insensitively: two spellings of one key in a
 	// mapping would silently merge, one value winning. Name them instead.
 	caseCollisions(&doc, "", &ps)
+	x := &expander{env: env, dir: filepath.Dir(path), files: f.files}
 	for key, val := range raw {
-		raw[key] = expandValue(val, key, env, f.unset)
+		raw[key] = x.expandValue(val, key, f)
 	}
 	for _, o := range envOverrides() {
 		s, ok := env(o.env)
@@ -475,16 +494,27 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 		setPath(raw, o.path, val)
 		key := strings.Join(o.path, ".")
 		f.fromEnv[key] = o.env
-		// The file's value, and any ${VAR} it was built from, is gone:
-		// an unset one must not be warned about or named in a problem.
-		for k := range f.unset {
-			if k == key || strings.HasPrefix(k, key+"[") {
-				delete(f.unset, k)
+		// The file's value, and any ${VAR} or ${file:PATH} it was built
+		// from, is gone: an unset or unreadable one must not be warned
+		// about or named in a problem.
+		for _, m := range []map[string][]string{f.unset, f.emptyFiles, f.fileErrs} {
+			for k := range m {
+				if k == key || strings.HasPrefix(k, key+"[") {
+					delete(m, k)
+				}
 			}
 		}
 	}
 
 	decode(raw, reflect.ValueOf(f).Elem(), "", &ps)
+	// A value whose file could not be read is reported as that, and only
+	// that: what is left of it (empty, say) does not decode either.
+	ps = f.dropFileErrKeys(ps)
+	for _, key := range slices.Sorted(maps.Keys(f.fileErrs)) {
+		for _, msg := range f.fileErrs[key] {
+			ps.add(key, "%s", msg)
+		}
+	}
 	for _, p := range ps {
 		f.undecoded[p.Key] = true
 	}
@@ -681,46 +711,76 @@ func (f *File) maxUpstreamTimeout() time.Duration {
 	return longest
 }
 
-// expandValue replaces ${VAR} in every string inside val. path is val's key
-// path; unset records the variables that env did not set, by path.
-func expandValue(val any, path string, env func(string) (string, bool), unset map[string][]string) any {
+// expandValue replaces the ${VAR} and ${file:PATH} references in every
+// string inside val, by x. path is val's key path; what the references
+// left empty, or could not read, is recorded in f by path.
+func (x *expander) expandValue(val any, path string, f *File) any {
 	switch v := val.(type) {
 	case string:
-		s, missing := expand(v, env)
-		if len(missing) > 0 {
-			unset[path] = missing
+		s, e := x.expand(v)
+		if len(e.unset) > 0 {
+			f.unset[path] = e.unset
+		}
+		if len(e.empty) > 0 {
+			f.emptyFiles[path] = e.empty
+		}
+		if len(e.errs) > 0 {
+			f.fileErrs[path] = e.errs
 		}
 		return s
 	case map[string]any:
 		for k, e := range v {
-			v[k] = expandValue(e, path+"."+k, env, unset)
+			v[k] = x.expandValue(e, path+"."+k, f)
 		}
 		return v
 	case []any:
 		for i, e := range v {
-			v[i] = expandValue(e, fmt.Sprintf("%s[%d]", path, i), env, unset)
+			v[i] = x.expandValue(e, fmt.Sprintf("%s[%d]", path, i), f)
 		}
 		return v
 	}
 	return val
 }
 
+// expansion is what expand found besides the value: the variables env did
+// not set, the files that were empty (by the path they were read at), and
+// why each file that could not be read could not.
+type expansion struct {
+	unset, empty, errs []string
+}
+
 // expand replaces each ${NAME} in s by env(NAME), an unset variable by the
-// empty string, and returns the names of the unset variables. A "$" not
-// followed by "{NAME}" is kept as written, so secrets may contain "$".
-func expand(s string, env func(string) (string, bool)) (string, []string) {
+// empty string, and each ${file:PATH} by the content of that file (see
+// readFileRef), one that cannot be read by the empty string. A "$" not
+// followed by "{NAME}" or "{file:PATH}" is kept as written, so secrets may
+// contain "$". Values are not expanded again: a variable or a file holding
+// "${X}" gives "${X}".
+func (x *expander) expand(s string) (string, expansion) {
 	var b strings.Builder
-	var missing []string
+	var out expansion
 	for {
 		i := strings.Index(s, "${")
 		if i < 0 {
 			b.WriteString(s)
-			return b.String(), missing
+			return b.String(), out
 		}
 		j := strings.IndexByte(s[i:], '}')
 		name := ""
 		if j > 0 {
 			name = s[i+2 : i+j]
+		}
+		if p, ok := strings.CutPrefix(name, fileRefPrefix); ok {
+			b.WriteString(s[:i])
+			val, read, err := x.readFileRef(p)
+			switch {
+			case err != nil:
+				out.errs = append(out.errs, err.Error())
+			case val == "":
+				out.empty = append(out.empty, read)
+			}
+			b.WriteString(val)
+			s = s[i+j+1:]
+			continue
 		}
 		if !validEnvName(name) {
 			b.WriteString(s[:i+2])
@@ -728,10 +788,10 @@ func expand(s string, env func(string) (string, bool)) (string, []string) {
 			continue
 		}
 		b.WriteString(s[:i])
-		if val, ok := env(name); ok {
+		if val, ok := x.env(name); ok {
 			b.WriteString(val)
 		} else {
-			missing = append(missing, name)
+			out.unset = append(out.unset, name)
 		}
 		s = s[i+j+1:]
 	}

@@ -301,7 +301,9 @@ func TestEnvExpansion(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, miss := expand(tt.in, envMap(tt.env))
+			x := &expander{env: envMap(tt.env), dir: t.TempDir(), files: map[string]fileState{}}
+			got, e := x.expand(tt.in)
+			miss := e.unset
 			if got != tt.want {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}

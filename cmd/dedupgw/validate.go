@@ -84,6 +84,7 @@ func (f *File) Validate() error {
 			}
 		}
 	}
+	ps = f.dropFileErrKeys(ps)
 	f.fromEnvNote(ps)
 	return ps.errOrNil()
 }
@@ -326,19 +327,19 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 	}
 	for i, s := range r.Secrets {
 		k := fmt.Sprintf("%s.secrets[%d]", key, i)
-		unset := f.unset[k]
-		if i == 0 && len(r.Secrets) == 1 && len(unset) == 0 {
-			unset = f.unset[key+".secrets"] // written as one string, not a list
+		why := f.whyEmpty(k)
+		if i == 0 && len(r.Secrets) == 1 && why == "" {
+			why = f.whyEmpty(key + ".secrets") // written as one string, not a list
 		}
 		switch {
-		case s == "" && len(unset) > 0:
-			ps.add(k, "must not be empty (environment variable %s is not set)", strings.Join(unset, ", "))
+		case s == "" && why != "":
+			ps.add(k, "must not be empty (%s)", why)
 		case s == "":
 			ps.add(k, "%s", f.empty(k))
-		case len(unset) > 0:
+		case why != "":
 			// "whsec_${SUFFIX}" with SUFFIX unset is "whsec_": not empty,
 			// but not the secret either, and every delivery would fail.
-			addPartlyUnset(ps, k, unset)
+			addPartlyUnset(ps, k, why)
 		}
 	}
 	if provider == providers.StandardWebhooks {
@@ -413,12 +414,12 @@ func (f *File) checkIdentitySecret(ps *Problems, key string, r Route) {
 		return
 	}
 	k := key + ".client_identity_secret"
-	unset := f.unset[k]
+	why := f.whyEmpty(k)
 	switch s := *r.ClientIdentitySecret; {
 	case s == "":
 		ps.add(k, "%s (set it; removing the key instead hashes client identities without a secret and re-scopes every key)", f.empty(k))
-	case len(unset) > 0:
-		addPartlyUnset(ps, k, unset)
+	case why != "":
+		addPartlyUnset(ps, k, why)
 	case len(s) < proxy.MinClientIdentitySecret:
 		ps.add(k, "is shorter than %d bytes (the value is not shown); use a random one, e.g. from openssl rand -hex 32", proxy.MinClientIdentitySecret)
 	}
@@ -427,10 +428,11 @@ func (f *File) checkIdentitySecret(ps *Problems, key string, r Route) {
 	}
 }
 
-// addPartlyUnset reports the secret at key, built in part from the unset
-// variables vars: not empty, but not the secret either.
-func addPartlyUnset(ps *Problems, key string, vars []string) {
-	ps.add(key, "environment variable %s is not set (the secret would be only the rest of its text)", strings.Join(vars, ", "))
+// addPartlyUnset reports the secret at key, built in part from unset
+// variables or empty files (why, from whyEmpty): not empty, but not the
+// secret either.
+func addPartlyUnset(ps *Problems, key, why string) {
+	ps.add(key, "%s (the secret would be only the rest of its text)", why)
 }
 
 func checkPath(ps *Problems, key, path, emptyMsg string) {
@@ -512,11 +514,12 @@ func (f *File) empty(key string) string {
 }
 
 // unsetNote returns " (environment variable X is not set)" when key's value
-// named ${X} references the environment did not set, else "": why the value
-// is empty or does not decode.
+// named ${X} references the environment did not set, " (file F is empty)"
+// when it named an empty file with ${file:F}, else "": why the value is
+// empty or does not decode.
 func (f *File) unsetNote(key string) string {
-	if vars := f.unset[key]; len(vars) > 0 {
-		return fmt.Sprintf(" (environment variable %s is not set)", strings.Join(vars, ", "))
+	if why := f.whyEmpty(key); why != "" {
+		return " (" + why + ")"
 	}
 	return ""
 }
@@ -810,17 +813,36 @@ func (f *File) envWarnings() []Problem {
 // does: a path of "/hooks/${ROUTE}" would serve "/hooks/". A variable set
 // to "" is taken as meant, and not warned about; nor are the blocks of the
 // stores not in use (a redis: block kept beside backend: bolt).
+//
+// A value built from a ${file:PATH} whose file is empty is warned about
+// alike.
 func (f *File) unsetWarnings() []Problem {
 	var ws []Problem
-	for _, key := range slices.Sorted(maps.Keys(f.unset)) {
+	keys := slices.Sorted(maps.Keys(f.unset))
+	for k := range f.emptyFiles {
+		if _, ok := f.unset[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, key := range keys {
 		if block, ok := strings.CutPrefix(strings.ToLower(key), "store."); ok && !strings.HasPrefix(block, "backend") && !strings.HasPrefix(block, f.Store.Backend+".") {
 			continue
 		}
-		vars, verb := f.unset[key], "is"
-		if len(vars) > 1 {
-			verb = "are"
+		if vars := f.unset[key]; len(vars) > 0 {
+			verb := "is"
+			if len(vars) > 1 {
+				verb = "are"
+			}
+			ws = append(ws, Problem{Key: key, Msg: fmt.Sprintf("built from ${%s}, which %s not set, so empty there; set it (to \"\" if empty is meant)", strings.Join(vars, "}, ${"), verb)})
 		}
-		ws = append(ws, Problem{Key: key, Msg: fmt.Sprintf("built from ${%s}, which %s not set, so empty there; set it (to \"\" if empty is meant)", strings.Join(vars, "}, ${"), verb)})
+		if files := f.emptyFiles[key]; len(files) > 0 {
+			verb := "is"
+			if len(files) > 1 {
+				verb = "are"
+			}
+			ws = append(ws, Problem{Key: key, Msg: fmt.Sprintf("built from the file %s, which %s empty, so empty there; write the value into it (or drop the ${file:…} reference if empty is meant)", strings.Join(files, ", "), verb)})
+		}
 	}
 	return ws
 }

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// fileRefPrefix starts a reference to a file's content in a config value:
+// ${file:PATH}.
+const fileRefPrefix = "file:"
+
+// maxFileRef bounds the file a ${file:PATH} reference reads: it holds one
+// value (a secret, a password), not a document, and a reference to a log
+// or a device by mistake must not be read whole on every load.
+const maxFileRef = 64 << 10
+
+// expander resolves the references in config values (see expand).
+type expander struct {
+	// env looks variables up; it is never nil.
+	env func(string) (string, bool)
+	// dir is the config file's directory: a relative ${file:PATH} is
+	// read from there, wherever the process was started.
+	dir string
+	// files records the state of every file a reference named, read or
+	// not, by absolute path: what the watcher compares the files with.
+	files map[string]fileState
+}
+
+// fileState is what reading a referenced file found: the SHA-256 of its
+// content, or why it could not be read. Two reads of an unchanged file
+// give equal states; the content itself is not kept.
+type fileState struct {
+	sum [sha256.Size]byte
+	err string
+}
+
+// readFileRef returns the content of the file that ${file:PATH} names
+// (PATH as written, relative to the config file's directory unless
+// absolute), without one trailing "\n" or "\r\n" (what echo, an editor or
+// kubectl create secret --from-file leave), and the path it was read at.
+// A file that is missing or unreadable, a directory or another file that
+// is not a regular one, and one larger than maxFileRef are errors naming
+// the path and never the content. Every file named is recorded in x.files.
+func (x *expander) readFileRef(p string) (val, read string, err error) {
+	switch {
+	case p == "":
+		return "", "", errors.New("${file:} names no file (want ${file:/path/to/file})")
+	case strings.Contains(p, "${"):
+		// "${file:${DIR}/x}" ends at the first "}": the path would be "${DIR".
+		return "", "", fmt.Errorf("${file:%s…}: a file path cannot hold a ${…} reference; write the path out (a relative one starts at the config file's directory)", p)
+	}
+	read = p
+	if !filepath.IsAbs(p) {
+		read = filepath.Join(x.dir, p)
+	}
+	b, rerr := readRefFile(read)
+	st := fileState{sum: sha256.Sum256(b)}
+	if rerr != nil {
+		st = fileState{err: rerr.Error()}
+		where := read
+		if read != p {
+			where = fmt.Sprintf("%s (%s)", read, p)
+		}
+		err = fmt.Errorf("${file:%s}: cannot read %s: %w", p, where, rerr)
+	}
+	if abs, aerr := filepath.Abs(read); aerr == nil {
+		x.files[abs] = st
+	} else {
+		x.files[read] = st
+	}
+	if err != nil {
+		return "", read, err
+	}
+	s := string(b)
+	if t, ok := strings.CutSuffix(s, "\r\n"); ok {
+		s = t
+	} else {
+		s = strings.TrimSuffix(s, "\n")
+	}
+	return s, read, nil
+}
+
+// Errors of readRefFile, beside those of the file system.
+var (
+	errRefDir       = errors.New("it is a directory (name the file in it that holds the value, e.g. a Secret's key)")
+	errRefIrregular = errors.New("not a regular file")
+	errRefTooLarge  = fmt.Errorf("larger than %d KiB (a referenced file holds one value)", maxFileRef>>10)
+)
+
+// readRefFile reads the regular file at path, up to maxFileRef bytes. An
+// error from the file system is returned without the path (the caller
+// names it once).
+func readRefFile(path string) ([]byte, error) {
+	// Stat first: opening a FIFO would block.
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, bare(err)
+	}
+	switch {
+	case fi.IsDir():
+		return nil, errRefDir
+	case !fi.Mode().IsRegular():
+		return nil, errRefIrregular
+	}
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, bare(err)
+	}
+	defer fh.Close()
+	b, err := io.ReadAll(io.LimitReader(fh, maxFileRef+1))
+	if err != nil {
+		return nil, bare(err)
+	}
+	if len(b) > maxFileRef {
+		return nil, errRefTooLarge
+	}
+	return b, nil
+}
+
+// bare is err without the path a *fs.PathError repeats.
+func bare(err error) error {
+	if pe, ok := errors.AsType[*fs.PathError](err); ok {
+		return pe.Err
+	}
+	return err
+}
+
+// referencedFiles returns the state of each file f's ${file:PATH}
+// references read, by absolute path: the files a reload must follow.
+func (f *File) referencedFiles() map[string]fileState {
+	return f.files
+}
+
+// fileStateOf reads the file at path (absolute) as a reference would, and
+// returns its state.
+func fileStateOf(path string) fileState {
+	b, err := readRefFile(path)
+	if err != nil {
+		return fileState{err: err.Error()}
+	}
+	return fileState{sum: sha256.Sum256(b)}
+}
+
+// dropFileErrKeys returns ps without the problems of the values whose
+// referenced files could not be read (see fileErrs): the file's problem
+// explains them. A list written as one string ("secrets: ${file:x}") has
+// its entry's problems under key[0].
+func (f *File) dropFileErrKeys(ps Problems) Problems {
+	if len(f.fileErrs) == 0 {
+		return ps
+	}
+	return slices.DeleteFunc(ps, func(p Problem) bool {
+		for k := range f.fileErrs {
+			if p.Key == k || strings.HasPrefix(p.Key, k+"[") {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// whyEmpty says why key's value is empty, in whole or in part: the
+// environment variables it named that are not set, and the files it named
+// that are empty; "" when neither.
+func (f *File) whyEmpty(key string) string {
+	var why []string
+	if vars := f.unset[key]; len(vars) > 0 {
+		why = append(why, fmt.Sprintf("environment variable %s is not set", strings.Join(vars, ", ")))
+	}
+	if files := f.emptyFiles[key]; len(files) > 0 {
+		noun := "file"
+		verb := "is"
+		if len(files) > 1 {
+			noun, verb = "files", "are"
+		}
+		why = append(why, fmt.Sprintf("%s %s %s empty", noun, strings.Join(files, ", "), verb))
+	}
+	return strings.Join(why, "; ")
+}
