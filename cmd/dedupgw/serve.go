@@ -193,6 +193,12 @@ type server struct {
 	// open opens the store; nil means openStore. Tests put a failing store
 	// here.
 	open func(Store, *zap.Logger) (dedup.Store, error)
+	// watchInterval is how often the files the configuration's
+	// ${file:PATH} references name are read for a change, which reloads
+	// as SIGHUP does. Zero means defaultWatchInterval.
+	watchInterval time.Duration
+	// watch follows those files while run serves; nil before.
+	watch *fileWatch
 }
 
 // drainTimeout bounds the drain on SIGTERM: the longest upstream_timeout a
@@ -326,6 +332,15 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		zap.Strings("routes", routes),
 	)
 
+	// Files read by ${file:PATH} change without anyone sending SIGHUP (a
+	// Kubernetes Secret volume is updated in place): follow them, and
+	// reload as SIGHUP does when one changes.
+	interval := s.watchInterval
+	if interval <= 0 {
+		interval = defaultWatchInterval
+	}
+	s.watch = startFileWatch(interval, f.referencedFiles()) // stopped when the drain starts
+
 	var runErr error
 loop:
 	for {
@@ -337,6 +352,13 @@ loop:
 			}
 			s.log.Info("signal received: draining", zap.String("signal", sig.String()))
 			break loop
+		case <-s.watch.Changed():
+			files := s.watch.Take()
+			if len(files) == 0 {
+				continue // a SIGHUP's reload read them already
+			}
+			s.log.Info("a file the config references changed: reloading", zap.Strings("files", files))
+			s.reload()
 		case err := <-serveErr:
 			if err == nil {
 				continue // cannot happen before Shutdown; kept for clarity
@@ -349,7 +371,8 @@ loop:
 
 	// Drain: report not ready, stop accepting, let deliveries finish (commit
 	// or release), then close the gateway, which cancels and releases
-	// whatever is left.
+	// whatever is left. A file changing now reloads nothing.
+	s.watch.Stop()
 	gw.Drain()
 	drain := s.drainTimeout()
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
@@ -471,12 +494,18 @@ func changedKeys(prefix string, a, b reflect.Value) []string {
 	return keys
 }
 
-// reload re-reads the configuration file. An invalid file is logged and
-// counted, and the running configuration stays. Listen addresses, the store
+// reload re-reads the configuration file, and the files its ${file:PATH}
+// references name. An invalid file is logged and counted, and the running
+// configuration stays. Listen addresses, the store
 // and the log format need a restart: a change to them is logged and the rest
 // applied.
 func (s *server) reload() {
 	f, err := loadConfig(s.path, s.env)
+	if f != nil {
+		// What this load read of the files followed is tried now, and
+		// need not be tried again, whether or not the reload succeeds.
+		s.watch.Saw(f.referencedFiles())
+	}
 	if err != nil {
 		s.gw.ReloadFailed()
 		var ps Problems
@@ -544,6 +573,7 @@ func (s *server) reload() {
 	logWarnings(s.log, f)
 	warnKeyChanges(s.log, old, f)
 	s.file = f
+	s.watch.Follow(f.referencedFiles())
 	fields := []zap.Field{zap.String("config", s.path), zap.Int("routes", len(f.Routes))}
 	if added, removed, changed := routeChanges(old, f); len(added)+len(removed)+len(changed) > 0 {
 		fields = append(fields, zap.Strings("routes_added", added), zap.Strings("routes_removed", removed), zap.Strings("routes_changed", changed))

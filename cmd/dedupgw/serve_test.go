@@ -45,6 +45,13 @@ type inProcess struct {
 
 func startInProcess(t *testing.T, cfgPath string) *inProcess {
 	t.Helper()
+	return startInProcessWith(t, cfgPath, func(*server) {})
+}
+
+// startInProcessWith is startInProcess with set changing the server
+// before it runs.
+func startInProcessWith(t *testing.T, cfgPath string, set func(*server)) *inProcess {
+	t.Helper()
 	f, err := loadConfig(cfgPath, nil)
 	if err != nil {
 		t.Fatalf("config: %v", err)
@@ -56,6 +63,7 @@ func startInProcess(t *testing.T, cfgPath string) *inProcess {
 	}
 	p.level = zap.NewAtomicLevelAt(zap.InfoLevel)
 	s := &server{path: cfgPath, log: zap.New(core), level: p.level, file: f}
+	set(s)
 	p.srv = s
 	go func() { p.done <- s.run(p.sigs) }()
 	p.waitLog("dedupgw started", 1)

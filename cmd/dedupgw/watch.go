@@ -1,0 +1,166 @@
+package main
+
+import (
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// defaultWatchInterval is how often serve reads the files that the running
+// configuration's ${file:PATH} references name. A Secret volume's update
+// reaches the pod within the kubelet's sync period (a minute or so); ten
+// seconds more is small beside it, and reading a few small files that
+// often costs nothing.
+const defaultWatchInterval = 10 * time.Second
+
+// fileWatch follows the files a configuration's ${file:PATH} references
+// named. Every interval it reads each of them and compares the content's
+// hash (not the modification time: a Kubernetes Secret volume updates by
+// swapping a symlink, and a file may be replaced by one with an older
+// mtime) with the state last seen; a file that changed, or that became
+// readable or unreadable, is reported once on Changed. Each state is
+// reported once, so a change that makes the configuration invalid is
+// tried once, not every interval. The goroutine runs until Stop.
+type fileWatch struct {
+	interval time.Duration
+
+	mu sync.Mutex
+	// seen is the state last seen of each file followed, by absolute path.
+	seen map[string]fileState
+	// gen counts the changes of seen from outside (Follow, Saw): a read
+	// that started before one is dropped, not compared with the new states.
+	gen uint64
+	// pending are the paths changed since Take last ran.
+	pending []string
+
+	changed      chan struct{} // one buffered signal: pending is not empty
+	done, exited chan struct{}
+	once         sync.Once
+}
+
+// startFileWatch starts following files (states by absolute path, as
+// File.referencedFiles gives them), reading them every interval.
+func startFileWatch(interval time.Duration, files map[string]fileState) *fileWatch {
+	w := &fileWatch{
+		interval: interval,
+		seen:     maps.Clone(files),
+		changed:  make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		exited:   make(chan struct{}),
+	}
+	go w.loop()
+	return w
+}
+
+func (w *fileWatch) loop() {
+	defer close(w.exited)
+	t := time.NewTicker(w.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			w.poll()
+		case <-w.done:
+			return
+		}
+	}
+}
+
+// poll reads every file followed, and signals Changed when one's state
+// differs from the state last seen.
+func (w *fileWatch) poll() {
+	w.mu.Lock()
+	paths := slices.Collect(maps.Keys(w.seen))
+	gen := w.gen
+	w.mu.Unlock()
+	if len(paths) == 0 {
+		return
+	}
+	now := make(map[string]fileState, len(paths))
+	for _, p := range paths {
+		now[p] = fileStateOf(p)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if gen != w.gen {
+		return // followed anew while reading: compare at the next tick
+	}
+	n := len(w.pending)
+	for _, p := range paths {
+		if now[p] != w.seen[p] {
+			w.seen[p] = now[p]
+			if !slices.Contains(w.pending, p) {
+				w.pending = append(w.pending, p)
+			}
+		}
+	}
+	if len(w.pending) > n {
+		select {
+		case w.changed <- struct{}{}:
+		default: // a signal is already waiting; Take gets these paths too
+		}
+	}
+}
+
+// Changed receives a value when followed files changed; Take names them.
+// A nil fileWatch's channel is nil, which never receives.
+func (w *fileWatch) Changed() <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	return w.changed
+}
+
+// Take returns the paths that changed since it last ran, sorted.
+func (w *fileWatch) Take() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := w.pending
+	w.pending = nil
+	slices.Sort(out)
+	return out
+}
+
+// Follow replaces the files followed by files (a configuration now in
+// force), with the states its load read.
+func (w *fileWatch) Follow(files map[string]fileState) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = maps.Clone(files)
+	w.pending = nil
+	w.gen++
+}
+
+// Saw records the states a load read (whether the configuration it loaded
+// is in force or not) for the files followed, so a change that a reload
+// already tried (a SIGHUP's) is not reported again.
+func (w *fileWatch) Saw(files map[string]fileState) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for p, st := range files {
+		if _, ok := w.seen[p]; ok {
+			w.seen[p] = st
+			w.pending = slices.DeleteFunc(w.pending, func(q string) bool { return q == p })
+		}
+	}
+	w.gen++
+}
+
+// Stop ends the goroutine, and returns when it has ended. Calling it again
+// does nothing.
+func (w *fileWatch) Stop() {
+	if w == nil {
+		return
+	}
+	w.once.Do(func() {
+		close(w.done)
+		<-w.exited
+	})
+}
