@@ -568,7 +568,7 @@ func TestPublishedServiceKeepsAdminInside(t *testing.T) {
 
 // TestLiteralSecretsRefused checks that a literal password, route secret or
 // client_identity_secret fails the render (it would be stored in clear in the ConfigMap) without
-// repeating the secret, while ${VAR} references render.
+// repeating the secret, while ${VAR} and ${file:PATH} references render.
 func TestLiteralSecretsRefused(t *testing.T) {
 	const literal = "hunter2-s3cret"
 	stripe := []string{"--set", "routes[0].name=stripe", "--set", "routes[0].path=/stripe",
@@ -595,6 +595,13 @@ func TestLiteralSecretsRefused(t *testing.T) {
 		{"route secret with a literal part", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=whsec_${PART}"}),
 			[]string{"routes[0].secrets[0]", "existingSecret"}},
 		{"route secret references", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=${NEW},routes[0].secrets[1]=${OLD}"}), nil},
+		{"route secret file references", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=${file:/var/run/secrets/dedupgw/stripe},routes[0].secrets[1]=${file:old}"}), nil},
+		{"route secret with a literal part and a file", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=whsec_${file:/s}"}),
+			[]string{"routes[0].secrets[0]", "existingSecret", "${file:/path/to/key}"}},
+		{"route secret file reference without a path", slices.Concat(stripe, []string{"--set-string", "routes[0].secrets[0]=${file:}"}),
+			[]string{"routes[0].secrets[0]", "existingSecret"}},
+		{"redis password file reference", slices.Concat(redis, []string{"--set-string", "store.redis.password=${file:/var/run/secrets/redis/password}"}), nil},
+		{"client_identity_secret file reference", slices.Concat(api, []string{"--set-string", "routes[0].client_identity_secret=${file:/var/run/secrets/dedupgw/cis}"}), nil},
 		{"client_identity_secret literal", slices.Concat(api, []string{"--set-string", "routes[0].client_identity_secret=" + literal}),
 			[]string{"routes[0].client_identity_secret", `route "payments"`, "existingSecret", "${CLIENT_IDENTITY_SECRET}"}},
 		{"client_identity_secret with a literal part", slices.Concat(api, []string{"--set-string", "routes[0].client_identity_secret=pepper-${PART}"}),

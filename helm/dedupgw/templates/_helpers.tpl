@@ -164,33 +164,50 @@ back. (Secrets in existingSecret stay fine.) */}}
 {{- fail (printf "env[%d] sets %s, which the chart derives the pod from (probes, Service, volume or grace period): set %s in the values instead" $i $name (get $derived $name)) }}
 {{- end }}
 {{- end }}
+{{- /* The chart's own volumes and mount paths: Kubernetes refuses a pod
+with two volumes of one name, and a mount over the config or the data
+directory would hide it. */}}
+{{- range $i, $v := .Values.extraVolumes }}
+{{- if has (toString (get $v "name")) (list "dedupgw-config" "dedupgw-data") }}
+{{- fail (printf "extraVolumes[%d].name %q is a volume of the chart's own: choose another name" $i (toString (get $v "name"))) }}
+{{- end }}
+{{- end }}
+{{- range $i, $m := .Values.extraVolumeMounts }}
+{{- $mp := trimSuffix "/" (toString (get $m "mountPath")) }}
+{{- range list "/etc/dedupgw" "/var/lib/dedupgw" }}
+{{- if or (eq $mp .) (hasPrefix (printf "%s/" .) $mp) }}
+{{- fail (printf "extraVolumeMounts[%d].mountPath %q is in %s, the chart's own mount: mount elsewhere, e.g. /var/run/secrets/dedupgw" $i $mp .) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and (eq $backend "redis") (not .Values.store.redis.addrs) }}
 {{- fail "store.backend=redis needs store.redis.addrs" }}
 {{- end }}
 {{- if not .Values.routes }}
 {{- fail "routes is empty: the gateway needs at least one route" }}
 {{- end }}
-{{- /* Secrets go to the environment (existingSecret) and config.yaml names
-them as ${VAR}: a literal here would sit in clear in the ConfigMap. The
-error never repeats the value. */}}
-{{- $ref := "^(\\$\\{[A-Za-z_][A-Za-z0-9_]*\\})+$" }}
+{{- /* Secrets go to the environment (existingSecret) or to files
+(extraVolumes), and config.yaml names them as ${VAR} or ${file:PATH}: a
+literal here would sit in clear in the ConfigMap. The error never repeats
+the value. */}}
+{{- $ref := "^(\\$\\{[A-Za-z_][A-Za-z0-9_]*\\}|\\$\\{file:[^}$]+\\})+$" }}
 {{- $pw := .Values.store.redis.password | default "" | toString }}
 {{- if and (eq $backend "redis") $pw (not (regexMatch $ref $pw)) }}
-{{- fail "store.redis.password holds a literal password, which would be written in clear to the ConfigMap. Put the password in the Secret named by existingSecret (e.g. as REDIS_PASSWORD) and set store.redis.password: \"${REDIS_PASSWORD}\"" }}
+{{- fail "store.redis.password holds a literal password, which would be written in clear to the ConfigMap. Put the password in the Secret named by existingSecret (e.g. as REDIS_PASSWORD) and set store.redis.password: \"${REDIS_PASSWORD}\" (or mount the Secret with extraVolumes and write \"${file:/path/to/key}\")" }}
 {{- end }}
 {{- $spw := .Values.store.redis.sentinel_password | default "" | toString }}
 {{- if and (eq $backend "redis") $spw (not (regexMatch $ref $spw)) }}
-{{- fail "store.redis.sentinel_password holds a literal password, which would be written in clear to the ConfigMap. Put the password in the Secret named by existingSecret (e.g. as SENTINEL_PASSWORD) and set store.redis.sentinel_password: \"${SENTINEL_PASSWORD}\"" }}
+{{- fail "store.redis.sentinel_password holds a literal password, which would be written in clear to the ConfigMap. Put the password in the Secret named by existingSecret (e.g. as SENTINEL_PASSWORD) and set store.redis.sentinel_password: \"${SENTINEL_PASSWORD}\" (or mount the Secret with extraVolumes and write \"${file:/path/to/key}\")" }}
 {{- end }}
 {{- range $i, $r := .Values.routes }}
 {{- range $j, $s := get $r "secrets" | default list }}
 {{- if and $s (not (regexMatch $ref (toString $s))) }}
-{{- fail (printf "routes[%d].secrets[%d] (route %q) holds a literal secret, which would be written in clear to the ConfigMap. Put it in the Secret named by existingSecret (e.g. as WEBHOOK_SECRET) and write \"${WEBHOOK_SECRET}\" in secrets" $i $j (toString (get $r "name"))) }}
+{{- fail (printf "routes[%d].secrets[%d] (route %q) holds a literal secret, which would be written in clear to the ConfigMap. Put it in the Secret named by existingSecret (e.g. as WEBHOOK_SECRET) and write \"${WEBHOOK_SECRET}\" in secrets (or mount the Secret with extraVolumes and write \"${file:/path/to/key}\")" $i $j (toString (get $r "name"))) }}
 {{- end }}
 {{- end }}
 {{- $cis := get $r "client_identity_secret" | default "" | toString }}
 {{- if and $cis (not (regexMatch $ref $cis)) }}
-{{- fail (printf "routes[%d].client_identity_secret (route %q) holds a literal secret, which would be written in clear to the ConfigMap. Put it in the Secret named by existingSecret (e.g. as CLIENT_IDENTITY_SECRET) and write \"${CLIENT_IDENTITY_SECRET}\" in client_identity_secret" $i (toString (get $r "name"))) }}
+{{- fail (printf "routes[%d].client_identity_secret (route %q) holds a literal secret, which would be written in clear to the ConfigMap. Put it in the Secret named by existingSecret (e.g. as CLIENT_IDENTITY_SECRET) and write \"${CLIENT_IDENTITY_SECRET}\" in client_identity_secret (or mount the Secret with extraVolumes and write \"${file:/path/to/key}\")" $i (toString (get $r "name"))) }}
 {{- end }}
 {{- end }}
 {{- $_ := include "dedupgw.terminationGracePeriodSeconds" . }}
@@ -563,13 +580,16 @@ containers. Standalone and sidecar use the same container.
     - name: dedupgw-data
       mountPath: /var/lib/dedupgw
     {{- end }}
+    {{- with .Values.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end }}
 
 {{/*
 dedupgw.volumes are the pod volumes the container mounts, as list items.
 Standalone bolt uses the PVC (or an emptyDir when persistence is off); a
 sidecar's bolt file lives in an emptyDir: it survives container restarts, not
-the pod.
+the pod. extraVolumes follow.
 */}}
 {{- define "dedupgw.volumes" -}}
 - name: dedupgw-config
@@ -583,6 +603,9 @@ the pod.
   {{- else }}
   emptyDir: {}
   {{- end }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
