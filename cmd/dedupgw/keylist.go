@@ -168,11 +168,14 @@ func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdou
 		for _, k := range keys {
 			fmt.Fprintf(stdout, "%s\n", k.raw)
 		}
-		skip := "skipped: add --force to forget them too"
-		if force {
-			skip = "forgotten too (--force)"
+		plan := fmt.Sprintf("would forget %d", len(keys))
+		switch {
+		case inFlight > 0 && force:
+			plan += fmt.Sprintf(", %d of them in flight (--force)", inFlight)
+		case inFlight > 0:
+			plan = fmt.Sprintf("would forget %d and skip %d in flight (add --force to forget those too)", len(keys)-inFlight, inFlight)
 		}
-		fmt.Fprintf(stderr, "dedupgw keys forget: would forget %d key(s) of route %s; %d in flight would be %s. Nothing was forgotten: run again with --yes.\n", len(keys), route, inFlight, skip)
+		fmt.Fprintf(stderr, "dedupgw keys forget: listed %d key(s) of route %s: %s. Nothing was forgotten: run again with --yes.\n", len(keys), route, plan)
 		return exitOK
 	}
 	var forgotten, skipped, gone, failed int

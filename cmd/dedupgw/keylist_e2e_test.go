@@ -102,7 +102,7 @@ func TestE2EKeysListAndBulkForget(t *testing.T) {
 
 	// Without --yes a bulk forget only shows what it would do.
 	code, stdout, stderr := runCLI(t, env, "keys", "forget", admin, "--since", "1h", "orders")
-	if code != 0 || !strings.Contains(stderr, "would forget 6 key(s)") || !strings.Contains(stderr, "1 in flight would be skipped") || !strings.Contains(stderr, "--yes") {
+	if code != 0 || !strings.Contains(stderr, "listed 6 key(s) of route orders: would forget 5 and skip 1 in flight (add --force to forget those too).") || !strings.Contains(stderr, "--yes") {
 		t.Errorf("forget without --yes: got exit %d, stderr %q; want 0 and what it would do", code, stderr)
 	}
 	if got, want := listedIDs(t, stdout), []string{"busy", "fail_1", "fail_2", "ok_1", "ok_2", "ok_3"}; !slices.Equal(got, want) {
