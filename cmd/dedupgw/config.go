@@ -65,6 +65,10 @@ type File struct {
 	fromEnv map[string]string
 	// emptyEnv are the DEDUPGW_* variables set to "", ignored.
 	emptyEnv []envOverride
+	// literalEnv are the DEDUPGW_* variables whose value holds "${", which
+	// is not expanded there: DEDUPGW_ADMIN_TOKEN=${file:/run/token} would
+	// be that text, a token nobody knows.
+	literalEnv []envOverride
 	// undecoded holds the keys whose values Load reported and left unset,
 	// so Validate does not judge a default that stands in for them.
 	undecoded map[string]bool
@@ -486,6 +490,9 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 			// Ignore it and say so (Warnings).
 			f.emptyEnv = append(f.emptyEnv, o)
 			continue
+		}
+		if strings.Contains(s, "${") {
+			f.literalEnv = append(f.literalEnv, o)
 		}
 		var val any = s
 		if o.list {

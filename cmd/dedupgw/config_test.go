@@ -460,6 +460,34 @@ admin:
 	}
 }
 
+// TestEnvReferencesAreNotExpanded: a DEDUPGW_* variable's value is used as
+// written, so DEDUPGW_ADMIN_TOKEN=${file:/run/token} would be that text,
+// a token nobody knows; it is named in a warning that does not show it.
+func TestEnvReferencesAreNotExpanded(t *testing.T) {
+	env := map[string]string{"DEDUPGW_ADMIN_TOKEN": "${file:/run/secrets/token}", "DEDUPGW_LOG_LEVEL": "warn", "TOKEN": "t"}
+	f, problems := loadText(t, minimal, env)
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	if f.Admin.Token != "${file:/run/secrets/token}" {
+		t.Errorf("admin.token: got %q, want the variable's text as written", f.Admin.Token)
+	}
+	want := `admin.token: DEDUPGW_ADMIN_TOKEN holds "${", which is not expanded in DEDUPGW_* variables: its value is used as written; put a ${VAR} or ${file:PATH} reference in the config file instead`
+	var got []string
+	for _, w := range f.Warnings() {
+		got = append(got, w.String())
+		if strings.Contains(w.Msg, "/run/secrets") {
+			t.Errorf("warning %q shows the variable's value", w)
+		}
+	}
+	if !slices.Contains(got, want) {
+		t.Errorf("warnings: got %q, want %q", got, want)
+	}
+	if slices.ContainsFunc(got, func(w string) bool { return strings.Contains(w, "DEDUPGW_LOG_LEVEL") }) {
+		t.Errorf("warnings: got %q, want none about DEDUPGW_LOG_LEVEL", got)
+	}
+}
+
 // wantWarning loads text, which must have no problems, and checks its
 // warnings under key: none when want is "", else exactly one starting with
 // want.

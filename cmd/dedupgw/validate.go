@@ -794,7 +794,8 @@ func hasHashTag(s string) bool {
 	return ok && i > 0
 }
 
-// envWarnings returns the warnings about DEDUPGW_* variables set to "".
+// envWarnings returns the warnings about DEDUPGW_* variables set to "", or
+// holding a "${" reference they do not expand.
 // They hold for a file with problems too (an ignored variable may be the
 // cause), so validate gives them either way.
 func (f *File) envWarnings() []Problem {
@@ -803,6 +804,12 @@ func (f *File) envWarnings() []Problem {
 		ws = append(ws, Problem{
 			Key: strings.Join(o.path, "."),
 			Msg: fmt.Sprintf("%s is set but empty (or blank), and ignored: the file's value (or the default) applies; unset it or give it a value", o.env),
+		})
+	}
+	for _, o := range f.literalEnv {
+		ws = append(ws, Problem{
+			Key: strings.Join(o.path, "."),
+			Msg: fmt.Sprintf("%s holds \"${\", which is not expanded in DEDUPGW_* variables: its value is used as written; put a ${VAR} or ${file:PATH} reference in the config file instead", o.env),
 		})
 	}
 	return ws
