@@ -316,3 +316,50 @@ func TestListAfterCloseAndBadCursor(t *testing.T) {
 		t.Errorf("List after Close: got %v, want ErrClosed", err)
 	}
 }
+
+// Keys held only in memory (a lease, a journaled write) that sort between
+// keys in bbolt are listed in their place, and a journaled forget of a key
+// that sorts after them still hides its bbolt record, at every page size.
+func TestListInterleavesMemoryAndFile(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTemp(t, Options{CheckpointInterval: -1})
+	defer s.Close()
+	k := func(id string) dedup.Key { return dedup.Key{Namespace: "weave", ID: id} }
+	claim := func(id string) string {
+		t.Helper()
+		res, err := s.Claim(ctx, k(id), dedup.ClaimOptions{Lease: time.Minute})
+		if err != nil || res.Outcome != dedup.Claimed {
+			t.Fatalf("Claim(%s): got (%v, %v), want claimed", id, res.Outcome, err)
+		}
+		return res.Token
+	}
+	commit := func(id string) {
+		t.Helper()
+		if err := s.Commit(ctx, k(id), claim(id), dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"b_file", "d_file", "f_file", "g_forgotten", "h_file"} {
+		commit(id)
+	}
+	if err := s.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Forget(ctx, k("g_forgotten")); err != nil {
+		t.Fatal(err)
+	}
+	commit("a_journal")
+	claim("c_lease")
+	if err := s.Release(ctx, k("e_journal_failed"), claim("e_journal_failed"), dedup.ReleaseOptions{Retain: time.Hour, Status: 500}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a_journal", "b_file", "c_lease", "d_file", "e_journal_failed", "f_file", "h_file"}
+	for _, limit := range []int{1, 2, 3, 100} {
+		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
+			ids, _ := listIDs(t, s, "weave", dedup.ListOptions{Limit: limit})
+			if !slices.Equal(ids, want) {
+				t.Errorf("List: got %q, want %q", ids, want)
+			}
+		})
+	}
+}
