@@ -724,6 +724,23 @@ func TestStrippedPrefixOverSignedRouteIsWarned(t *testing.T) {
 			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app:3000/base/, where route "stripe"'s deliveries`},
 		{"stripped, verified alike", public("http://app:3000", strip+"    provider: stripe\n    secrets: [whsec_y]\n    window: 72h\n") + stripe("http://app:3000"), ""},
 		{"stripped exact route", "  - name: public\n    path: /public\n    upstream: http://app:3000\n    keys: [body]\n" + strip + stripe("http://app:3000"), ""},
+		// One server written in two ways.
+		{"stripped, default http port written out", public("http://app", strip) + stripe("http://app:80"),
+			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app/, where route "stripe"'s deliveries`},
+		{"stripped, default https port written out", public("https://app:443", strip) + stripe("https://app"),
+			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to https://app:443/, where route "stripe"'s deliveries`},
+		{"stripped, other scheme on the same port", public("http://app:8443", strip) + stripe("https://app:8443"),
+			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app:8443/, where route "stripe"'s deliveries`},
+		{"stripped, host name ending in a dot", public("http://app.:3000", strip) + stripe("http://app:3000"),
+			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app.:3000/, where route "stripe"'s deliveries`},
+		{"stripped, one IPv6 address written in two ways", public("http://[::1]:3000", strip) + stripe("http://[0:0:0:0:0:0:0:1]:3000"),
+			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://[::1]:3000/, where route "stripe"'s deliveries`},
+		{"stripped, http and https on their default ports", public("http://app", strip) + stripe("https://app"), ""},
+		// The signed route's handler holds the stripped route's upstream
+		// base path: everything below it is that handler's too.
+		{"stripped into a signed prefix route's paths", public("http://app:3000/stripe/public", strip) +
+			"  - name: stripe\n    path: /stripe/*\n    upstream: http://app:3000\n    provider: stripe\n    secrets: [whsec_x]\n    window: 72h\n",
+			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app:3000/stripe/public/, where route "stripe"'s deliveries`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { wantWarning(t, "routes:\n"+tt.routes, "routes[0].strip_path", tt.want) })

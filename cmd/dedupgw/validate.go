@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"slices"
@@ -743,8 +744,8 @@ func (f *File) strippedPrefixWarnings() []Problem {
 			if b.Name == a.Name || len(b.Secrets) == 0 || verificationOf(a) == verificationOf(b) {
 				continue
 			}
-			bOrigin, bPaths := upstreamPaths(b)
-			if aOrigin != bOrigin || !strings.HasPrefix(bPaths, aPaths) && !strings.HasPrefix(aPaths, bPaths) {
+			_, bPaths := upstreamPaths(b)
+			if upstreamServer(a) != upstreamServer(b) || !strings.HasPrefix(bPaths, aPaths) && !strings.HasPrefix(aPaths, bPaths) {
 				continue
 			}
 			ws = append(ws, Problem{
@@ -771,6 +772,27 @@ func upstreamPaths(r Route) (origin, paths string) {
 		p = strings.TrimSuffix(p, "/") + "/" + strings.TrimPrefix(strings.TrimSuffix(r.Path, "*"), "/")
 	}
 	return strings.ToLower(u.Scheme + "://" + u.Host), strings.ToLower(strings.TrimSuffix(p, "/") + "/")
+}
+
+// upstreamServer returns the host and port r's upstream dials, alike for
+// every way of writing one server: the host in lower case without a
+// trailing dot, an IP address in its canonical form, and the scheme's
+// default port when none is written. The scheme is left out: one port
+// serves one listener, whichever scheme the URL names.
+func upstreamServer(r Route) string {
+	u, err := url.Parse(r.Upstream)
+	if err != nil { // refused by Validate
+		return r.Upstream
+	}
+	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
+	if a, err := netip.ParseAddr(host); err == nil {
+		host = a.Unmap().String()
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[strings.ToLower(u.Scheme)]
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // verificationOf describes which senders r lets in, without its secrets:
