@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // listPageLimit is the page size the keys commands ask the listing for.
@@ -24,6 +25,22 @@ type listFilters struct {
 
 // any reports whether a filter is set.
 func (f listFilters) any() bool { return f.state != "" || f.since != "" || f.until != "" }
+
+// resolved returns f with a since or until given as a duration (a
+// positive Go duration, as the gateway reads one) turned into the RFC 3339
+// time that long before now. The gateway would resolve a duration on each
+// page anew, so an until of 24h would move later while a long listing (or
+// bulk forget) runs and take in keys newer than asked; resolved once, every
+// page asks for the same instants. Anything else is left for the gateway
+// to check.
+func (f listFilters) resolved(now time.Time) listFilters {
+	for _, v := range []*string{&f.since, &f.until} {
+		if d, err := time.ParseDuration(*v); err == nil && d > 0 {
+			*v = now.Add(-d).UTC().Format(time.RFC3339Nano)
+		}
+	}
+	return f
+}
 
 // query is the listing's query for cursor.
 func (f listFilters) query(cursor string) string {

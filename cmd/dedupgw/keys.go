@@ -33,9 +33,9 @@ const keysUsage = `Usage:
 
 --state is processing, processed or failed (comma-separated for several).
 --since and --until take an RFC 3339 time (2026-12-01T10:00:00Z) or a
-duration meaning that long ago (1h); a processed or failed key is placed
-by when it completed, one in flight by when it was first seen. Since is
-inclusive, until exclusive. --limit 0 (the default) lists every key.
+duration meaning that long before the command started (1h); a processed
+or failed key is placed by when it completed, one in flight by when it was
+first seen. Since is inclusive, until exclusive. --limit 0 (the default) lists every key.
 
 The admin token is read from DEDUPGW_ADMIN_TOKEN. --admin defaults to
 DEDUPGW_ADMIN_URL, else ` + defaultAdminURL + `.
@@ -199,6 +199,7 @@ func cmdKeysMany(op string, fs *flag.FlagSet, admin string, f listFilters, force
 		fmt.Fprintf(stderr, "dedupgw keys: invalid --admin URL %q\n", admin)
 		return exitUsage
 	}
+	f = f.resolved(time.Now())
 	if op == "list" {
 		return cmdKeysList(base.String(), fs.Arg(0), f, stdout, stderr)
 	}

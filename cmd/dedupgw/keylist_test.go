@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// pagedAdmin is an admin API that lists keys over two pages and records
+// every request it gets, for what the keys commands send.
+type pagedAdmin struct {
+	*httptest.Server
+	mu   sync.Mutex
+	reqs []*http.Request
+}
+
+func newPagedAdmin(t *testing.T, pages ...[]map[string]string) *pagedAdmin {
+	t.Helper()
+	a := &pagedAdmin{}
+	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		a.reqs = append(a.reqs, r)
+		a.mu.Unlock()
+		if r.Method == http.MethodDelete {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		i := 0
+		if c := r.URL.Query().Get("cursor"); c != "" {
+			i = int(c[0] - '0')
+		}
+		next := ""
+		if i+1 < len(pages) {
+			next = string(rune('0' + i + 1))
+		}
+		keys := []map[string]string{}
+		for _, k := range pages[i] {
+			keys = append(keys, map[string]string{"route": "orders", "namespace": "orders", "key": k["key"], "state": k["state"]})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"keys": keys, "next": next})
+	}))
+	t.Cleanup(a.Close)
+	return a
+}
+
+func (a *pagedAdmin) requests() []*http.Request {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]*http.Request(nil), a.reqs...)
+}
+
+// A --since or --until given as a duration is resolved once, before the
+// first page: every page of a listing (and so a bulk forget) asks for the
+// same instants. Resolved by the gateway page by page, an --until 24h
+// would move later while a long listing runs, and take in keys newer than
+// the operator asked for.
+func TestKeysListResolvesDurationsOnce(t *testing.T) {
+	a := newPagedAdmin(t,
+		[]map[string]string{{"key": "k1", "state": "processed"}},
+		[]map[string]string{{"key": "k2", "state": "processed"}},
+	)
+	before := time.Now()
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"keys", "list", "--admin", a.URL, "--since", "2h", "--until", "1h", "orders"}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("keys list: got exit %d, want 0\nstderr: %s", code, stderr.String())
+	}
+	after := time.Now()
+	reqs := a.requests()
+	if len(reqs) != 2 {
+		t.Fatalf("got %d requests, want 2 pages", len(reqs))
+	}
+	tests := []struct {
+		param string
+		ago   time.Duration
+	}{
+		{"since", 2 * time.Hour},
+		{"until", time.Hour},
+	}
+	for _, tt := range tests {
+		first := reqs[0].URL.Query().Get(tt.param)
+		at, err := time.Parse(time.RFC3339Nano, first)
+		if err != nil {
+			t.Errorf("%s: got %q on the first page, want an RFC 3339 time", tt.param, first)
+			continue
+		}
+		if at.Before(before.Add(-tt.ago).Truncate(time.Second)) || at.After(after.Add(-tt.ago)) {
+			t.Errorf("%s: got %v, want %v ago (between %v and %v)", tt.param, at, tt.ago, before.Add(-tt.ago), after.Add(-tt.ago))
+		}
+		if got := reqs[1].URL.Query().Get(tt.param); got != first {
+			t.Errorf("%s: got %q on the second page, want %q as on the first", tt.param, got, first)
+		}
+	}
+	if got := strings.Count(stdout.String(), "\n"); got != 2 {
+		t.Errorf("got %d keys printed, want 2", got)
+	}
+}
