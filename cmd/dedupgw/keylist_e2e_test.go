@@ -80,6 +80,8 @@ func TestE2EKeysListAndBulkForget(t *testing.T) {
 		{"failed in the last hour", []string{"--state", "failed", "--since", "1h", "orders"}, []string{"fail_1", "fail_2"}},
 		{"processed in a window", []string{"--state", "processed", "--since", time.Now().Add(-time.Hour).UTC().Format(time.RFC3339), "--until", time.Now().Add(time.Hour).UTC().Format(time.RFC3339), "orders"}, []string{"ok_1", "ok_2", "ok_3"}},
 		{"in flight", []string{"--state", "processing", "orders"}, []string{"busy"}},
+		{"settled or seen before an hour ago", []string{"--until", "1h", "orders"}, nil},
+		{"failed before an hour from now", []string{"--state", "failed", "--until", time.Now().Add(time.Hour).UTC().Format(time.RFC3339), "orders"}, []string{"fail_1", "fail_2"}},
 		{"processed in the future", []string{"--state", "processed", "--since", time.Now().Add(time.Hour).UTC().Format(time.RFC3339), "orders"}, nil},
 	}
 	for _, tt := range lists {
