@@ -100,3 +100,43 @@ func TestKeysListResolvesDurationsOnce(t *testing.T) {
 		t.Errorf("got %d keys printed, want 2", got)
 	}
 }
+
+// A bulk forget sends ?force=true only when given --force: without it, a
+// key that went in flight after the listing is refused by the gateway
+// (409) and skipped, never forgotten beside its delivery.
+func TestKeysForgetManySendsForceOnlyWithForce(t *testing.T) {
+	tests := []struct {
+		name      string
+		flags     []string
+		wantForce map[string]string // DELETE target key → its force parameter
+	}{
+		{"without --force", nil, map[string]string{"k1": "", "k2": ""}},
+		{"with --force", []string{"--force"}, map[string]string{"k1": "true", "k2": "true", "busy": "true"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newPagedAdmin(t,
+				[]map[string]string{{"key": "k1", "state": "failed"}, {"key": "busy", "state": "processing"}},
+				[]map[string]string{{"key": "k2", "state": "processed"}},
+			)
+			args := append([]string{"keys", "forget", "--admin", a.URL, "--yes"}, tt.flags...)
+			args = append(args, "--state", "failed,processed,processing", "orders")
+			var stdout, stderr bytes.Buffer
+			run(args, &stdout, &stderr)
+			got := map[string]string{}
+			for _, r := range a.requests() {
+				if r.Method == http.MethodDelete {
+					got[strings.TrimPrefix(r.URL.Path, "/v1/keys/orders/")] = r.URL.Query().Get("force")
+				}
+			}
+			if len(got) != len(tt.wantForce) {
+				t.Errorf("got DELETEs %v, want %v", got, tt.wantForce)
+			}
+			for k, want := range tt.wantForce {
+				if f, ok := got[k]; !ok || f != want {
+					t.Errorf("DELETE %s: got force=%q (sent: %t), want force=%q", k, f, ok, want)
+				}
+			}
+		})
+	}
+}
