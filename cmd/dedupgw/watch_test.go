@@ -404,3 +404,46 @@ func TestReloadFollowsNewlyReferencedFiles(t *testing.T) {
 		t.Errorf("run: got %v, want nil", err)
 	}
 }
+
+// TestFileWatchFollowDropsPending: changes reported but not yet taken when
+// a configuration comes into force (Follow) were read by its load: Take
+// names none of them, so they reload nothing twice.
+func TestFileWatchFollowDropsPending(t *testing.T) {
+	dir := t.TempDir()
+	a := writeFile(t, dir, "a", "one")
+	w := &fileWatch{changed: make(chan struct{}, 1)}
+	w.Follow(map[string]fileState{a: fileStateOf(a)})
+	writeFileAtomic(t, a, "two")
+	w.poll()
+	w.Follow(map[string]fileState{a: fileStateOf(a)})
+	if got := w.Take(); got != nil {
+		t.Errorf("Take after Follow: got %q, want none", got)
+	}
+}
+
+// TestRejectedSIGHUPReloadIsNotTriedAgain: a SIGHUP whose reload read a
+// changed file and was rejected leaves the watcher knowing that state of
+// the file, so the next read of it reloads nothing (the rejection would
+// only repeat). The watcher does not tick here (an hour's interval): the
+// test looks at what it knows.
+func TestRejectedSIGHUPReloadIsNotTriedAgain(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dir := t.TempDir()
+	secret := writeFile(t, dir, "secret", "gh-s3cret\n")
+	cfg := fileSecretConfig(t, dir, "http://127.0.0.1:1", "")
+	p := startInProcessWith(t, cfg, func(s *server) { s.watchInterval = time.Hour })
+
+	writeFileAtomic(t, secret, "\n")
+	p.sigs <- syscall.SIGHUP
+	p.waitLog("config reload rejected: keeping the running config", 1)
+	w := p.srv.watch
+	w.mu.Lock()
+	got, want := w.seen[secret], fileStateOf(secret)
+	w.mu.Unlock()
+	if got != want {
+		t.Errorf("watcher's state of %s after the rejected reload: got %+v, want the emptied file's %+v (it would reload again)", secret, got, want)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
