@@ -215,6 +215,8 @@ func TestAdminListKeysRefusals(t *testing.T) {
 		{"limit over the cap", "/v1/keys/orders?limit=1001", bearer, 400, "invalid-query", "limit=1001"},
 		{"limit not a number", "/v1/keys/orders?limit=ten", bearer, 400, "invalid-query", "limit=ten"},
 		{"limit twice", "/v1/keys/orders?limit=1&limit=2", bearer, 400, "invalid-query", "limit: given 2 times"},
+		{"since twice", "/v1/keys/orders?since=1h&since=2h", bearer, 400, "invalid-query", "since: given 2 times"},
+		{"until twice", "/v1/keys/orders?until=1h&until=2h", bearer, 400, "invalid-query", "until: given 2 times"},
 		{"a misspelt filter", "/v1/keys/orders?stat=failed", bearer, 400, "invalid-query", "stat: unknown parameter"},
 		{"bad cursor", "/v1/keys/orders?cursor=garbage", bearer, 400, "invalid-query", "cursor:"},
 		{"DELETE of the listing", "/v1/keys/orders", bearer, 405, "method-not-allowed", "GET"},
