@@ -700,50 +700,62 @@ func TestToleranceWithoutTimestampIsWarned(t *testing.T) {
 	}
 }
 
-// TestStrippedPrefixOverSignedRouteIsWarned: a strip_path prefix route
-// reaches every upstream path below its upstream's, so an unsigned one on
-// the upstream of a signed route reaches that route's handler unsigned.
-func TestStrippedPrefixOverSignedRouteIsWarned(t *testing.T) {
-	public := func(upstream, extra string) string {
-		return "  - name: public\n    path: /public/*\n    upstream: " + upstream + "\n    keys: [body]\n" + extra
+// TestPrefixReachingSignedRouteIsWarned: a prefix route that maps gateway
+// paths onto the upstream otherwise than a signed route on the same server
+// forwards some of them to that route's handler, unsigned (strip_path, or
+// upstream base paths that differ); routes that map alike are safe, since
+// the path that would reach the handler is the signed route's own.
+func TestPrefixReachingSignedRouteIsWarned(t *testing.T) {
+	route := func(name, path, upstream, extra string) string {
+		return "  - name: " + name + "\n    path: " + path + "\n    upstream: " + upstream + "\n" + extra
 	}
-	stripe := func(upstream string) string {
-		return "  - name: stripe\n    path: /stripe\n    upstream: " + upstream + "\n    provider: stripe\n    secrets: [whsec_x]\n    window: 72h\n"
-	}
+	unsigned := "    keys: [body]\n"
+	signed := "    provider: stripe\n    secrets: [whsec_x]\n    window: 72h\n"
 	strip := "    strip_path: true\n"
+	public := func(upstream, extra string) string { return route("public", "/public/*", upstream, unsigned+extra) }
+	stripe := func(upstream string) string { return route("stripe", "/stripe", upstream, signed) }
+	const rest = `, where route "stripe"'s deliveries (stripe signatures) arrive: a sender can reach that handler through "public" without its signature`
 	tests := []struct {
 		name, routes string
-		want         string // "" for no warning
+		key, want    string // want "" for no warning under key
 	}{
 		{"stripped, same upstream", public("http://app:3000", strip) + stripe("http://app:3000"),
-			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app:3000/, where route "stripe"'s deliveries (stripe signatures) arrive: a sender can reach that handler through "public" without its signature`},
-		{"not stripped", public("http://app:3000", "") + stripe("http://app:3000"), ""},
-		{"stripped to its own base path", public("http://app:3000/public-api", strip) + stripe("http://app:3000"), ""},
-		{"stripped to another host", public("http://other:3000", strip) + stripe("http://app:3000"), ""},
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to http://app:3000/stripe` + rest},
+		{"not stripped", public("http://app:3000", "") + stripe("http://app:3000"), "routes[0].upstream", ""},
+		{"stripped to its own base path", public("http://app:3000/public-api", strip) + stripe("http://app:3000"), "routes[0].strip_path", ""},
+		{"stripped to another host", public("http://other:3000", strip) + stripe("http://app:3000"), "routes[0].strip_path", ""},
 		{"stripped, in another case", public("http://app:3000/base", strip) + stripe("http://APP:3000/Base"),
-			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app:3000/base/, where route "stripe"'s deliveries`},
-		{"stripped, verified alike", public("http://app:3000", strip+"    provider: stripe\n    secrets: [whsec_y]\n    window: 72h\n") + stripe("http://app:3000"), ""},
-		{"stripped exact route", "  - name: public\n    path: /public\n    upstream: http://app:3000\n    keys: [body]\n" + strip + stripe("http://app:3000"), ""},
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to http://app:3000/base/stripe` + rest},
+		{"stripped, verified alike", public("http://app:3000", strip+"    provider: stripe\n    secrets: [whsec_y]\n    window: 72h\n") + stripe("http://app:3000"), "routes[0].strip_path", ""},
+		{"stripped exact route", route("public", "/public", "http://app:3000", unsigned+strip) + stripe("http://app:3000"), "routes[0].strip_path", ""},
 		// One server written in two ways.
 		{"stripped, default http port written out", public("http://app", strip) + stripe("http://app:80"),
-			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app/, where route "stripe"'s deliveries`},
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to http://app/stripe` + rest},
 		{"stripped, default https port written out", public("https://app:443", strip) + stripe("https://app"),
-			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to https://app:443/, where route "stripe"'s deliveries`},
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to https://app:443/stripe` + rest},
 		{"stripped, other scheme on the same port", public("http://app:8443", strip) + stripe("https://app:8443"),
-			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app:8443/, where route "stripe"'s deliveries`},
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to http://app:8443/stripe` + rest},
 		{"stripped, host name ending in a dot", public("http://app.:3000", strip) + stripe("http://app:3000"),
-			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app.:3000/, where route "stripe"'s deliveries`},
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to http://app.:3000/stripe` + rest},
 		{"stripped, one IPv6 address written in two ways", public("http://[::1]:3000", strip) + stripe("http://[0:0:0:0:0:0:0:1]:3000"),
-			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://[::1]:3000/, where route "stripe"'s deliveries`},
-		{"stripped, http and https on their default ports", public("http://app", strip) + stripe("https://app"), ""},
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to http://[::1]:3000/stripe` + rest},
+		{"stripped, http and https on their default ports", public("http://app", strip) + stripe("https://app"), "routes[0].strip_path", ""},
 		// The signed route's handler holds the stripped route's upstream
 		// base path: everything below it is that handler's too.
-		{"stripped into a signed prefix route's paths", public("http://app:3000/stripe/public", strip) +
-			"  - name: stripe\n    path: /stripe/*\n    upstream: http://app:3000\n    provider: stripe\n    secrets: [whsec_x]\n    window: 72h\n",
-			`routes[0].strip_path: route "public" (no signature) forwards anything below /public/ to http://app:3000/stripe/public/, where route "stripe"'s deliveries`},
+		{"stripped into a signed prefix route's paths", public("http://app:3000/stripe/public", strip) + route("stripe", "/stripe/*", "http://app:3000", signed),
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards every path below /public/ to paths below http://app:3000/stripe/public/` + rest},
+		// Without strip_path, upstream base paths that differ do the same.
+		{"upstream base paths that differ", route("public", "/x/*", "http://app:3000", unsigned) + route("stripe", "/webhooks/stripe", "http://app:3000/x", signed),
+			"routes[0].upstream", `routes[0].upstream: route "public" (no signature) forwards /x/webhooks/stripe to http://app:3000/x/webhooks/stripe` + rest},
+		// Routes that map alike: the path that reaches the handler is the
+		// signed route's own, which the router gives to it.
+		{"a signed exact route under an unsigned prefix", route("public", "/hooks/*", "http://app:3000", unsigned) + route("stripe", "/hooks/stripe", "http://app:3000", signed), "routes[0].upstream", ""},
+		{"alike, with a base path", route("public", "/hooks/*", "http://app:3000/base", unsigned) + route("stripe", "/hooks/stripe", "http://app:3000/base/", signed), "routes[0].upstream", ""},
+		{"an unsigned prefix under a signed one", route("public", "/hooks/public/*", "http://app:3000", unsigned) + route("stripe", "/hooks/*", "http://app:3000", signed), "routes[0].upstream", ""},
+		{"both stripped alike", public("http://app:3000/public", strip) + route("stripe", "/public/stripe", "http://app:3000/public/stripe", signed+strip), "routes[0].strip_path", ""},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { wantWarning(t, "routes:\n"+tt.routes, "routes[0].strip_path", tt.want) })
+		t.Run(tt.name, func(t *testing.T) { wantWarning(t, "routes:\n"+tt.routes, tt.key, tt.want) })
 	}
 }
 

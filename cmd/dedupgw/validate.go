@@ -539,9 +539,11 @@ func (f *File) unsetNote(key string) string {
 //
 // A tolerance on a route whose signatures carry no timestamp bounds nothing.
 //
-// A strip_path prefix route reaches every path below its upstream's: one
-// that verifies otherwise than a route whose upstream paths lie there lets
-// senders reach that route's handler without its signature.
+// A prefix route that maps gateway paths onto upstream paths otherwise
+// than a route verifying its deliveries otherwise, on the same upstream
+// server, may forward some to that route's handler (strip_path, or
+// upstream base paths that differ): senders reach it without its
+// signature.
 //
 // An unsigned generic route that replays stored answers without
 // client_identity replays the answer one client got to any client that
@@ -645,7 +647,7 @@ func (f *File) Warnings() []Problem {
 		}
 	}
 	ws = append(ws, f.sharedNamespaceWarnings()...)
-	ws = append(ws, f.strippedPrefixWarnings()...)
+	ws = append(ws, f.prefixReachWarnings()...)
 	if len(unsigned) > 0 {
 		verb := "verify"
 		if len(unsigned) == 1 {
@@ -726,35 +728,61 @@ func (f *File) sharedNamespaceWarnings() []Problem {
 	return ws
 }
 
-// strippedPrefixWarnings warns about each strip_path prefix route whose
-// upstream paths overlap those of a route that verifies its deliveries
-// otherwise (see verificationOf), on the same upstream: "/public/*" with
-// strip_path to http://app:3000 forwards /public/stripe to the app's
-// /stripe, where the signed stripe route's deliveries arrive, with no
-// signature check. Without strip_path each route reaches only paths under
-// its own, and the router refuses the ambiguous ones.
-func (f *File) strippedPrefixWarnings() []Problem {
+// prefixReachWarnings warns about each prefix route that forwards some
+// of its gateway paths to upstream paths where a route verifying its
+// deliveries otherwise (see verificationOf) has its handler, on the same
+// upstream server. "/public/*" with strip_path to http://app:3000 forwards
+// /public/stripe to the app's /stripe, where the signed stripe route's
+// deliveries arrive, with no signature check; so does "/x/*" to
+// http://app:3000 beside a signed "/webhooks/stripe" to http://app:3000/x.
+// Two routes that map gateway paths to upstream paths alike are safe: the
+// gateway path that would reach the other's handler is the other's own,
+// which the router gives to it (and the case or trailing-slash variants of
+// which it refuses).
+func (f *File) prefixReachWarnings() []Problem {
 	var ws []Problem
 	for i, a := range f.Routes {
-		if !a.StripPath || !strings.HasSuffix(a.Path, "/*") {
-			continue
+		if !strings.HasSuffix(a.Path, "/*") {
+			continue // an exact route forwards one path, which the file names
 		}
-		aOrigin, aPaths := upstreamPaths(a)
+		aOrigin, ua := upstreamPaths(a)
+		ga := gatewayPaths(a)
 		for _, b := range f.Routes {
-			if b.Name == a.Name || len(b.Secrets) == 0 || verificationOf(a) == verificationOf(b) {
+			if b.Name == a.Name || len(b.Secrets) == 0 || verificationOf(a) == verificationOf(b) || upstreamServer(a) != upstreamServer(b) {
 				continue
 			}
-			_, bPaths := upstreamPaths(b)
-			if upstreamServer(a) != upstreamServer(b) || !strings.HasPrefix(bPaths, aPaths) && !strings.HasPrefix(aPaths, bPaths) {
+			_, ub := upstreamPaths(b)
+			gb := gatewayPaths(b)
+			// from, a's gateway path(s), reach to, upstream paths of b's.
+			var from, to string
+			switch {
+			case strings.HasPrefix(ub, ua) && ga+ub[len(ua):] != gb:
+				from, to = strings.TrimSuffix(ga+ub[len(ua):], "/"), strings.TrimSuffix(ub, "/")
+			case strings.HasSuffix(b.Path, "/*") && strings.HasPrefix(ua, ub) && gb+ua[len(ub):] != ga:
+				from, to = "every path below "+ga, "paths below "+aOrigin+ua
+			default:
 				continue
+			}
+			if !strings.HasPrefix(to, "paths below ") {
+				to = aOrigin + to
+			}
+			key := fmt.Sprintf("routes[%d].upstream", i)
+			if a.StripPath {
+				key = fmt.Sprintf("routes[%d].strip_path", i)
 			}
 			ws = append(ws, Problem{
-				Key: fmt.Sprintf("routes[%d].strip_path", i),
-				Msg: fmt.Sprintf("route %q (%s) forwards anything below %s to %s%s, where route %q's deliveries (%s) arrive: a sender can reach that handler through %q without its signature; give %q its own upstream base path or drop strip_path", a.Name, verificationOf(a), strings.TrimSuffix(a.Path, "*"), aOrigin, aPaths, b.Name, verificationOf(b), a.Name, a.Name),
+				Key: key,
+				Msg: fmt.Sprintf("route %q (%s) forwards %s to %s, where route %q's deliveries (%s) arrive: a sender can reach that handler through %q without its signature; map both routes' paths onto the upstream alike (the same upstream base path, both with or both without strip_path), or give %q an upstream path of its own", a.Name, verificationOf(a), from, to, b.Name, verificationOf(b), a.Name, a.Name),
 			})
 		}
 	}
 	return ws
+}
+
+// gatewayPaths returns the gateway path r serves, in lower case and ending
+// in "/": a prefix route's prefix, an exact route's path.
+func gatewayPaths(r Route) string {
+	return strings.ToLower(strings.TrimSuffix(strings.TrimSuffix(r.Path, "*"), "/") + "/")
 }
 
 // upstreamPaths returns the scheme and host of r's upstream, in lower
