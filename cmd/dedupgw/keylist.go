@@ -203,7 +203,7 @@ func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdou
 			continue
 		}
 		target := base + "/v1/keys/" + pathSegment(route) + "/" + pathSegment(k.Key)
-		if force {
+		if k.State == "processing" { // and --force: forced only as listed
 			target += "?force=true"
 		}
 		code, body, err := adminCall(http.MethodDelete, target, 1<<20)
