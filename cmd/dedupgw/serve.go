@@ -250,6 +250,14 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		s.log.Warn("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers",
 			zap.String("backend", f.Store.Backend), zap.Error(err))
 	} else if rs, ok := store.(*redisstore.Store); ok {
+		// PING alone does not show what an ACL user may do: run every
+		// command the store sends on a probe key of its own.
+		if err := rs.CheckCommands(pingCtx); redisstore.CredentialsRefused(err) {
+			cancel()
+			return fmt.Errorf("store.redis: Redis refused the gateway's credentials or what they allow (%s): %w", credentialHint(f.Store.Redis, err), err)
+		} else if err != nil && !errors.Is(err, dedup.ErrNotReplicated) { // warnReplicas says that
+			s.log.Info("could not run the start-up probe of the store's Redis commands", zap.Error(err))
+		}
 		warnEviction(pingCtx, rs, s.log)
 		warnReplicas(pingCtx, rs, s.log)
 		warnClusterNode(pingCtx, rs, s.log)

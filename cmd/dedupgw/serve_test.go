@@ -325,10 +325,18 @@ func TestRefusedRedisCredentialsFailStartUp(t *testing.T) {
 	}
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: "good-pw"})
 	defer admin.Close()
-	// An ACL user with every command the store needs but PING.
-	if err := admin.Do(context.Background(), "ACL", "SETUSER", "noping", "on", ">u-pw", "~dedupgw:*", "resetchannels",
-		"-@all", "+evalsha", "+eval", "+get", "+set", "+del").Err(); err != nil {
-		t.Fatalf("ACL SETUSER: got %v, want nil", err)
+	// ACL users that may not do all the store needs: no PING; PING but
+	// only GET; every command but on other keys; every command but scripts.
+	for _, user := range [][]any{
+		{"noping", "~dedupgw:*", "-@all", "+evalsha", "+eval", "+get", "+set", "+del"},
+		{"pingonly", "~*", "-@all", "+ping", "+get"},
+		{"otherkeys", "~app:*", "-@all", "+evalsha", "+eval", "+get", "+set", "+del", "+ping"},
+		{"noscripts", "~*", "+@all", "-@scripting"},
+	} {
+		args := append([]any{"ACL", "SETUSER", user[0], "on", ">u-pw", "resetchannels"}, user[1:]...)
+		if err := admin.Do(context.Background(), args...).Err(); err != nil {
+			t.Fatalf("ACL SETUSER %s: got %v, want nil", user[0], err)
+		}
 	}
 	tests := []struct {
 		name     string
@@ -342,23 +350,25 @@ func TestRefusedRedisCredentialsFailStartUp(t *testing.T) {
 			[]string{"(check store.redis.username and store.redis.password)", "NOAUTH"}},
 		{"ACL user without a command", redisStore{username: "noping", password: "u-pw"},
 			[]string{"(the ACL user may not run a command the store needs: grant it the ones the README lists under Redis)", "NOPERM"}},
+		// PING passes: the start-up probe of the store's own commands finds
+		// these out.
+		{"ACL user with PING and GET only", redisStore{username: "pingonly", password: "u-pw"},
+			[]string{"(the ACL user may not run a command the store needs", "start-up probe: claim", "NOPERM"}},
+		{"ACL user on other keys", redisStore{username: "otherkeys", password: "u-pw"},
+			[]string{"(the ACL user may not run a command the store needs", "start-up probe: claim", "NOPERM"}},
+		{"ACL user without scripts", redisStore{username: "noscripts", password: "u-pw"},
+			[]string{"(the ACL user may not run a command the store needs", "start-up probe: release", "NOPERM"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.st.addrs = []string{srv.Addr()}
-			cfg := redisConfig(t, "http://127.0.0.1:1", tt.st)
-			f, err := loadConfig(cfg, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			core, logs := observer.New(zapcore.DebugLevel)
-			s := &server{path: cfg, file: f, log: zap.New(core), level: zap.NewAtomicLevel()}
-			sigs := make(chan os.Signal, 1)
-			sigs <- syscall.SIGTERM // a gateway that starts stops at once
-			err = s.run(sigs)
+			logs, err := startUp(t, redisConfig(t, "http://127.0.0.1:1", tt.st))
 			if tt.wantErrs == nil {
 				if err != nil || logs.FilterMessage("dedupgw started").Len() != 1 {
 					t.Errorf("run: got %v, want a start and a clean stop", err)
+				}
+				if left, err := admin.Keys(context.Background(), "*probe*").Result(); err != nil || len(left) != 0 {
+					t.Errorf("keys the start-up probe left: got %q (%v), want none", left, err)
 				}
 				return
 			}
@@ -380,16 +390,8 @@ func TestRefusedRedisCredentialsFailStartUp(t *testing.T) {
 	}
 	t.Run("sentinel refuses", func(t *testing.T) {
 		st := redistest.StartSentinelWithUser(t, "gw", "s3ntinel-pw")
-		cfg := redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName,
-			sentinelUsername: "gw", sentinelPassword: "wrong-pw"})
-		f, err := loadConfig(cfg, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := &server{path: cfg, file: f, log: zap.NewNop(), level: zap.NewAtomicLevel()}
-		sigs := make(chan os.Signal, 1)
-		sigs <- syscall.SIGTERM
-		err = s.run(sigs)
+		_, err := startUp(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName,
+			sentinelUsername: "gw", sentinelPassword: "wrong-pw"}))
 		if want := "check store.redis.username and store.redis.password, and the sentinels' sentinel_username and sentinel_password"; err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("run: got %v, want an error holding %q", err, want)
 		}
@@ -448,10 +450,10 @@ func TestClusterNodeAloneIsWarnedAtStartUp(t *testing.T) {
 	}
 }
 
-// With wait_replicas, a Redis without enough replicas, or refusing WAIT,
-// fails every claim: it is named at start-up. /readyz stays 200: the
-// replicas are shared, so every pod would go unready at once, and
-// duplicates are still answered.
+// With wait_replicas, a Redis without enough replicas fails every claim:
+// it is named at start-up. /readyz stays 200: the replicas are shared, so
+// every pod would go unready at once, and duplicates are still answered.
+// An ACL user refused WAIT is a configuration error: it ends the start-up.
 func TestMissingReplicasAreWarnedAtStartUp(t *testing.T) {
 	const warning = "Redis answers, but claims fail at start-up: fewer replicas acknowledge writes than store.redis.wait_replicas asks for, or WAIT is refused (an ACL user needs +wait); deliveries meet their routes' on_store_error policy until enough do"
 	master, _ := redistest.StartReplicated(t)
@@ -467,7 +469,6 @@ func TestMissingReplicasAreWarnedAtStartUp(t *testing.T) {
 	}{
 		{"enough", 1, "", ""},
 		{"too few", 2, "", "1 of 2 acknowledged"},
-		{"refused", 1, "nowait", "NOPERM"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
@@ -491,6 +492,29 @@ func TestMissingReplicasAreWarnedAtStartUp(t *testing.T) {
 			}
 		})
 	}
+	t.Run("refused", func(t *testing.T) {
+		_, err := startUp(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{master.Addr()}, waitReplicas: 1, username: "nowait", password: "pw"}))
+		if want := "the ACL user may not run a command the store needs"; err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("run: got %v, want an error holding %q and NOPERM", err, want)
+		}
+	})
+}
+
+// startUp runs the server on the configuration file cfg with SIGTERM
+// already queued, so a gateway that starts stops at once, and returns the
+// log and run's error.
+func startUp(t *testing.T, cfg string) (*observer.ObservedLogs, error) {
+	t.Helper()
+	f, err := loadConfig(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	s := &server{path: cfg, file: f, log: zap.New(core), level: zap.NewAtomicLevel()}
+	sigs := make(chan os.Signal, 1)
+	sigs <- syscall.SIGTERM
+	err = s.run(sigs)
+	return logs, err
 }
 
 // runStopped runs s (its log and open set by the caller) on tokenConfig's

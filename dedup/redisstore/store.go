@@ -631,6 +631,47 @@ func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 	return policy, nil
 }
 
+// probeNamespace is the namespace of CheckCommands' probe keys: not a
+// route's (route namespaces name no "dedupgw:" part), under the Store's
+// key prefix like every key it writes.
+const probeNamespace = "dedupgw-start-up-probe"
+
+// CheckCommands runs every operation the Store sends Redis on a probe key
+// of its own (random, under the key prefix, gone within seconds): a claim
+// (SET NX GET), a release (release.lua), a takeover (claim.lua), a commit
+// (commit.lua), a Get and a Forget (forget.lua), as EVALSHA and, the first
+// time, EVAL. It returns the first error, which CredentialsRefused
+// recognises when an ACL user may PING but not run what the store needs
+// (or not on the prefix's keys). A start-up check: it writes.
+func (s *Store) CheckCommands(ctx context.Context) error {
+	k := dedup.Key{Namespace: probeNamespace, ID: dedup.NewToken()}
+	const hold = 10 * time.Second
+	step := func(op string, err error) error {
+		if err != nil {
+			return fmt.Errorf("redisstore: start-up probe: %s: %w", op, err)
+		}
+		return nil
+	}
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: hold})
+	if err := step("claim", err); err != nil {
+		return err
+	}
+	if err := step("release", s.Release(ctx, k, res.Token, dedup.ReleaseOptions{Retain: hold, Status: 500})); err != nil {
+		return err
+	}
+	if res, err = s.Claim(ctx, k, dedup.ClaimOptions{Lease: hold}); err != nil {
+		return step("takeover", err)
+	}
+	if err := step("commit", s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: hold, Status: 200})); err != nil {
+		return err
+	}
+	if _, err := s.Get(ctx, k); err != nil {
+		return step("get", err)
+	}
+	_, err = s.Forget(ctx, k)
+	return step("forget", err)
+}
+
 // CheckReplicas writes a probe key (<prefix>replicas-probe, gone after a
 // second) and sends WAIT with the Store's WaitReplicas and WaitTimeout (see
 // Config) on the same connection, as a claim does: a WAIT after no write
