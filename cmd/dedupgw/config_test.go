@@ -700,12 +700,12 @@ func TestToleranceWithoutTimestampIsWarned(t *testing.T) {
 	}
 }
 
-// TestPrefixReachingSignedRouteIsWarned: a prefix route that maps gateway
+// TestReachingSignedRouteIsWarned: a route that maps gateway
 // paths onto the upstream otherwise than a signed route on the same server
 // forwards some of them to that route's handler, unsigned (strip_path, or
 // upstream base paths that differ); routes that map alike are safe, since
 // the path that would reach the handler is the signed route's own.
-func TestPrefixReachingSignedRouteIsWarned(t *testing.T) {
+func TestReachingSignedRouteIsWarned(t *testing.T) {
 	route := func(name, path, upstream, extra string) string {
 		return "  - name: " + name + "\n    path: " + path + "\n    upstream: " + upstream + "\n" + extra
 	}
@@ -753,6 +753,15 @@ func TestPrefixReachingSignedRouteIsWarned(t *testing.T) {
 		{"alike, with a base path", route("public", "/hooks/*", "http://app:3000/base", unsigned) + route("stripe", "/hooks/stripe", "http://app:3000/base/", signed), "routes[0].upstream", ""},
 		{"an unsigned prefix under a signed one", route("public", "/hooks/public/*", "http://app:3000", unsigned) + route("stripe", "/hooks/*", "http://app:3000", signed), "routes[0].upstream", ""},
 		{"both stripped alike", public("http://app:3000/public", strip) + route("stripe", "/public/stripe", "http://app:3000/public/stripe", signed+strip), "routes[0].strip_path", ""},
+		// An exact route reaches its one path.
+		{"an exact route onto the signed route's path", route("public", "/public/hook", "http://app:3000/stripe/webhook", unsigned+strip) + route("stripe", "/webhooks/stripe", "http://app:3000/stripe/webhook", signed+strip),
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/hook to http://app:3000/stripe/webhook` + rest},
+		{"an exact route into a signed prefix route's paths", route("public", "/public/hook", "http://app:3000/stripe/x", unsigned+strip) + route("stripe", "/stripe/*", "http://app:3000", signed),
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/hook to http://app:3000/stripe/x` + rest},
+		{"an exact route beside", route("public", "/public/hook", "http://app:3000/other", unsigned+strip) + route("stripe", "/webhooks/stripe", "http://app:3000/stripe/webhook", signed+strip), "routes[0].strip_path", ""},
+		// Loopback written as a name and as an address.
+		{"stripped, localhost and 127.0.0.1", public("http://localhost:3000", strip) + stripe("http://127.0.0.1:3000"),
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to http://localhost:3000/stripe` + rest},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { wantWarning(t, "routes:\n"+tt.routes, tt.key, tt.want) })

@@ -589,14 +589,14 @@ func (f *File) Warnings() []Problem {
 			if secret != "" && strings.TrimSpace(secret) != secret {
 				ws = append(ws, Problem{
 					Key: fmt.Sprintf("routes[%d].secrets[%d]", i, j),
-					Msg: fmt.Sprintf("route %q has a secret that begins or ends with white space (a trailing newline from the file it was read from?): deliveries signed with the secret itself fail their check", r.Name),
+					Msg: fmt.Sprintf("route %q has a secret that begins or ends with white space (a space, or a newline more, in the file or variable it was read from?): deliveries signed with the secret itself fail their check", r.Name),
 				})
 			}
 		}
 		if cis := identitySecretOf(r); cis != "" && strings.TrimSpace(cis) != cis {
 			ws = append(ws, Problem{
 				Key: fmt.Sprintf("routes[%d].client_identity_secret", i),
-				Msg: fmt.Sprintf("route %q has a client_identity_secret that begins or ends with white space (a trailing newline from the file it was read from?): a replica given the same secret without it scopes every key differently", r.Name),
+				Msg: fmt.Sprintf("route %q has a client_identity_secret that begins or ends with white space (a space, or a newline more, in the file or variable it was read from?): a replica given the same secret without it scopes every key differently", r.Name),
 			})
 		}
 		if r.Tolerance != nil && !timestamped(r) {
@@ -647,7 +647,7 @@ func (f *File) Warnings() []Problem {
 		}
 	}
 	ws = append(ws, f.sharedNamespaceWarnings()...)
-	ws = append(ws, f.prefixReachWarnings()...)
+	ws = append(ws, f.reachWarnings()...)
 	if len(unsigned) > 0 {
 		verb := "verify"
 		if len(unsigned) == 1 {
@@ -728,10 +728,10 @@ func (f *File) sharedNamespaceWarnings() []Problem {
 	return ws
 }
 
-// prefixReachWarnings warns about each prefix route that forwards some
-// of its gateway paths to upstream paths where a route verifying its
-// deliveries otherwise (see verificationOf) has its handler, on the same
-// upstream server. "/public/*" with strip_path to http://app:3000 forwards
+// reachWarnings warns about each route that forwards some of its gateway
+// paths (an exact route's one, a prefix route's below it) to upstream
+// paths where a route verifying its deliveries otherwise (see
+// verificationOf) has its handler, on the same upstream server. "/public/*" with strip_path to http://app:3000 forwards
 // /public/stripe to the app's /stripe, where the signed stripe route's
 // deliveries arrive, with no signature check; so does "/x/*" to
 // http://app:3000 beside a signed "/webhooks/stripe" to http://app:3000/x.
@@ -739,12 +739,10 @@ func (f *File) sharedNamespaceWarnings() []Problem {
 // gateway path that would reach the other's handler is the other's own,
 // which the router gives to it (and the case or trailing-slash variants of
 // which it refuses).
-func (f *File) prefixReachWarnings() []Problem {
+func (f *File) reachWarnings() []Problem {
 	var ws []Problem
 	for i, a := range f.Routes {
-		if !strings.HasSuffix(a.Path, "/*") {
-			continue // an exact route forwards one path, which the file names
-		}
+		aPrefix := strings.HasSuffix(a.Path, "/*")
 		aOrigin, ua := upstreamPaths(a)
 		ga := gatewayPaths(a)
 		for _, b := range f.Routes {
@@ -756,6 +754,12 @@ func (f *File) prefixReachWarnings() []Problem {
 			// from, a's gateway path(s), reach to, upstream paths of b's.
 			var from, to string
 			switch {
+			case !aPrefix && ub == ua && ga != gb: // an exact route reaches its one path
+				from, to = strings.TrimSuffix(ga, "/"), strings.TrimSuffix(ub, "/")
+			case !aPrefix && strings.HasSuffix(b.Path, "/*") && strings.HasPrefix(ua, ub) && gb+ua[len(ub):] != ga:
+				from, to = strings.TrimSuffix(ga, "/"), strings.TrimSuffix(ua, "/")
+			case !aPrefix:
+				continue
 			case strings.HasPrefix(ub, ua) && ga+ub[len(ua):] != gb:
 				from, to = strings.TrimSuffix(ga+ub[len(ua):], "/"), strings.TrimSuffix(ub, "/")
 			case strings.HasSuffix(b.Path, "/*") && strings.HasPrefix(ua, ub) && gb+ua[len(ub):] != ga:
@@ -804,7 +808,8 @@ func upstreamPaths(r Route) (origin, paths string) {
 
 // upstreamServer returns the host and port r's upstream dials, alike for
 // every way of writing one server: the host in lower case without a
-// trailing dot, an IP address in its canonical form, and the scheme's
+// trailing dot, an IP address in its canonical form, any loopback address
+// as localhost (the gateway's own machine), and the scheme's
 // default port when none is written. The scheme is left out: one port
 // serves one listener, whichever scheme the URL names.
 func upstreamServer(r Route) string {
@@ -815,6 +820,9 @@ func upstreamServer(r Route) string {
 	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
 	if a, err := netip.ParseAddr(host); err == nil {
 		host = a.Unmap().String()
+		if a.IsLoopback() {
+			host = "localhost"
+		}
 	}
 	port := u.Port()
 	if port == "" {
