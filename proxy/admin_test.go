@@ -280,6 +280,43 @@ func TestAdminKeysAPI(t *testing.T) {
 		}
 	})
 
+	// ?state= forgets the key only in that state, so a bulk forget leaves
+	// a key that settled otherwise after its listing.
+	t.Run("forget in a state", func(t *testing.T) {
+		ctx := context.Background()
+		k := dedup.Key{Namespace: "orders", ID: "evt_state"}
+		c, err := a.store.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.store.Commit(ctx, k, c.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			query    string
+			want     int
+			wantType string
+		}{
+			{"?state=done", http.StatusBadRequest, "invalid-query"},
+			{"?state=failed", http.StatusConflict, "state-changed"},
+			{"?state=processing&force=true", http.StatusConflict, "state-changed"},
+		} {
+			got, _, body := a.call(http.MethodDelete, keyPath("evt_state")+tc.query, bearer)
+			if got != tc.want || !strings.Contains(string(body), tc.wantType) {
+				t.Errorf("DELETE %s of a processed key: got %d %s, want %d %s", tc.query, got, body, tc.want, tc.wantType)
+			}
+			if _, err := a.store.Get(ctx, k); err != nil {
+				t.Fatalf("after DELETE %s: got %v, want the key kept", tc.query, err)
+			}
+		}
+		if got, _, body := a.call(http.MethodDelete, keyPath("evt_state")+"?state=processed", bearer); got != http.StatusNoContent {
+			t.Errorf("DELETE ?state=processed of a processed key: got %d %s, want 204", got, body)
+		}
+		if got, _, body := a.call(http.MethodDelete, keyPath("evt_state")+"?state=processed", bearer); got != http.StatusNotFound {
+			t.Errorf("DELETE ?state=processed of a forgotten key: got %d %s, want 404", got, body)
+		}
+	})
+
 	t.Run("a raw path is never cleaned into another key", func(t *testing.T) {
 		ctx := context.Background()
 		for _, id := range []string{"x/y", "x//y"} {

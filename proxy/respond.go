@@ -66,6 +66,7 @@ var (
 	probMissingKey     = problem{Type: problemTypePrefix + "missing-key", Title: "Deduplication key missing or invalid", Status: http.StatusBadRequest}
 	probKeyReused      = problem{Type: problemTypePrefix + "key-reused", Title: "Deduplication key reused with a different payload", Status: http.StatusUnprocessableEntity}
 	probInFlight       = problem{Type: problemTypePrefix + "in-flight", Title: "A delivery with this key is being processed", Status: http.StatusConflict}
+	probStateChanged   = problem{Type: problemTypePrefix + "state-changed", Title: "The key is not in the state the request names", Status: http.StatusConflict}
 	probStoreError     = problem{Type: problemTypePrefix + "store-unavailable", Title: "Dedup store unavailable", Status: http.StatusServiceUnavailable}
 	probBadGateway     = problem{Type: problemTypePrefix + "upstream-unreachable", Title: "Upstream unreachable", Status: http.StatusBadGateway}
 	probTimeout        = problem{Type: problemTypePrefix + "upstream-timeout", Title: "Upstream timed out", Status: http.StatusGatewayTimeout}

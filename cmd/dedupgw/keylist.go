@@ -164,9 +164,10 @@ func cmdKeysList(base, route string, f listFilters, stdout, stderr io.Writer) in
 
 // cmdKeysForgetMany forgets every key of route that passes f: it lists
 // them first, and without yes only prints them (JSON Lines) and what it
-// would do. Keys in flight are skipped unless force. It exits 0 when every
-// listed key was forgotten or had gone meanwhile, 1 when any was skipped
-// or failed.
+// would do. Keys in flight are skipped unless force; each key is forgotten
+// only in the state it was listed in. It exits 0 when every listed key was
+// forgotten or had gone meanwhile, 1 when any was skipped, had changed
+// state or failed.
 func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdout, stderr io.Writer) int {
 	var keys []listedKey
 	if code := listKeys(base, route, f, stderr, func(k listedKey) error {
@@ -195,16 +196,18 @@ func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdou
 		fmt.Fprintf(stderr, "dedupgw keys forget: listed %d key(s) of route %s: %s. Nothing was forgotten: run again with --yes.\n", len(keys), route, plan)
 		return exitOK
 	}
-	var forgotten, skipped, gone, failed int
+	var forgotten, skipped, changed, gone, failed int
 	for _, k := range keys {
 		if k.State == "processing" && !force {
 			skipped++
 			fmt.Fprintf(stdout, "skipped %s/%s: in flight (use --force)\n", route, k.Key)
 			continue
 		}
-		target := base + "/v1/keys/" + pathSegment(route) + "/" + pathSegment(k.Key)
+		// Forgotten only in the state listed: a key settled otherwise since
+		// (a failed one processed by its retry) is left alone.
+		target := base + "/v1/keys/" + pathSegment(route) + "/" + pathSegment(k.Key) + "?state=" + url.QueryEscape(k.State)
 		if k.State == "processing" { // and --force: forced only as listed
-			target += "?force=true"
+			target += "&force=true"
 		}
 		code, body, err := adminCall(http.MethodDelete, target, 1<<20)
 		switch {
@@ -217,6 +220,9 @@ func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdou
 		case code == http.StatusNotFound:
 			gone++
 			fmt.Fprintf(stdout, "not found anymore %s/%s\n", route, k.Key)
+		case code == http.StatusConflict && strings.Contains(string(body), "state-changed"):
+			changed++
+			fmt.Fprintf(stdout, "left %s/%s: changed since the listing (%s)\n", route, k.Key, detail(body))
 		case code == http.StatusConflict:
 			skipped++
 			fmt.Fprintf(stdout, "skipped %s/%s: in flight since the listing (use --force)\n", route, k.Key)
@@ -228,7 +234,7 @@ func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdou
 			fmt.Fprintf(stderr, "dedupgw keys: DELETE %s: %d (%s)\n", target, code, detail(body))
 		}
 	}
-	summary := fmt.Sprintf("forgotten %d, skipped %d (in flight), not found anymore %d", forgotten, skipped, gone)
+	summary := fmt.Sprintf("forgotten %d, skipped %d (in flight), changed since the listing %d, not found anymore %d", forgotten, skipped, changed, gone)
 	if failed > 0 {
 		summary += fmt.Sprintf(", failed %d", failed)
 	}
@@ -236,7 +242,7 @@ func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdou
 	if force && forgotten > 0 && inFlight > 0 {
 		fmt.Fprintln(stdout, "(forced: a delivery in flight, if any, will not be recorded when it finishes; a copy of it will be forwarded again)")
 	}
-	if skipped > 0 || failed > 0 {
+	if skipped > 0 || changed > 0 || failed > 0 {
 		return exitFail
 	}
 	return exitOK

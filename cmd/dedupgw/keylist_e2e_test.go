@@ -116,7 +116,7 @@ func TestE2EKeysListAndBulkForget(t *testing.T) {
 
 	// With --yes: every key but the one in flight.
 	code, stdout, stderr = runCLI(t, env, "keys", "forget", admin, "--yes", "--since", "1h", "orders")
-	if code != 1 || !strings.Contains(stdout, "forgotten 5, skipped 1 (in flight), not found anymore 0") || !strings.Contains(stdout, "skipped orders/busy: in flight (use --force)") {
+	if code != 1 || !strings.Contains(stdout, "forgotten 5, skipped 1 (in flight), changed since the listing 0, not found anymore 0") || !strings.Contains(stdout, "skipped orders/busy: in flight (use --force)") {
 		t.Errorf("forget --yes: got exit %d\nstdout: %s\nstderr: %s\nwant 1 and forgotten 5, skipped 1", code, stdout, stderr)
 	}
 	if got, want := list("after forget --yes", 0, "orders"), []string{"busy"}; !slices.Equal(got, want) {
@@ -129,7 +129,7 @@ func TestE2EKeysListAndBulkForget(t *testing.T) {
 
 	// --force takes the key in flight too.
 	code, stdout, stderr = runCLI(t, env, "keys", "forget", admin, "--yes", "--force", "--state", "processing", "orders")
-	if code != 0 || !strings.Contains(stdout, "forgotten 1, skipped 0 (in flight), not found anymore 0") {
+	if code != 0 || !strings.Contains(stdout, "forgotten 1, skipped 0 (in flight), changed since the listing 0, not found anymore 0") {
 		t.Errorf("forget --yes --force: got exit %d\nstdout: %s\nstderr: %s\nwant 0 and forgotten 1", code, stdout, stderr)
 	}
 	if got := list("after forget --force", 0, "--state", "processing", "orders"); got != nil {

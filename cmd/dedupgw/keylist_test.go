@@ -125,9 +125,14 @@ func TestKeysForgetManySendsForceOnlyWithForce(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			run(args, &stdout, &stderr)
 			got := map[string]string{}
+			listed := map[string]string{"k1": "failed", "busy": "processing", "k2": "processed"}
 			for _, r := range a.requests() {
 				if r.Method == http.MethodDelete {
-					got[strings.TrimPrefix(r.URL.Path, "/v1/keys/orders/")] = r.URL.Query().Get("force")
+					k := strings.TrimPrefix(r.URL.Path, "/v1/keys/orders/")
+					got[k] = r.URL.Query().Get("force")
+					if st := r.URL.Query().Get("state"); st != listed[k] {
+						t.Errorf("DELETE %s: got state=%q, want the state it was listed in, %q", k, st, listed[k])
+					}
 				}
 			}
 			if len(got) != len(tt.wantForce) {
