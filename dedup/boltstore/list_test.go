@@ -32,23 +32,11 @@ func listIDs(t *testing.T, s *Store, namespace string, opts dedup.ListOptions) (
 		ids  []string
 		recs []dedup.Record
 	)
-	for pages := 0; ; pages++ {
-		if pages > 10_000 {
-			t.Fatalf("List(%q): still no last page after %d pages", namespace, pages)
-		}
-		page, err := s.List(context.Background(), namespace, opts)
-		if err != nil {
-			t.Fatalf("List(%q): got %v, want nil", namespace, err)
-		}
-		for _, e := range page.Entries {
-			ids = append(ids, e.ID)
-			recs = append(recs, e.Record)
-		}
-		if page.Next == "" {
-			return ids, recs
-		}
-		opts.Cursor = page.Next
+	for _, e := range storetest.ListAll(t, s, namespace, opts) {
+		ids = append(ids, e.ID)
+		recs = append(recs, e.Record)
 	}
+	return ids, recs
 }
 
 // A listing shows each key as Get does, wherever its current state is: a

@@ -12,6 +12,7 @@ import (
 	"github.com/dedupgw/dedupgw/dedup"
 	"github.com/dedupgw/dedupgw/dedup/redisstore"
 	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
+	"github.com/dedupgw/dedupgw/dedup/storetest"
 )
 
 // listAll follows every page of a listing and returns the IDs listed,
@@ -19,21 +20,8 @@ import (
 func listAll(t *testing.T, s dedup.Store, namespace string, opts dedup.ListOptions) []string {
 	t.Helper()
 	var ids []string
-	for pages := 0; ; pages++ {
-		if pages > 10_000 {
-			t.Fatalf("List(%q): still no last page after %d pages", namespace, pages)
-		}
-		page, err := s.List(context.Background(), namespace, opts)
-		if err != nil {
-			t.Fatalf("List(%q): got %v, want nil", namespace, err)
-		}
-		for _, e := range page.Entries {
-			ids = append(ids, e.ID)
-		}
-		if page.Next == "" {
-			break
-		}
-		opts.Cursor = page.Next
+	for _, e := range storetest.ListAll(t, s, namespace, opts) {
+		ids = append(ids, e.ID)
 	}
 	slices.Sort(ids)
 	return slices.Compact(ids)

@@ -18,40 +18,48 @@ import (
 // the limit, and a bad cursor refused. Unless Harness.ListUnordered, they
 // also check key order and that no key comes twice.
 
-// listAll follows every page of a listing of namespace with opts and
-// returns the IDs in the order listed and the entries by ID. It fails t on
-// an error, a page larger than the limit, or more pages than the keyspace
-// could need.
-func listAll(t *testing.T, e *env, namespace string, opts dedup.ListOptions) ([]string, map[string]dedup.Record) {
+// ListAll follows every page of s's listing of namespace with opts, from
+// the start, and returns the entries in the order listed. It fails t on
+// an error, a page larger than the limit, a Next that does not move on, or
+// more pages than the keyspace could need. Backends' own List tests use it
+// as the suite does.
+func ListAll(t testing.TB, s dedup.Store, namespace string, opts dedup.ListOptions) []dedup.ListEntry {
 	t.Helper()
-	var (
-		ids  []string
-		recs = make(map[string]dedup.Record)
-	)
+	var entries []dedup.ListEntry
 	opts.Cursor = ""
 	for pages := 0; ; pages++ {
 		if pages > 10_000 {
 			t.Fatalf("List(%q): still no last page after %d pages", namespace, pages)
 		}
-		page, err := e.s.List(context.Background(), namespace, opts)
+		page, err := s.List(context.Background(), namespace, opts)
 		if err != nil {
 			t.Fatalf("List(%q, %+v): got error %v, want nil", namespace, opts, err)
 		}
 		if n, limit := len(page.Entries), opts.PageLimit(); n > limit {
 			t.Fatalf("List(%q): got a page of %d entries, want at most %d", namespace, n, limit)
 		}
-		for _, en := range page.Entries {
-			ids = append(ids, en.ID)
-			recs[en.ID] = en.Record
-		}
+		entries = append(entries, page.Entries...)
 		if page.Next == "" {
-			return ids, recs
+			return entries
 		}
 		if page.Next == opts.Cursor {
 			t.Fatalf("List(%q): got Next %q, the cursor it was given: the listing would never end", namespace, page.Next)
 		}
 		opts.Cursor = page.Next
 	}
+}
+
+// listAll is ListAll on e's store, as the IDs in the order listed and the
+// records by ID.
+func listAll(t *testing.T, e *env, namespace string, opts dedup.ListOptions) ([]string, map[string]dedup.Record) {
+	t.Helper()
+	var ids []string
+	recs := make(map[string]dedup.Record)
+	for _, en := range ListAll(t, e.s, namespace, opts) {
+		ids = append(ids, en.ID)
+		recs[en.ID] = en.Record
+	}
+	return ids, recs
 }
 
 // checkListed fails t unless ids holds exactly the keys of want, once each
