@@ -251,15 +251,22 @@ func (s *server) run(sigs <-chan os.Signal) error {
 			zap.String("backend", f.Store.Backend), zap.Error(err))
 	} else if rs, ok := store.(*redisstore.Store); ok {
 		// PING alone does not show what an ACL user may do: run every
-		// command the store sends on a probe key of its own.
-		if err := rs.CheckCommands(pingCtx); redisstore.CredentialsRefused(err) {
+		// command the store sends on a probe key of its own. Its writes
+		// wait for replicas as a claim's do, so it also finds claims that
+		// fail for want of them (wait_replicas). /readyz does not check
+		// replicas (see redisstore.Store.Ping); each refused claim counts
+		// in dedupgw_store_errors_total{op="claim"}.
+		switch err := rs.CheckCommands(pingCtx); {
+		case redisstore.CredentialsRefused(err):
 			cancel()
 			return fmt.Errorf("store.redis: Redis refused the gateway's credentials or what they allow (%s): %w", credentialHint(f.Store.Redis, err), err)
-		} else if err != nil && !errors.Is(err, dedup.ErrNotReplicated) { // warnReplicas says that
+		case errors.Is(err, dedup.ErrNotReplicated):
+			s.log.Warn("Redis answers, but claims fail at start-up: fewer replicas acknowledge writes than store.redis.wait_replicas asks for, or WAIT is refused (an ACL user needs +wait); deliveries meet their routes' on_store_error policy until enough do",
+				zap.Error(err))
+		case err != nil:
 			s.log.Info("could not run the start-up probe of the store's Redis commands", zap.Error(err))
 		}
 		warnEviction(pingCtx, rs, s.log)
-		warnReplicas(pingCtx, rs, s.log)
 		warnClusterNode(pingCtx, rs, s.log)
 	}
 	cancel()
@@ -778,20 +785,6 @@ func warnClusterNode(ctx context.Context, rs *redisstore.Store, log *zap.Logger)
 		log.Info("could not check whether Redis is a Cluster node (INFO cluster)", zap.Error(err))
 	case in:
 		log.Warn("store.redis.addrs names one node of a Redis Cluster, taken for a single node: keys on other nodes' slots fail with MOVED and meet their routes' on_store_error; set store.redis.cluster: true (or list several nodes)")
-	}
-}
-
-// warnReplicas warns when claims fail because fewer replicas acknowledge
-// writes than store.redis.wait_replicas asks for, or WAIT is refused.
-// /readyz does not check it (see redisstore.Store.Ping); each refused claim
-// counts in dedupgw_store_errors_total{op="claim"}.
-func warnReplicas(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
-	switch err := rs.CheckReplicas(ctx); {
-	case errors.Is(err, dedup.ErrNotReplicated):
-		log.Warn("Redis answers, but claims fail at start-up: fewer replicas acknowledge writes than store.redis.wait_replicas asks for, or WAIT is refused (an ACL user needs +wait); deliveries meet their routes' on_store_error policy until enough do",
-			zap.Error(err))
-	case err != nil:
-		log.Info("could not check that Redis replicas acknowledge writes (store.redis.wait_replicas)", zap.Error(err))
 	}
 }
 

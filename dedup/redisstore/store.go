@@ -492,7 +492,7 @@ func (s *Store) forgetOnce(ctx context.Context, rk string, now int64) *redis.Cmd
 // the keys, so it is not ready), and on a Cluster also CLUSTER INFO, which
 // must report cluster_state:ok (see clusterServes; a user not allowed the
 // command skips that check). It does not check replicas (see
-// CheckReplicas): they are shared by every gateway, so a readiness that
+// CheckCommands): they are shared by every gateway, so a readiness that
 // failed with them would take every pod out of service at once, though
 // duplicates are still answered.
 func (s *Store) Ping(ctx context.Context) error {
@@ -642,7 +642,11 @@ const probeNamespace = "dedupgw-start-up-probe"
 // (commit.lua), a Get and a Forget (forget.lua), as EVALSHA and, the first
 // time, EVAL. It returns the first error, which CredentialsRefused
 // recognises when an ACL user may PING but not run what the store needs
-// (or not on the prefix's keys). A start-up check: it writes.
+// (or not on the prefix's keys). Its writes wait for replicas as a claim's
+// do (Config.WaitReplicas), on the connection that wrote them (a WAIT
+// after no write would count even a hung replica), so it returns an error
+// wrapping dedup.ErrNotReplicated when too few acknowledge. A start-up
+// check: it writes.
 func (s *Store) CheckCommands(ctx context.Context) error {
 	k := dedup.Key{Namespace: probeNamespace, ID: dedup.NewToken()}
 	const hold = 10 * time.Second
@@ -670,33 +674,6 @@ func (s *Store) CheckCommands(ctx context.Context) error {
 	}
 	_, err = s.Forget(ctx, k)
 	return step("forget", err)
-}
-
-// CheckReplicas writes a probe key (<prefix>replicas-probe, gone after a
-// second) and sends WAIT with the Store's WaitReplicas and WaitTimeout (see
-// Config) on the same connection, as a claim does: a WAIT after no write
-// would count even a hung replica. It returns an error wrapping
-// dedup.ErrNotReplicated when fewer replicas acknowledged or WAIT failed
-// (an ACL without +wait): claims would fail. It returns nil at once for a
-// Store that waits for no replicas. A start-up check.
-func (s *Store) CheckReplicas(ctx context.Context) error {
-	if s.closed.Load() {
-		return dedup.ErrClosed
-	}
-	if s.pipe.waitReplicas <= 0 {
-		return nil
-	}
-	pipe := s.client.Pipeline()
-	set := pipe.Set(ctx, s.prefix+"replicas-probe", "1", time.Second)
-	wait := s.pipe.queueWait(ctx, pipe)
-	_, _ = pipe.Exec(ctx) // each command carries its own reply
-	if err := set.Err(); err != nil {
-		return fmt.Errorf("redisstore: replicas: %w", err)
-	}
-	if err := s.pipe.verdict(wait.Result()); err != nil {
-		return fmt.Errorf("redisstore: replicas: %w", err)
-	}
-	return nil
 }
 
 // evictionRank orders maxmemory policies by the harm they may do to the

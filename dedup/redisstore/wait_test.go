@@ -172,29 +172,29 @@ func TestWaitReplicasUnmet(t *testing.T) {
 		}
 		// The start-up check says so; readiness (Ping) does not, since
 		// the replicas are shared by every gateway.
-		if err := s.CheckReplicas(ctx); !errors.Is(err, dedup.ErrNotReplicated) {
-			t.Errorf("%s: CheckReplicas: got %v, want ErrNotReplicated", tt.name, err)
+		if err := s.CheckCommands(ctx); !errors.Is(err, dedup.ErrNotReplicated) {
+			t.Errorf("%s: CheckCommands: got %v, want ErrNotReplicated", tt.name, err)
 		}
 		if err := s.Ping(ctx); err != nil {
 			t.Errorf("%s: Ping: got %v, want nil", tt.name, err)
 		}
 	}
 	ok := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1}, nil)
-	if err := ok.CheckReplicas(ctx); err != nil {
-		t.Errorf("CheckReplicas with the replica acknowledging: got %v, want nil", err)
+	if err := ok.CheckCommands(ctx); err != nil {
+		t.Errorf("CheckCommands with the replica acknowledging: got %v, want nil", err)
 	}
 }
 
-// CheckReplicas writes before it waits: a WAIT after no write counts a hung
-// replica, which is still attached, as acknowledging.
-func TestCheckReplicasSeesAHungReplica(t *testing.T) {
+// CheckCommands writes before it waits: a WAIT after no write counts a
+// hung replica, which is still attached, as acknowledging.
+func TestCheckCommandsSeesAHungReplica(t *testing.T) {
 	ctx := context.Background()
 	master, replica := redistest.StartReplicated(t)
 	s := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}, WaitReplicas: 1}, nil)
 	replica.Pause()
 	defer replica.Resume()
-	if err := s.CheckReplicas(ctx); !errors.Is(err, dedup.ErrNotReplicated) {
-		t.Errorf("CheckReplicas with the replica hung: got %v, want ErrNotReplicated", err)
+	if err := s.CheckCommands(ctx); !errors.Is(err, dedup.ErrNotReplicated) {
+		t.Errorf("CheckCommands with the replica hung: got %v, want ErrNotReplicated", err)
 	}
 }
 
