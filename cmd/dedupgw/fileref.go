@@ -61,9 +61,8 @@ func (x *expander) readFileRef(p string) (val, read string, err error) {
 		read = filepath.Join(x.dir, p)
 	}
 	b, rerr := readRefFile(read)
-	st := fileState{sum: sha256.Sum256(b)}
+	st := stateOf(b, rerr)
 	if rerr != nil {
-		st = fileState{err: rerr.Error()}
 		where := read
 		if read != p {
 			where = fmt.Sprintf("%s (%s)", read, p)
@@ -140,8 +139,11 @@ func (f *File) referencedFiles() map[string]fileState {
 
 // fileStateOf reads the file at path (absolute) as a reference would, and
 // returns its state.
-func fileStateOf(path string) fileState {
-	b, err := readRefFile(path)
+func fileStateOf(path string) fileState { return stateOf(readRefFile(path)) }
+
+// stateOf is the state of a read of readRefFile that returned b and err:
+// the one definition the load and the watcher compare.
+func stateOf(b []byte, err error) fileState {
 	if err != nil {
 		return fileState{err: err.Error()}
 	}
