@@ -741,34 +741,31 @@ func (f *File) sharedNamespaceWarnings() []Problem {
 // which it refuses).
 func (f *File) reachWarnings() []Problem {
 	var ws []Problem
+	maps := make([]pathMap, len(f.Routes))
+	for i, r := range f.Routes {
+		maps[i] = pathMapOf(r)
+	}
 	for i, a := range f.Routes {
-		aPrefix := strings.HasSuffix(a.Path, "/*")
-		aOrigin, ua := upstreamPaths(a)
-		ga := gatewayPaths(a)
-		for _, b := range f.Routes {
-			if b.Name == a.Name || len(b.Secrets) == 0 || verificationOf(a) == verificationOf(b) || upstreamServer(a) != upstreamServer(b) {
+		ma := maps[i]
+		for j, b := range f.Routes {
+			mb := maps[j]
+			if i == j || len(b.Secrets) == 0 || verificationOf(a) == verificationOf(b) || ma.server != mb.server {
 				continue
 			}
-			_, ub := upstreamPaths(b)
-			gb := gatewayPaths(b)
-			// from, a's gateway path(s), reach to, upstream paths of b's.
+			// from, a's gateway path(s), reach to, upstream paths of b's:
+			// b's own, reached by another gateway path than b's, or part
+			// of b's prefix, mapped otherwise than b maps it.
 			var from, to string
 			switch {
-			case !aPrefix && ub == ua && ga != gb: // an exact route reaches its one path
-				from, to = strings.TrimSuffix(ga, "/"), strings.TrimSuffix(ub, "/")
-			case !aPrefix && strings.HasSuffix(b.Path, "/*") && strings.HasPrefix(ua, ub) && gb+ua[len(ub):] != ga:
-				from, to = strings.TrimSuffix(ga, "/"), strings.TrimSuffix(ua, "/")
-			case !aPrefix:
-				continue
-			case strings.HasPrefix(ub, ua) && ga+ub[len(ua):] != gb:
-				from, to = strings.TrimSuffix(ga+ub[len(ua):], "/"), strings.TrimSuffix(ub, "/")
-			case strings.HasSuffix(b.Path, "/*") && strings.HasPrefix(ua, ub) && gb+ua[len(ub):] != ga:
-				from, to = "every path below "+ga, "paths below "+aOrigin+ua
+			case (mb.up == ma.up || ma.prefix && strings.HasPrefix(mb.up, ma.up)) && ma.gw+mb.up[len(ma.up):] != mb.gw:
+				from, to = strings.TrimSuffix(ma.gw+mb.up[len(ma.up):], "/"), ma.origin+strings.TrimSuffix(mb.up, "/")
+			case mb.prefix && strings.HasPrefix(ma.up, mb.up) && mb.gw+ma.up[len(mb.up):] != ma.gw:
+				from, to = strings.TrimSuffix(ma.gw, "/"), ma.origin+strings.TrimSuffix(ma.up, "/")
+				if ma.prefix {
+					from, to = "every path below "+ma.gw, "paths below "+ma.origin+ma.up
+				}
 			default:
 				continue
-			}
-			if !strings.HasPrefix(to, "paths below ") {
-				to = aOrigin + to
 			}
 			key := fmt.Sprintf("routes[%d].upstream", i)
 			if a.StripPath {
@@ -783,27 +780,39 @@ func (f *File) reachWarnings() []Problem {
 	return ws
 }
 
-// gatewayPaths returns the gateway path r serves, in lower case and ending
-// in "/": a prefix route's prefix, an exact route's path.
-func gatewayPaths(r Route) string {
-	return strings.ToLower(strings.TrimSuffix(strings.TrimSuffix(r.Path, "*"), "/") + "/")
+// pathMap is how a route maps gateway paths onto its upstream, for
+// reachWarnings. Paths are in lower case (upstreams may read them without
+// regard to case) and end in "/".
+type pathMap struct {
+	server string // the host and port dialled (see upstreamServer)
+	origin string // scheme://host as written, in lower case, for messages
+	gw     string // the gateway path: a prefix route's prefix, an exact route's path
+	// up is the upstream path its deliveries arrive at (under, for a
+	// prefix route): the upstream URL's path joined with gw, or with
+	// strip_path the upstream URL's path alone.
+	up     string
+	prefix bool
 }
 
-// upstreamPaths returns the scheme and host of r's upstream, in lower
-// case, and the upstream path under which its deliveries arrive, in lower
-// case and ending in "/" (upstreams may read paths without regard to
-// case): the upstream URL's path joined with the route's path, or with
-// strip_path the upstream URL's path alone.
-func upstreamPaths(r Route) (origin, paths string) {
+func pathMapOf(r Route) pathMap {
+	m := pathMap{
+		server: upstreamServer(r),
+		origin: strings.ToLower(r.Upstream),
+		gw:     strings.ToLower(strings.TrimSuffix(strings.TrimSuffix(r.Path, "*"), "/") + "/"),
+		up:     "/",
+		prefix: strings.HasSuffix(r.Path, "/*"),
+	}
 	u, err := url.Parse(r.Upstream)
 	if err != nil { // refused by Validate
-		return r.Upstream, "/"
+		return m
 	}
 	p := u.Path
 	if !r.StripPath {
 		p = strings.TrimSuffix(p, "/") + "/" + strings.TrimPrefix(strings.TrimSuffix(r.Path, "*"), "/")
 	}
-	return strings.ToLower(u.Scheme + "://" + u.Host), strings.ToLower(strings.TrimSuffix(p, "/") + "/")
+	m.origin = strings.ToLower(u.Scheme + "://" + u.Host)
+	m.up = strings.ToLower(strings.TrimSuffix(p, "/") + "/")
+	return m
 }
 
 // upstreamServer returns the host and port r's upstream dials, alike for
