@@ -119,7 +119,7 @@ func listKeys(base, route string, f listFilters, stderr io.Writer, fn func(liste
 			fmt.Fprintf(stderr, "dedupgw keys: %s: not found (%s)\n", route, detail(body))
 			return exitFail
 		case http.StatusUnauthorized:
-			fmt.Fprintf(stderr, "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n")
+			fmt.Fprint(stderr, msgUnauthorized)
 			return exitFail
 		default:
 			fmt.Fprintf(stderr, "dedupgw keys: GET %s: %d (%s)\n", target, code, detail(body))
@@ -227,7 +227,7 @@ func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdou
 			skipped++
 			fmt.Fprintf(stdout, "skipped %s/%s: in flight since the listing (use --force)\n", route, k.Key)
 		case code == http.StatusUnauthorized:
-			fmt.Fprintf(stderr, "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n")
+			fmt.Fprint(stderr, msgUnauthorized)
 			return exitFail
 		default:
 			failed++

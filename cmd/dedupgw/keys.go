@@ -108,9 +108,8 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	route, key := fs.Arg(0), fs.Arg(1)
-	base, err := url.Parse(strings.TrimRight(*admin, "/"))
-	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		fmt.Fprintf(stderr, "dedupgw keys: invalid --admin URL %q\n", *admin)
+	base, ok := adminBase(*admin, stderr)
+	if !ok {
 		return exitUsage
 	}
 
@@ -118,33 +117,18 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	if op == "forget" {
 		method = http.MethodDelete
 	}
-	target := base.String() + "/v1/keys/" + pathSegment(route) + "/" + pathSegment(key)
+	target := base + "/v1/keys/" + pathSegment(route) + "/" + pathSegment(key)
 	if force != nil && *force {
 		target += "?force=true"
 	}
-	req, err := http.NewRequest(method, target, nil)
+	code, body, err := adminCall(method, target, 1<<20)
 	if err != nil {
 		fmt.Fprintf(stderr, "dedupgw keys: %v\n", err)
-		return exitFail
-	}
-	if tok, _ := os.LookupEnv("DEDUPGW_ADMIN_TOKEN"); tok != "" {
-		req.Header.Set("Authorization", "Bearer "+tok)
-	}
-	client := &http.Client{Timeout: keysTimeout}
-	resp, err := client.Do(req)
-	if err != nil {
-		fmt.Fprintf(stderr, "dedupgw keys: %v\n", err)
-		return exitFail
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		fmt.Fprintf(stderr, "dedupgw keys: read answer: %v\n", err)
 		return exitFail
 	}
 
 	switch {
-	case op == "get" && resp.StatusCode == http.StatusOK:
+	case op == "get" && code == http.StatusOK:
 		var out bytes.Buffer
 		if json.Indent(&out, body, "", "  ") != nil {
 			out.Reset()
@@ -152,7 +136,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintln(stdout, strings.TrimRight(out.String(), "\n"))
 		return exitOK
-	case op == "forget" && resp.StatusCode/100 == 2:
+	case op == "forget" && code/100 == 2:
 		fmt.Fprintf(stdout, "forgot %s/%s: its next delivery will be forwarded\n", route, key)
 		if force != nil && *force {
 			// The gateway refuses the forward's commit once the claim is
@@ -160,14 +144,14 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stdout, "(forced: a delivery of it still in flight, if any, will not be recorded when it finishes; a copy of it will be forwarded again)")
 		}
 		return exitOK
-	case resp.StatusCode == http.StatusNotFound:
+	case code == http.StatusNotFound:
 		fmt.Fprintf(stderr, "dedupgw keys: %s/%s: not found (%s)\n", route, key, detail(body))
-	case resp.StatusCode == http.StatusConflict:
+	case code == http.StatusConflict:
 		fmt.Fprintf(stderr, "dedupgw keys: %s/%s: in flight (%s)\n", route, key, strings.Replace(detail(body), "add ?force=true", "use --force", 1))
-	case resp.StatusCode == http.StatusUnauthorized:
-		fmt.Fprintf(stderr, "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n")
+	case code == http.StatusUnauthorized:
+		fmt.Fprint(stderr, msgUnauthorized)
 	default:
-		fmt.Fprintf(stderr, "dedupgw keys: %s %s: %s (%s)\n", method, target, resp.Status, detail(body))
+		fmt.Fprintf(stderr, "dedupgw keys: %s %s: %d %s (%s)\n", method, target, code, http.StatusText(code), detail(body))
 	}
 	return exitFail
 }
@@ -194,17 +178,31 @@ func cmdKeysMany(op string, fs *flag.FlagSet, admin string, f listFilters, force
 		fmt.Fprintf(stderr, "dedupgw keys %s: %s\n", op, msg)
 		return exitUsage
 	}
-	base, err := url.Parse(strings.TrimRight(admin, "/"))
-	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		fmt.Fprintf(stderr, "dedupgw keys: invalid --admin URL %q\n", admin)
+	base, ok := adminBase(admin, stderr)
+	if !ok {
 		return exitUsage
 	}
 	f = f.resolved(time.Now())
 	if op == "list" {
-		return cmdKeysList(base.String(), fs.Arg(0), f, stdout, stderr)
+		return cmdKeysList(base, fs.Arg(0), f, stdout, stderr)
 	}
-	return cmdKeysForgetMany(base.String(), fs.Arg(0), f, force, yes, stdout, stderr)
+	return cmdKeysForgetMany(base, fs.Arg(0), f, force, yes, stdout, stderr)
 }
+
+// adminBase returns the admin API's base URL from --admin, without a
+// trailing "/"; ok false, said on stderr, when it is not an http(s) URL.
+func adminBase(admin string, stderr io.Writer) (base string, ok bool) {
+	u, err := url.Parse(strings.TrimRight(admin, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		fmt.Fprintf(stderr, "dedupgw keys: invalid --admin URL %q\n", admin)
+		return "", false
+	}
+	return u.String(), true
+}
+
+// msgUnauthorized is what the keys commands say when the admin API refused
+// the token (401).
+const msgUnauthorized = "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n"
 
 // pathSegment escapes s as one URL path segment: "/" included, and "." and
 // "..", which would otherwise be dot segments the admin API refuses.
