@@ -506,7 +506,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 		// about or named in a problem.
 		for _, m := range []map[string][]string{f.unset, f.emptyFiles, f.fileErrs} {
 			for k := range m {
-				if k == key || strings.HasPrefix(k, key+"[") {
+				if keyWithin(k, key) {
 					delete(m, k)
 				}
 			}

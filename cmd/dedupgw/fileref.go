@@ -160,12 +160,18 @@ func (f *File) dropFileErrKeys(ps Problems) Problems {
 	}
 	return slices.DeleteFunc(ps, func(p Problem) bool {
 		for k := range f.fileErrs {
-			if p.Key == k || strings.HasPrefix(p.Key, k+"[") {
+			if keyWithin(p.Key, k) {
 				return true
 			}
 		}
 		return false
 	})
+}
+
+// keyWithin reports whether the key path k is key or one of its list's
+// entries ("secrets[0]" within "secrets").
+func keyWithin(k, key string) bool {
+	return k == key || strings.HasPrefix(k, key+"[")
 }
 
 // whyEmpty says why key's value is empty, in whole or in part: the
