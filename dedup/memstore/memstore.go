@@ -276,8 +276,8 @@ func (s *Store) List(ctx context.Context, namespace string, opts dedup.ListOptio
 		if now.After(r.ExpiresAt) || !opts.Match(*r) {
 			continue
 		}
-		rec := export(r)
-		rec.Response = nil
+		rec := *r // as export, without copying the Response it drops
+		rec.Owner, rec.Response = "", nil
 		page.Entries = append(page.Entries, dedup.ListEntry{ID: id, Record: rec})
 		if len(page.Entries) == limit {
 			page.Next = dedup.KeyCursor(id)
