@@ -35,8 +35,12 @@ const (
 
 // Sentinel errors returned by every Store. Callers test them with errors.Is.
 var (
-	// ErrNotFound is returned by Get when the key is absent or expired.
+	// ErrNotFound is returned by Get and Forget when the key is absent or
+	// expired.
 	ErrNotFound = errors.New("dedup: key not found")
+	// ErrKept is returned by Forget, with the key's record, when the record
+	// does not meet the Forget's ForgetOptions: nothing was deleted.
+	ErrKept = errors.New("dedup: key kept: its record does not meet the forget's conditions")
 	// ErrNotOwner is returned by Commit and Release when the token does not
 	// match the current owner: the lease expired and someone else claimed the
 	// key, or the key was forgotten in the meantime.
@@ -196,6 +200,26 @@ type ReleaseOptions struct {
 	Error string
 }
 
+// ForgetOptions make a Forget conditional. The zero value forgets the key
+// whatever its state.
+type ForgetOptions struct {
+	// State, when not empty, forgets the key only while it is in this
+	// state: an operator who listed failed keys to replay them does not
+	// forget one that a retry has processed since.
+	State State
+	// KeepInFlight keeps a key in StateProcessing: a delivery of it is
+	// being forwarded now (its lease is live, or the record would be
+	// expired), and forgetting it would let the next copy through beside
+	// it.
+	KeepInFlight bool
+}
+
+// Forgets reports whether a Forget with o deletes a live record in state
+// st.
+func (o ForgetOptions) Forgets(st State) bool {
+	return (o.State == "" || o.State == st) && !(o.KeepInFlight && st == StateProcessing)
+}
+
 // Store is the contract every backend implements. All methods are safe for
 // concurrent use. Expired records (lease, window or retention passed) behave
 // exactly as absent ones.
@@ -215,9 +239,18 @@ type Store interface {
 	Release(ctx context.Context, key Key, token string, opts ReleaseOptions) error
 	// Get returns the key's record, or ErrNotFound.
 	Get(ctx context.Context, key Key) (Record, error)
-	// Forget deletes the key whatever its state, so the next delivery is
-	// forwarded. It reports whether a record existed.
-	Forget(ctx context.Context, key Key) (bool, error)
+	// Forget deletes the key, so the next delivery is forwarded, if its
+	// record meets opts (the zero ForgetOptions: whatever its state), and
+	// returns the record it deleted. The check and the delete are one
+	// atomic step: no Claim, Commit or Release lands between them. When
+	// the record does not meet opts, Forget deletes nothing and returns
+	// the record with ErrKept; when there is no live record, ErrNotFound
+	// (an expired one may be deleted all the same). A record the backend
+	// cannot decode is deleted by an unconditional Forget, the way to
+	// repair a key, and returned as a zero Record; a conditional one
+	// fails with the decoding error. The returned record never carries
+	// the Owner token.
+	Forget(ctx context.Context, key Key, opts ForgetOptions) (Record, error)
 	// List returns one page of namespace's live records that pass opts's
 	// filters (see ListOptions), for operators: it scans the namespace, so
 	// it is no operation for a hot path. Expired records (as Get sees them)

@@ -62,7 +62,7 @@ type keyRecord struct {
 //	                                 Retry-After) while a delivery holds a live lease on it,
 //	                                 unless ?force=true (a force that is not a boolean: 400);
 //	                                 with ?state=S only if the key is in state S, else 409
-//	                                 state-changed
+//	                                 state-changed; the store checks and forgets atomically
 //
 // GET paths serve HEAD too; another method gets 405 with Allow, another
 // path 404, and a path with an empty, "." or ".." segment 400, all as
@@ -294,9 +294,10 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// ?state= forgets the key only in that state: a bulk forget names the
-	// state it listed, so a key settled otherwise since is left alone. (The
-	// check and the forget are two store operations; a change between them
-	// still wins, in a far narrower window than the listing's.)
+	// state it listed, so a key settled otherwise since is left alone.
+	// Forgetting a key whose delivery is being forwarded right now would
+	// let the next copy through beside it: that needs ?force=true. The
+	// store checks both and forgets in one atomic step.
 	want := dedup.State(r.URL.Query().Get("state"))
 	switch want {
 	case "", dedup.StateProcessing, dedup.StateProcessed, dedup.StateFailed:
@@ -304,39 +305,18 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, probBadQuery.with(rt.Name, fmt.Sprintf("state=%s: want processing, processed or failed", clipForLog(string(want)))), 0)
 		return
 	}
-	if !force || want != "" {
-		rec, err := a.store.Get(r.Context(), key)
-		if want != "" {
-			switch {
-			case errors.Is(err, dedup.ErrNotFound):
-				writeProblem(w, probKeyNotFound.with(rt.Name, notFoundDetail(rt, key.ID)), 0)
-				return
-			case err != nil:
-				a.log.Warn("keys API: forget failed", zap.String("route", rt.Name), zap.Error(err))
-				writeProblem(w, probStoreError.with(rt.Name, "the dedup store did not answer"), retryLaterSeconds)
-				return
-			case rec.State != want:
-				writeProblem(w, probStateChanged.with(rt.Name, fmt.Sprintf("the key is %s, not %s: nothing was forgotten", rec.State, want)), 0)
-				return
-			}
-		}
-		// Forgetting a key whose delivery is being forwarded right now
-		// would let the next copy through beside it: refuse, unless forced.
-		if err == nil && !force && rec.State == dedup.StateProcessing {
-			if now := a.g.now(); now.Before(rec.LeaseUntil) {
-				writeProblem(w, probInFlight.with(rt.Name, "a delivery of this key is being forwarded now; forgetting it would let a copy through beside it. Retry once it finished, or add ?force=true"),
-					retryAfterSeconds(now, rec.LeaseUntil, rt.Lease))
-				return
-			}
-		}
-	}
-	existed, err := a.store.Forget(r.Context(), key)
+	rec, err := a.store.Forget(r.Context(), key, dedup.ForgetOptions{State: want, KeepInFlight: !force})
 	switch {
+	case errors.Is(err, dedup.ErrNotFound):
+		writeProblem(w, probKeyNotFound.with(rt.Name, notFoundDetail(rt, key.ID)), 0)
+	case errors.Is(err, dedup.ErrKept) && want != "" && rec.State != want:
+		writeProblem(w, probStateChanged.with(rt.Name, fmt.Sprintf("the key is %s, not %s: nothing was forgotten", rec.State, want)), 0)
+	case errors.Is(err, dedup.ErrKept):
+		writeProblem(w, probInFlight.with(rt.Name, "a delivery of this key is being forwarded now; forgetting it would let a copy through beside it. Retry once it finished, or add ?force=true"),
+			retryAfterSeconds(a.g.now(), rec.LeaseUntil, rt.Lease))
 	case err != nil:
 		a.log.Warn("keys API: forget failed", zap.String("route", rt.Name), zap.Error(err))
 		writeProblem(w, probStoreError.with(rt.Name, "the dedup store did not answer"), retryLaterSeconds)
-	case !existed:
-		writeProblem(w, probKeyNotFound.with(rt.Name, notFoundDetail(rt, key.ID)), 0)
 	default:
 		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), keyField(key.ID), zap.Bool("force", force))
 		w.WriteHeader(http.StatusNoContent)

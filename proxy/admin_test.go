@@ -357,6 +357,87 @@ func TestAdminKeysAPI(t *testing.T) {
 // resolves a name of its own to 127.0.0.1 (DNS rebinding) must not reach the
 // keys API; probes and metrics answer any Host, and admin.insecure
 // (AnyHost) opens /v1 to names too.
+// settlingStore lets a delivery settle the key the moment the admin API
+// reads it: where a check and a forget were two store operations, the
+// forget would delete what the check did not see.
+type settlingStore struct {
+	dedup.Store
+	settle func()
+}
+
+func (s *settlingStore) Get(ctx context.Context, k dedup.Key) (dedup.Record, error) {
+	rec, err := s.Store.Get(ctx, k)
+	s.settle()
+	return rec, err
+}
+
+// A DELETE checks the key's state and forgets it in one store operation:
+// a key a retry claimed (or processed) just as the operator's DELETE
+// ?state=failed (or a plain DELETE of a failed key) read it is kept, so the
+// retry is not joined by a copy, and a later copy is answered as a
+// duplicate. A handler that reads the key lets the retry settle it right
+// after; one that does not must find it failed.
+func TestAdminForgetChecksAndForgetsAtOnce(t *testing.T) {
+	ctx := context.Background()
+	a := newAdminHarness(t, "")
+	for _, tc := range []struct {
+		query, wantType string
+	}{
+		{"?state=failed", "state-changed"},
+		{"", "in-flight"},
+	} {
+		k := dedup.Key{Namespace: "orders", ID: "evt_settling" + tc.query}
+		c, err := a.mem.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.mem.Release(ctx, k, c.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500}); err != nil {
+			t.Fatal(err)
+		}
+		// The provider's retry claims the failed key; with ?state=failed
+		// it is also processed.
+		settled := false
+		ss := &settlingStore{Store: a.mem, settle: func() {
+			if settled {
+				return
+			}
+			settled = true
+			retry, err := a.mem.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+			if err != nil || retry.Outcome != dedup.Claimed {
+				t.Errorf("the retry's claim: got %v, %v, want claimed", retry.Outcome, err)
+				return
+			}
+			if tc.query != "" {
+				if err := a.mem.Commit(ctx, k, retry.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+					t.Error(err)
+				}
+			}
+		}}
+		admin := httptest.NewServer(NewAdmin(a.gw, ss, AdminOptions{}))
+		req, _ := http.NewRequest(http.MethodDelete, admin.URL+"/v1/keys/orders/"+url.PathEscape(k.ID)+tc.query, nil)
+		resp, err := admin.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		admin.Close()
+		if !settled {
+			// Nothing read the key before forgetting it: it was failed.
+			if resp.StatusCode != http.StatusNoContent {
+				t.Errorf("DELETE%s of a failed key: got %d %s, want 204", tc.query, resp.StatusCode, body)
+			}
+			continue
+		}
+		if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), tc.wantType) {
+			t.Errorf("DELETE%s of a failed key a retry claimed after the handler read it: got %d %s, want 409 %s", tc.query, resp.StatusCode, body, tc.wantType)
+		}
+		if _, err := a.mem.Get(ctx, k); err != nil {
+			t.Errorf("DELETE%s: then Get got %v, want the retry's record kept", tc.query, err)
+		}
+	}
+}
+
 func TestAdminWithoutTokenAnswersOnlyIPHosts(t *testing.T) {
 	a := newAdminHarness(t, "")
 	anyHost := httptest.NewServer(NewAdmin(a.gw, a.fs, AdminOptions{AnyHost: true}))

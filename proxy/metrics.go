@@ -287,8 +287,8 @@ func codeClassIndex(status int) int {
 const codeClassError = 4
 
 // instrumentedStore wraps a dedup.Store and records the duration and errors of
-// every operation. ErrNotFound and ErrNotOwner are answers, not errors, and
-// ErrBadCursor is the caller's.
+// every operation. ErrNotFound, ErrNotOwner and ErrKept are answers, not
+// errors, and ErrBadCursor is the caller's.
 type instrumentedStore struct {
 	next dedup.Store
 	// Each operation's series, indexed by storeOp.
@@ -311,7 +311,7 @@ func newInstrumentedStore(next dedup.Store, m *metrics, backend string) *instrum
 
 func (s *instrumentedStore) observe(op storeOp, start time.Time, err error) {
 	s.durations[op].Observe(time.Since(start).Seconds())
-	if err != nil && !errors.Is(err, dedup.ErrNotFound) && !errors.Is(err, dedup.ErrNotOwner) && !errors.Is(err, dedup.ErrBadCursor) {
+	if err != nil && !errors.Is(err, dedup.ErrNotFound) && !errors.Is(err, dedup.ErrNotOwner) && !errors.Is(err, dedup.ErrKept) && !errors.Is(err, dedup.ErrBadCursor) {
 		s.errors[op].Inc()
 	}
 }
@@ -349,11 +349,11 @@ func (s *instrumentedStore) Get(ctx context.Context, key dedup.Key) (dedup.Recor
 }
 
 // Forget implements dedup.Store.
-func (s *instrumentedStore) Forget(ctx context.Context, key dedup.Key) (bool, error) {
+func (s *instrumentedStore) Forget(ctx context.Context, key dedup.Key, opts dedup.ForgetOptions) (dedup.Record, error) {
 	start := time.Now()
-	ok, err := s.next.Forget(ctx, key)
+	rec, err := s.next.Forget(ctx, key, opts)
 	s.observe(storeOpForget, start, err)
-	return ok, err
+	return rec, err
 }
 
 // List implements dedup.Store.

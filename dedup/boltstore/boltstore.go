@@ -879,9 +879,9 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 
 // Forget implements dedup.Store. A Forget that meets a Commit or Release
 // being written waits for it, so it is ordered after it.
-func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
+func (s *Store) Forget(ctx context.Context, key dedup.Key, opts dedup.ForgetOptions) (dedup.Record, error) {
 	if err := s.enter(ctx, "forget"); err != nil {
-		return false, err
+		return dedup.Record{}, err
 	}
 	defer s.leave()
 	rk := recordKey(key)
@@ -896,38 +896,57 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
 		select {
 		case <-done:
 		case <-ctx.Done():
-			return false, fmt.Errorf("boltstore: forget: %w", ctx.Err())
+			return dedup.Record{}, fmt.Errorf("boltstore: forget: %w", ctx.Err())
 		}
 	}
-	// Hold the lease lock across the delete so no claim sees the record in
-	// between. Forget is an admin operation; claims wait one fsync, or at
-	// most forgetWriteTimeout while the journal waits for checkpoints.
+	// Hold the lease lock across the check and the delete so no claim sees
+	// the record in between. Forget is an admin operation; claims wait one
+	// fsync, or at most forgetWriteTimeout while the journal waits for
+	// checkpoints.
 	defer s.mu.Unlock()
 	now := s.now()
-	existed := false
 	l := s.leases[string(rk)]
-	if l != nil {
-		existed = !now.After(l.until)
-		delete(s.leases, string(rk))
-	}
 	disk, err := s.load(rk)
 	if err != nil && !errors.Is(err, errCorrupt) {
-		return false, fmt.Errorf("boltstore: forget: %w", err)
+		return dedup.Record{}, fmt.Errorf("boltstore: forget: %w", err)
 	}
-	if l == nil {
-		existed = live(disk, now)
+	// What Get would answer: a lease hides the record on disk.
+	var rec dedup.Record
+	found := false
+	switch {
+	case l != nil:
+		rec, found = l.record(), !now.After(l.until)
+	case live(disk, now):
+		rec, found = *disk, true
+	case err != nil && opts != (dedup.ForgetOptions{}):
+		// A corrupt record has no state to check; only an unconditional
+		// Forget repairs it.
+		return dedup.Record{}, fmt.Errorf("boltstore: forget: %w", err)
 	}
-	if disk == nil && err == nil {
-		return existed, nil // nothing on disk: no write, no fsync
+	if found && !opts.Forgets(rec.State) {
+		return rec, dedup.ErrKept
 	}
-	// A corrupt record is deleted too: Forget is the way to repair a key.
-	// The write holds the lease lock, so bound it: claims wait behind it.
-	wctx, cancel := context.WithTimeout(ctx, forgetWriteTimeout)
-	defer cancel()
-	if err := s.writeDurable(wctx, rk, nil); err != nil {
-		return false, fmt.Errorf("boltstore: forget: %w", err)
+	if l != nil {
+		delete(s.leases, string(rk))
 	}
-	return existed, nil
+	if disk != nil || err != nil {
+		// A corrupt record is deleted too: Forget is the way to repair a
+		// key. The write holds the lease lock, so bound it: claims wait
+		// behind it.
+		wctx, cancel := context.WithTimeout(ctx, forgetWriteTimeout)
+		defer cancel()
+		if err := s.writeDurable(wctx, rk, nil); err != nil {
+			return dedup.Record{}, fmt.Errorf("boltstore: forget: %w", err)
+		}
+	}
+	switch {
+	case found:
+		return rec, nil
+	case err != nil && l == nil:
+		return dedup.Record{}, nil // a corrupt record, repaired
+	default:
+		return dedup.Record{}, dedup.ErrNotFound
+	}
 }
 
 // Stats is a snapshot of a Store's journal, for metrics.

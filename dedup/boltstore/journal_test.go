@@ -115,8 +115,8 @@ func TestJournalReplayAfterCrash(t *testing.T) {
 		claimCommit(t, s, dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)}, time.Hour)
 	}
 	for _, id := range []string{"evt_3", "evt_33"} { // one checkpointed, one journaled
-		if ok, err := s.Forget(ctx, dedup.Key{Namespace: "n", ID: id}); err != nil || !ok {
-			t.Fatalf("Forget %s: got (%v, %v), want (true, nil)", id, ok, err)
+		if _, err := s.Forget(ctx, dedup.Key{Namespace: "n", ID: id}, dedup.ForgetOptions{}); err != nil {
+			t.Fatalf("Forget %s: got error %v, want nil", id, err)
 		}
 	}
 	if got := len(segmentsOf(t, path)); got != 1 {
@@ -197,8 +197,8 @@ func TestJournalStaleSegmentIsSkipped(t *testing.T) {
 	if err := s.flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := s.Forget(ctx, k); err != nil || !ok {
-		t.Fatalf("Forget: got (%v, %v), want (true, nil)", ok, err)
+	if _, err := s.Forget(ctx, k, dedup.ForgetOptions{}); err != nil {
+		t.Fatalf("Forget: got error %v, want nil", err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -531,7 +531,7 @@ func TestTimedOutCommitDoesNotUndoForget(t *testing.T) {
 	}
 	forgot := make(chan error, 1)
 	go func() {
-		_, err := s.Forget(ctx, k)
+		_, err := s.Forget(ctx, k, dedup.ForgetOptions{})
 		forgot <- err
 	}()
 	s.checkpointMu.Unlock()
@@ -831,7 +831,7 @@ func commitAsync(t testing.TB, s *Store, k dedup.Key) <-chan error {
 func forgetAsync(s *Store, k dedup.Key) <-chan error {
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.Forget(context.Background(), k)
+		_, err := s.Forget(context.Background(), k, dedup.ForgetOptions{})
 		done <- err
 	}()
 	return done
@@ -903,7 +903,7 @@ func TestCheckpointDoesNotSkipPastAForget(t *testing.T) {
 	if err := s.flush(ctx); err != nil { // the 201 record is in bbolt
 		t.Fatal(err)
 	}
-	if _, err := s.Forget(ctx, k); err != nil { // flushed, in segment A
+	if _, err := s.Forget(ctx, k, dedup.ForgetOptions{}); err != nil { // flushed, in segment A
 		t.Fatal(err)
 	}
 	s.checkpointMu.Lock() // A's checkpoint waits

@@ -83,7 +83,7 @@ func TestListComposesLeasesJournalAndFile(t *testing.T) {
 	fail("file_failed_then_leased")
 	fail("file_failed_lease_lapsed")
 	checkpoint()
-	if _, err := s.Forget(ctx, k("file_forgotten")); err != nil {
+	if _, err := s.Forget(ctx, k("file_forgotten"), dedup.ForgetOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	commit("file_failed_then_processed")
@@ -229,7 +229,7 @@ func TestListWhileCheckpointing(t *testing.T) {
 			if res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err == nil && res.Outcome == dedup.Claimed {
 				_ = s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
 			} else {
-				_, _ = s.Forget(ctx, k)
+				_, _ = s.Forget(ctx, k, dedup.ForgetOptions{})
 			}
 			if i%7 == 0 {
 				_ = s.flush(ctx)
@@ -333,7 +333,7 @@ func TestListInterleavesMemoryAndFile(t *testing.T) {
 	if err := s.flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Forget(ctx, k("g_forgotten")); err != nil {
+	if _, err := s.Forget(ctx, k("g_forgotten"), dedup.ForgetOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	commit("a_journal")

@@ -236,17 +236,24 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 }
 
 // Forget implements dedup.Store.
-func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
+func (s *Store) Forget(ctx context.Context, key dedup.Key, opts dedup.ForgetOptions) (dedup.Record, error) {
 	if err := s.begin(ctx, "forget"); err != nil {
-		return false, err
+		return dedup.Record{}, err
 	}
 	defer s.mu.Unlock()
 	r := s.records[key]
 	if r == nil {
-		return false, nil
+		return dedup.Record{}, dedup.ErrNotFound
+	}
+	if s.now().After(r.ExpiresAt) {
+		delete(s.records, key)
+		return dedup.Record{}, dedup.ErrNotFound
+	}
+	if !opts.Forgets(r.State) {
+		return export(r), dedup.ErrKept
 	}
 	delete(s.records, key)
-	return !s.now().After(r.ExpiresAt), nil
+	return export(r), nil
 }
 
 // List implements dedup.Store in key (ID) order, each key at most once.

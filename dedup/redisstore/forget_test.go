@@ -66,7 +66,7 @@ func TestForgetIsNotResent(t *testing.T) {
 
 	relay.SetDropReplies(true)
 	forgot := make(chan error, 1)
-	go func() { _, err := admin.Forget(ctx, k); forgot <- err }()
+	go func() { _, err := admin.Forget(ctx, k, dedup.ForgetOptions{}); forgot <- err }()
 	waitFor(t, "forget.lua to delete the key and its reply to be lost", func() bool {
 		n, err := direct.Exists(ctx, gw.Key(k)).Result()
 		return err == nil && n == 0 && relay.DroppedReplies() > 0

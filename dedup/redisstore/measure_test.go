@@ -56,7 +56,7 @@ func measure(t *testing.T, n int, withSHA bool) {
 	}
 	// Load the scripts before the baseline so their memory is not counted.
 	claimCommit(t, s, dedup.Key{Namespace: "warm", ID: "1"})
-	if _, err := s.Forget(ctx, dedup.Key{Namespace: "warm", ID: "1"}); err != nil {
+	if _, err := s.Forget(ctx, dedup.Key{Namespace: "warm", ID: "1"}, dedup.ForgetOptions{}); err != nil {
 		t.Fatalf("Forget: %v", err)
 	}
 	before := usedMemory(t, srv)

@@ -444,20 +444,53 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	return rec, nil
 }
 
-// Forget implements dedup.Store. It reports false for a record that had
-// already expired by the store's clock (and deletes it all the same).
-func (s *Store) Forget(ctx context.Context, key dedup.Key) (bool, error) {
+// Forget implements dedup.Store with one script, forget.lua, that checks
+// opts and deletes. A record that had already expired by the store's clock
+// is deleted all the same and reported as ErrNotFound.
+func (s *Store) Forget(ctx context.Context, key dedup.Key, opts dedup.ForgetOptions) (dedup.Record, error) {
 	if s.closed.Load() {
-		return false, dedup.ErrClosed
+		return dedup.Record{}, dedup.ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
-		return false, fmt.Errorf("redisstore: forget: %w", err)
+		return dedup.Record{}, fmt.Errorf("redisstore: forget: %w", err)
 	}
-	n, err := s.forgetOnce(ctx, s.Key(key), s.nowMS()).Int64()
+	reply, err := s.forgetOnce(ctx, s.Key(key), s.nowMS(), opts).Slice()
 	if err != nil {
-		return false, fmt.Errorf("redisstore: forget: %w", err)
+		return dedup.Record{}, fmt.Errorf("redisstore: forget: %w", err)
 	}
-	return n == 1, nil
+	code, _ := reply[0].(int64)
+	if code == 0 || len(reply) != 2 {
+		return dedup.Record{}, dedup.ErrNotFound
+	}
+	value, _ := reply[1].(string)
+	rec, err := decodeRecord(value)
+	switch {
+	case err != nil && code == 1:
+		return dedup.Record{}, nil // an undecodable record, repaired
+	case err != nil:
+		return dedup.Record{}, fmt.Errorf("redisstore: forget: %w", err)
+	}
+	rec.Owner = ""
+	if code == 2 {
+		return rec, dedup.ErrKept
+	}
+	return rec, nil
+}
+
+// stateLetter returns the record format's letter for st, and for a state
+// no record has a letter no record holds.
+func stateLetter(st dedup.State) string {
+	switch st {
+	case "":
+		return ""
+	case dedup.StateProcessing:
+		return stateProcessing
+	case dedup.StateProcessed:
+		return stateProcessed
+	case dedup.StateFailed:
+		return stateFailed
+	}
+	return "?"
 }
 
 // onceCmd is a command go-redis must not send again after a network error
@@ -469,14 +502,19 @@ func (onceCmd) NoRetry() bool { return true }
 
 // forgetOnce runs forget.lua on rk on its own, not in a pipeline, and
 // without go-redis's retry after a network error: forget.lua is the one
-// script that is not safe to run twice. It deletes whatever the key holds,
-// so a resend after a lost reply could delete what another replica claimed
-// or committed in between (the replay the operator asked for) and let its
-// duplicate through. A lost reply is an error instead: the caller may look
-// and forget again. NOSCRIPT falls back to EVAL, as Script.Run does.
-func (s *Store) forgetOnce(ctx context.Context, rk string, now int64) *redis.Cmd {
+// script that is not safe to run twice. A resend after a lost reply could
+// delete what another replica claimed or committed in between (the replay
+// the operator asked for) and let its duplicate through. A lost reply is
+// an error instead: the caller may look and forget again. NOSCRIPT falls
+// back to EVAL, as Script.Run does.
+func (s *Store) forgetOnce(ctx context.Context, rk string, now int64, opts dedup.ForgetOptions) *redis.Cmd {
+	keep := "0"
+	if opts.KeepInFlight {
+		keep = "1"
+	}
+	state := stateLetter(opts.State)
 	send := func(name, body string) *redis.Cmd {
-		cmd := redis.NewCmd(ctx, name, body, 1, rk, now)
+		cmd := redis.NewCmd(ctx, name, body, 1, rk, now, state, keep)
 		_ = s.client.Process(ctx, onceCmd{cmd}) // the error is cmd's
 		return cmd
 	}
@@ -672,7 +710,7 @@ func (s *Store) CheckCommands(ctx context.Context) error {
 	if _, err := s.Get(ctx, k); err != nil {
 		return step("get", err)
 	}
-	_, err = s.Forget(ctx, k)
+	_, err = s.Forget(ctx, k, dedup.ForgetOptions{})
 	return step("forget", err)
 }
 

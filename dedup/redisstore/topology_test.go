@@ -335,7 +335,7 @@ func TestRoundTrips(t *testing.T) {
 	if res, err := s.Claim(ctx, warm2, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.Claimed {
 		t.Fatalf("Claim of a released key: got (%v, %v), want (claimed, nil)", res.Outcome, err)
 	}
-	_, _ = s.Forget(ctx, warm)
+	_, _ = s.Forget(ctx, warm, dedup.ForgetOptions{})
 	hook.take()
 
 	lease := dedup.ClaimOptions{Lease: time.Minute}

@@ -39,7 +39,9 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,6 +115,7 @@ func Run(t *testing.T, h Harness) {
 		{"FailedRetentionExpiry", testFailedRetentionExpiry},
 		{"ReleaseRetainZero", testRetainZero},
 		{"Forget", testForget},
+		{"ForgetIf", testForgetIf},
 		{"Get", testGet},
 		{"MillisecondTimes", testMillisecondTimes},
 		{"NamespacesIsolate", testNamespaces},
@@ -678,9 +681,8 @@ func testRetainZero(t *testing.T, e *env) {
 	a := mustClaim(t, e.s, k, dedup.Claimed)
 	mustRelease(t, e.s, k, a.Token, dedup.ReleaseOptions{Retain: 0, Status: 500})
 	mustAbsent(t, e.s, k)
-	existed, err := e.s.Forget(context.Background(), k)
-	if err != nil || existed {
-		t.Errorf("Forget after Release(Retain 0): got (%v, %v), want (false, nil)", existed, err)
+	if _, err := e.s.Forget(context.Background(), k, dedup.ForgetOptions{}); !errors.Is(err, dedup.ErrNotFound) {
+		t.Errorf("Forget after Release(Retain 0): got %v, want ErrNotFound", err)
 	}
 	now := e.clk.Advance(time.Second)
 	res := mustClaim(t, e.s, k, dedup.Claimed)
@@ -693,43 +695,53 @@ func testForget(t *testing.T, e *env) {
 	tests := []struct {
 		name  string
 		setup func(t *testing.T, k dedup.Key) (token string)
-		want  bool
+		want  dedup.State // "": ErrNotFound
 	}{
-		{"absent", func(t *testing.T, k dedup.Key) string { return "" }, false},
+		{"absent", func(t *testing.T, k dedup.Key) string { return "" }, ""},
 		{"processing", func(t *testing.T, k dedup.Key) string {
 			return mustClaim(t, e.s, k, dedup.Claimed).Token
-		}, true},
+		}, dedup.StateProcessing},
 		{"processed", func(t *testing.T, k dedup.Key) string {
 			res := mustClaim(t, e.s, k, dedup.Claimed)
 			mustCommit(t, e.s, k, res.Token, testResponse)
 			return res.Token
-		}, true},
+		}, dedup.StateProcessed},
 		{"failed", func(t *testing.T, k dedup.Key) string {
 			res := mustClaim(t, e.s, k, dedup.Claimed)
 			mustRelease(t, e.s, k, res.Token, dedup.ReleaseOptions{Retain: retain, Status: 500})
 			return res.Token
-		}, true},
+		}, dedup.StateFailed},
 		// An expired record behaves as an absent one: nothing existed.
 		{"expired", func(t *testing.T, k dedup.Key) string {
 			res := mustClaim(t, e.s, k, dedup.Claimed)
 			mustCommit(t, e.s, k, res.Token, nil)
 			e.clk.Advance(window + time.Second)
 			return res.Token
-		}, false},
+		}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			k := dedup.Key{Namespace: "forget", ID: tt.name}
 			token := tt.setup(t, k)
-			existed, err := e.s.Forget(ctx, k)
-			if err != nil || existed != tt.want {
-				t.Fatalf("Forget: got (%v, %v), want (%v, nil)", existed, err, tt.want)
+			var before dedup.Record
+			if tt.want != "" {
+				before = mustGet(t, e.s, k)
+			}
+			rec, err := e.s.Forget(ctx, k, dedup.ForgetOptions{})
+			switch {
+			case tt.want == "":
+				wantErr(t, "Forget", err, dedup.ErrNotFound)
+			case err != nil:
+				t.Fatalf("Forget: got error %v, want nil", err)
+			default:
+				checkRecord(t, "Forget's record", rec, before)
+				if rec.Owner != "" {
+					t.Errorf("Forget's record: got Owner %q, want none", rec.Owner)
+				}
 			}
 			mustAbsent(t, e.s, k)
-			existed, err = e.s.Forget(ctx, k)
-			if err != nil || existed {
-				t.Errorf("second Forget: got (%v, %v), want (false, nil)", existed, err)
-			}
+			_, err = e.s.Forget(ctx, k, dedup.ForgetOptions{})
+			wantErr(t, "second Forget", err, dedup.ErrNotFound)
 			if token != "" {
 				wantErr(t, "Commit by the owner before Forget", e.s.Commit(ctx, k, token, dedup.CommitOptions{Window: window, Status: 200}), dedup.ErrNotOwner)
 				wantErr(t, "Release by the owner before Forget", e.s.Release(ctx, k, token, dedup.ReleaseOptions{Retain: retain}), dedup.ErrNotOwner)
@@ -744,6 +756,81 @@ func testForget(t *testing.T, e *env) {
 			}
 			mustCommit(t, e.s, k, res.Token, nil)
 		})
+	}
+}
+
+// testForgetIf checks a conditional Forget: it deletes only a record that
+// meets its ForgetOptions, and otherwise returns the record with ErrKept
+// and leaves the key exactly as it was.
+func testForgetIf(t *testing.T, e *env) {
+	ctx := context.Background()
+	setups := []struct {
+		state dedup.State
+		setup func(t *testing.T, k dedup.Key)
+	}{
+		{dedup.StateProcessing, func(t *testing.T, k dedup.Key) { mustClaim(t, e.s, k, dedup.Claimed) }},
+		{dedup.StateProcessed, func(t *testing.T, k dedup.Key) {
+			mustCommit(t, e.s, k, mustClaim(t, e.s, k, dedup.Claimed).Token, testResponse)
+		}},
+		{dedup.StateFailed, func(t *testing.T, k dedup.Key) {
+			mustRelease(t, e.s, k, mustClaim(t, e.s, k, dedup.Claimed).Token, dedup.ReleaseOptions{Retain: retain, Status: 500})
+		}},
+	}
+	tests := []struct {
+		name    string
+		opts    dedup.ForgetOptions
+		forgets []dedup.State
+	}{
+		{"state processing", dedup.ForgetOptions{State: dedup.StateProcessing}, []dedup.State{dedup.StateProcessing}},
+		{"state processed", dedup.ForgetOptions{State: dedup.StateProcessed}, []dedup.State{dedup.StateProcessed}},
+		{"state failed", dedup.ForgetOptions{State: dedup.StateFailed}, []dedup.State{dedup.StateFailed}},
+		{"unknown state", dedup.ForgetOptions{State: "bogus"}, nil},
+		{"keep in flight", dedup.ForgetOptions{KeepInFlight: true}, []dedup.State{dedup.StateProcessed, dedup.StateFailed}},
+		{"failed, keep in flight", dedup.ForgetOptions{State: dedup.StateFailed, KeepInFlight: true}, []dedup.State{dedup.StateFailed}},
+		{"processing, keep in flight", dedup.ForgetOptions{State: dedup.StateProcessing, KeepInFlight: true}, nil},
+	}
+	n := 0
+	for _, tt := range tests {
+		for _, st := range setups {
+			n++
+			k := dedup.Key{Namespace: "forget-if", ID: fmt.Sprintf("k%d", n)}
+			what := fmt.Sprintf("%s: Forget(%+v) of a %s key", tt.name, tt.opts, st.state)
+			st.setup(t, k)
+			before := mustGet(t, e.s, k)
+			rec, err := e.s.Forget(ctx, k, tt.opts)
+			if slices.Contains(tt.forgets, st.state) {
+				if err != nil {
+					t.Errorf("%s: got error %v, want nil", what, err)
+				}
+				checkRecord(t, what, rec, before)
+				if _, err := e.s.Get(ctx, k); !errors.Is(err, dedup.ErrNotFound) {
+					t.Errorf("%s: then Get got error %v, want ErrNotFound", what, err)
+				}
+				continue
+			}
+			if !errors.Is(err, dedup.ErrKept) {
+				t.Errorf("%s: got error %v, want ErrKept", what, err)
+			}
+			checkRecord(t, what, rec, before)
+			if rec.Owner != "" {
+				t.Errorf("%s: got Owner %q, want none", what, rec.Owner)
+			}
+			checkRecord(t, what+", then Get", mustGet(t, e.s, k), before)
+		}
+	}
+
+	// The conditions apply to live records only: an absent key, or one
+	// whose record ran out, is not found whatever they say.
+	k := dedup.Key{Namespace: "forget-if", ID: "lapsed"}
+	mustClaim(t, e.s, k, dedup.Claimed)
+	e.clk.Advance(lease + time.Second)
+	for _, opts := range []dedup.ForgetOptions{{KeepInFlight: true}, {State: dedup.StateProcessing}} {
+		if _, err := e.s.Forget(ctx, k, opts); !errors.Is(err, dedup.ErrNotFound) {
+			t.Errorf("Forget(%+v) of a lapsed lease: got error %v, want ErrNotFound", opts, err)
+		}
+	}
+	if _, err := e.s.Forget(ctx, dedup.Key{Namespace: "forget-if", ID: "absent"}, dedup.ForgetOptions{State: dedup.StateFailed}); !errors.Is(err, dedup.ErrNotFound) {
+		t.Errorf("Forget of an absent key: got error %v, want ErrNotFound", err)
 	}
 }
 
@@ -825,8 +912,8 @@ func testNamespaces(t *testing.T, e *env) {
 		if got := mustGet(t, e.s, a); got.State != dedup.StateProcessed {
 			t.Errorf("Get(a) after Release(b): got %q, want processed", got.State)
 		}
-		if existed, err := e.s.Forget(context.Background(), b); err != nil || !existed {
-			t.Errorf("Forget(b): got (%v, %v), want (true, nil)", existed, err)
+		if _, err := e.s.Forget(context.Background(), b, dedup.ForgetOptions{}); err != nil {
+			t.Errorf("Forget(b): got error %v, want nil", err)
 		}
 		mustClaim(t, e.s, a, dedup.Duplicate)
 	}
@@ -868,8 +955,8 @@ func testUnusualIDs(t *testing.T, e *env) {
 	}
 	for _, tt := range ids {
 		k := dedup.Key{Namespace: "odd", ID: tt.id}
-		if existed, err := e.s.Forget(context.Background(), k); err != nil || !existed {
-			t.Errorf("Forget(%s): got (%v, %v), want (true, nil)", tt.name, existed, err)
+		if _, err := e.s.Forget(context.Background(), k, dedup.ForgetOptions{}); err != nil {
+			t.Errorf("Forget(%s): got %v, want nil", tt.name, err)
 		}
 		mustAbsent(t, e.s, k)
 	}
@@ -906,7 +993,7 @@ func ops(s dedup.Store, k dedup.Key, token string) []struct {
 			return err
 		}},
 		{"Forget", func(ctx context.Context) error {
-			_, err := s.Forget(ctx, k)
+			_, err := s.Forget(ctx, k, dedup.ForgetOptions{})
 			return err
 		}},
 		{"List", func(ctx context.Context) error {
