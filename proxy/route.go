@@ -143,13 +143,18 @@ func LenientPath(routePath string) string {
 }
 
 // loosePath returns p in lower case, without ";parameters" in its segments,
-// a trailing "/" or the last segment's ".extension". It allocates only when
-// p changes.
+// a trailing "/" or the last segment's extension: everything from its first
+// "." after its first byte. Spring's suffix pattern match reads a handler's
+// "/hooks/stripe" as "/hooks/stripe.*", whose "*" takes dots too, so
+// "/hooks/stripe.x.json" and "/hooks/stripe.." reach it as well as
+// "/hooks/stripe.json" does. It allocates only when p changes.
 func loosePath(p string) string {
 	p = loosePrefixPath(p)
 	last := p[strings.LastIndexByte(p, '/')+1:]
-	if dot := strings.LastIndexByte(last, '.'); dot > 0 {
-		p = p[:len(p)-len(last)+dot]
+	if len(last) > 1 {
+		if dot := strings.IndexByte(last[1:], '.'); dot >= 0 {
+			p = p[:len(p)-len(last)+1+dot]
+		}
 	}
 	return p
 }

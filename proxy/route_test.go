@@ -282,6 +282,9 @@ func TestLoosePath(t *testing.T) {
 		{"/hooks/stripe", "/hooks/stripe"},
 		{"/Hooks/STRIPE/", "/hooks/stripe"},
 		{"/hooks/stripe.json", "/hooks/stripe"},
+		{"/hooks/stripe.x.json", "/hooks/stripe"},
+		{"/hooks/stripe..", "/hooks/stripe"},
+		{"/hooks/.well-known.json", "/hooks/.well-known"},
 		{"/hooks;v=1/stripe;jsessionid=1", "/hooks/stripe"},
 		{"/hooks/.well-known", "/hooks/.well-known"},
 		{"/v1.2/stripe", "/v1.2/stripe"},
@@ -301,7 +304,10 @@ func TestLoosePath(t *testing.T) {
 // exact match sends them to the unsigned prefix route.
 func TestLenientPathsCannotReachASignedRoute(t *testing.T) {
 	h, up := signedBesideOpen(t, "/hooks/*", "/hooks/stripe")
-	wantInvalidPath(t, h, "/hooks/stripe/", "/hooks/Stripe", "/hooks/STRIPE/", "/hooks/stripe;jsessionid=1", "/hooks/stripe.json")
+	wantInvalidPath(t, h, "/hooks/stripe/", "/hooks/Stripe", "/hooks/STRIPE/", "/hooks/stripe;jsessionid=1", "/hooks/stripe.json",
+		// Spring's suffix pattern "/hooks/stripe.*" takes every dot after
+		// the name, not only the last extension.
+		"/hooks/stripe.x.json", "/hooks/stripe..", "/hooks/Stripe.tar.gz")
 	// A path no route matches is answered 404 whatever a lenient reading
 	// would match: nothing is forwarded.
 	if resp := h.send("/HOOKS/STRIPE", `{}`); resp.Status != http.StatusNotFound {
