@@ -259,7 +259,7 @@ func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (de
 	defer ctx.stop()
 	res, err := g.store.Claim(ctx, d.key, d.claimOptions(bodySHA))
 	if err != nil {
-		return res, fmt.Errorf("claim %s: %w", d.key, err)
+		return res, fmt.Errorf("claim %s: %w", keyForError(d.key), err)
 	}
 	if res.Outcome == dedup.Claimed {
 		d.token = res.Token
@@ -374,7 +374,7 @@ func (g *Gateway) get(parent context.Context, d *delivery) (dedup.Record, error)
 	defer ctx.stop()
 	rec, err := g.store.Get(ctx, key)
 	if err != nil {
-		return rec, fmt.Errorf("get %s: %w", key, err)
+		return rec, fmt.Errorf("get %s: %w", keyForError(key), err)
 	}
 	return rec, nil
 }
@@ -677,6 +677,14 @@ func (g *Gateway) unrouted(w http.ResponseWriter, r *http.Request, reason string
 		ce.Write(zap.String("reason", reason), zap.Int("status", p.Status), zap.String("method", clipForLog(r.Method)),
 			zap.String("path", clipForLog(r.URL.EscapedPath())), zap.String("remote_addr", r.RemoteAddr))
 	}
+}
+
+// keyForError is k as an error message names it, for the log lines that
+// carry the error: its ID clipped as keyField clips it. A sender picks the
+// ID (a json: key can be as long as the body), and a store outage logs
+// every fail-open delivery with its error.
+func keyForError(k dedup.Key) string {
+	return k.Namespace + ":" + clipForLog(k.ID)
 }
 
 // keyField is the log field for a delivery's key (see clipForLog).

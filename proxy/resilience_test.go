@@ -382,6 +382,37 @@ func TestStoreErrorWarnings(t *testing.T) {
 	}
 }
 
+// TestStoreErrorLogsClipTheKey: a store error is logged with its error,
+// which names the key; the sender picks the key (here 60,000 bytes), so the
+// error clips it as the key field is clipped.
+func TestStoreErrorLogsClipTheKey(t *testing.T) {
+	up := newUpstream(t, nil)
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	defer mem.Close()
+	fs := &flakyStore{Store: mem}
+	fs.down.Store(true)
+	rejecting := genericRoute("rejecting", "/hooks/rejecting", up.URL)
+	rejecting.OnStoreError = Reject
+	open := genericRoute("open", "/hooks/open", up.URL)
+	h := newHarness(t, Config{Routes: []Route{rejecting, open}}, harnessOpts{store: fs})
+	long := strings.Repeat("k", 60000)
+	if resp := h.send("/hooks/rejecting", `{}`, "Idempotency-Key: "+long); resp.Status != http.StatusServiceUnavailable {
+		t.Fatalf("rejecting route, store down: got %d, want 503", resp.Status)
+	}
+	if resp := h.send("/hooks/open", `{}`, "Idempotency-Key: "+long); resp.Status != http.StatusOK {
+		t.Fatalf("fail-open route, store down: got %d, want 200", resp.Status)
+	}
+	entries := h.logs.FilterFieldKey("error").All()
+	if len(entries) == 0 {
+		t.Fatal("got no log line with an error, want the store errors logged")
+	}
+	for _, e := range entries {
+		if got := len(e.ContextMap()["error"].(string)); got > 2*maxLoggedKey {
+			t.Errorf("%q: got an error of %d bytes, want the key in it clipped", e.Message, got)
+		}
+	}
+}
+
 // TestWaitAcrossReplicas: two gateways share one store; a duplicate reaching
 // replica B while replica A forwards waits for A's result.
 func TestWaitAcrossReplicas(t *testing.T) {
