@@ -160,9 +160,11 @@ func keepForwarded(in *http.Request, out http.Header) {
 // proxyHeaders are the headers besides X-Forwarded-For, -Host and -Proto
 // (which ReverseProxy and keepForwarded handle) and Forwarded (which
 // ReverseProxy drops) by which a proxy in front tells an application about
-// the original request: the ones Traefik drops from untrusted peers, and
-// the other spellings of the scheme that Rack (X-Forwarded-Ssl, -Scheme)
-// and older proxies use. Only a trusted peer's reach the application.
+// the original request: the ones Traefik drops from untrusted peers, the
+// other spellings of the scheme that Rack (X-Forwarded-Ssl, -Scheme),
+// ingress-nginx (X-Scheme) and older proxies use, the client address as
+// CDNs name it, and IIS's original URL. Only a trusted peer's reach the
+// application.
 var proxyHeaders = []string{
 	"X-Real-Ip",
 	"X-Forwarded-Port",
@@ -175,7 +177,22 @@ var proxyHeaders = []string{
 	"X-Forwarded-Tls-Client-Cert",
 	"X-Forwarded-Tls-Client-Cert-Info",
 	"X-Url-Scheme",
+	"X-Scheme",
 	"Front-End-Https",
+	// The client address as CDNs and load balancers name it, which apps
+	// and frameworks read for rate limits, logs and allow lists.
+	"True-Client-Ip",
+	"X-Client-Ip",
+	"Client-Ip",
+	"Cf-Connecting-Ip",
+	"Fastly-Client-Ip",
+	"X-Cluster-Client-Ip",
+	"X-Original-Forwarded-For",
+	// The original URL as IIS's URL Rewrite passes it: Symfony and Zend
+	// route by it (CVE-2018-14773), so an unsigned route's delivery could
+	// name a signed route's handler.
+	"X-Original-Url",
+	"X-Rewrite-Url",
 }
 
 // everyItem reports whether lines hold at least one comma-separated item
