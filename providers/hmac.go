@@ -11,6 +11,7 @@ import (
 	"hash"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // Defaults of GenericSignature's zero-valued fields.
@@ -40,6 +41,7 @@ type genericVerifier struct {
 	tsHeader  string
 	sigField  string // "": the header is one signature
 	tsField   string
+	rfc3339   bool // the timestamp is RFC 3339, not Unix seconds
 	separator string
 	template  []templatePart
 	secrets   [][]byte
@@ -70,6 +72,7 @@ func newGenericVerifier(s GenericSignature, secrets []string, c clock) (*generic
 		tsField:   s.TimestampField,
 		separator: s.Separator,
 		secrets:   secretBytes(secrets),
+		rfc3339:   strings.EqualFold(s.TimestampFormat, "rfc3339"),
 		clock:     c,
 	}
 	if v.header == "" {
@@ -83,6 +86,14 @@ func newGenericVerifier(s GenericSignature, secrets []string, c clock) (*generic
 	}
 	if err := v.checkFields(); err != nil {
 		return nil, err
+	}
+	switch strings.ToLower(s.TimestampFormat) {
+	case "", "unix", "rfc3339":
+		if s.TimestampFormat != "" && v.tsHeader == "" && v.tsField == "" {
+			return nil, fmt.Errorf("signature.timestamp_format: needs signature.timestamp_header (or timestamp_field)")
+		}
+	default:
+		return nil, fmt.Errorf("signature.timestamp_format: unknown format %q (want unix or rfc3339)", s.TimestampFormat)
 	}
 	switch strings.ToLower(s.Algorithm) {
 	case "", "sha256":
@@ -247,11 +258,11 @@ func (v *genericVerifier) Verify(r *http.Request, body []byte) error {
 	switch {
 	case v.tsHeader != "":
 		tsText = r.Header.Get(v.tsHeader)
-		if ts, ok = parseUnix(tsText); !ok {
+		if ts, ok = v.parseTimestamp(tsText); !ok {
 			return fmt.Errorf("%w: missing or malformed %s header", ErrBadSignature, v.tsHeader)
 		}
 	case v.tsField != "":
-		if ts, ok = parseUnix(tsText); !ok {
+		if ts, ok = v.parseTimestamp(tsText); !ok {
 			return fmt.Errorf("%w: %s header: missing or malformed %s= item", ErrBadSignature, v.header, v.tsField)
 		}
 	}
@@ -280,6 +291,30 @@ func (v *genericVerifier) Verify(r *http.Request, body []byte) error {
 		}
 	}
 	return fmt.Errorf("%w: %s does not match", ErrBadSignature, v.header)
+}
+
+// maxRFC3339 bounds an RFC 3339 timestamp's length: nanoseconds and a
+// numeric offset take 35 bytes.
+const maxRFC3339 = 40
+
+// parseTimestamp reads the signed timestamp as Unix seconds, in v's
+// format. An RFC 3339 one must parse whole and strictly: the header's
+// exact text is what the signature covers, and a scheme that signs an ID
+// and a timestamp with nothing between them (Twitch) lets whoever
+// captured a delivery move characters from one to the other under the
+// same signature, a new key each time, unless each must keep its form.
+func (v *genericVerifier) parseTimestamp(s string) (int64, bool) {
+	if !v.rfc3339 {
+		return parseUnix(s)
+	}
+	if len(s) > maxRFC3339 {
+		return 0, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return 0, false
+	}
+	return t.Unix(), true
 }
 
 // parseItems reads a structured signature header: items separated by

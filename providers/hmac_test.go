@@ -21,6 +21,7 @@ func genericMAC(h func() hash.Hash, secret, content string) []byte {
 
 func TestGenericVerify(t *testing.T) {
 	const body = `{"id":"evt_1"}`
+	rfc3339Sig := GenericSignature{TimestampHeader: "X-Ts", TimestampFormat: "RFC3339", Template: "{timestamp}.{body}"}
 	sha256Hex := hex.EncodeToString(genericMAC(sha256.New, "s", body))
 	tests := []struct {
 		name    string
@@ -53,6 +54,25 @@ func TestGenericVerify(t *testing.T) {
 			map[string]string{"X-Ts": "1000", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1000."+body))}, body, ErrStale},
 		{"missing timestamp", GenericSignature{TimestampHeader: "X-Ts", Template: "{timestamp}.{body}"}, []string{"s"}, 1000,
 			map[string]string{"X-Signature": sha256Hex}, body, ErrBadSignature},
+		// RFC 3339 timestamps: 1000 is 1970-01-01T00:16:40Z.
+		{"rfc3339 timestamp", rfc3339Sig, []string{"s"}, 1001,
+			map[string]string{"X-Ts": "1970-01-01T00:16:40.634234626Z", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1970-01-01T00:16:40.634234626Z."+body))}, body, nil},
+		{"rfc3339 timestamp with an offset", rfc3339Sig, []string{"s"}, 1001,
+			map[string]string{"X-Ts": "1970-01-01T01:16:40+01:00", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1970-01-01T01:16:40+01:00."+body))}, body, nil},
+		{"stale rfc3339 timestamp", rfc3339Sig, []string{"s"}, 1301,
+			map[string]string{"X-Ts": "1970-01-01T00:16:40Z", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1970-01-01T00:16:40Z."+body))}, body, ErrStale},
+		{"future rfc3339 timestamp", rfc3339Sig, []string{"s"}, 699,
+			map[string]string{"X-Ts": "1970-01-01T00:16:40Z", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1970-01-01T00:16:40Z."+body))}, body, ErrStale},
+		{"unix seconds where rfc3339 is configured", rfc3339Sig, []string{"s"}, 1000,
+			map[string]string{"X-Ts": "1000", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1000."+body))}, body, ErrBadSignature},
+		{"rfc3339 timestamp that lost its first character", rfc3339Sig, []string{"s"}, 1000,
+			map[string]string{"X-Ts": "970-01-01T00:16:40Z", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "970-01-01T00:16:40Z."+body))}, body, ErrBadSignature},
+		{"rfc3339 timestamp that gained a character", rfc3339Sig, []string{"s"}, 1000,
+			map[string]string{"X-Ts": "b1970-01-01T00:16:40Z", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "b1970-01-01T00:16:40Z."+body))}, body, ErrBadSignature},
+		{"rfc3339 timestamp with a space for T", rfc3339Sig, []string{"s"}, 1000,
+			map[string]string{"X-Ts": "1970-01-01 00:16:40Z", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1970-01-01 00:16:40Z."+body))}, body, ErrBadSignature},
+		{"unix timestamp in rfc3339", GenericSignature{TimestampHeader: "X-Ts", Template: "{timestamp}.{body}"}, []string{"s"}, 1000,
+			map[string]string{"X-Ts": "1970-01-01T00:16:40Z", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1970-01-01T00:16:40Z."+body))}, body, ErrBadSignature},
 		{"rotation", GenericSignature{}, []string{"old", "s"}, 0,
 			map[string]string{"X-Signature": sha256Hex}, body, nil},
 		{"uppercase hex", GenericSignature{}, []string{"s"}, 0,
@@ -168,6 +188,9 @@ func TestGenericSignatureValidate(t *testing.T) {
 		{GenericSignature{SignatureField: "v1"}, ""},
 		{GenericSignature{TimestampField: "ts", Template: "{timestamp}:{body}"}, "signature.timestamp_field: needs signature.signature_field (the header's items are read only then)"},
 		{GenericSignature{Separator: ";"}, "signature.separator: needs signature.signature_field (the header's items are read only then)"},
+		{GenericSignature{TimestampFormat: "rfc3339"}, "signature.timestamp_format: needs signature.timestamp_header (or timestamp_field)"},
+		{GenericSignature{TimestampHeader: "X-Ts", TimestampFormat: "iso8601", Template: "{timestamp}.{body}"}, `signature.timestamp_format: unknown format "iso8601" (want unix or rfc3339)`},
+		{GenericSignature{SignatureField: "t", TimestampField: "ts", TimestampFormat: "unix", Template: "{timestamp}.{body}"}, ""},
 		{GenericSignature{SignatureField: "h1", Separator: "|"}, `signature.separator: invalid separator "|" (want "," or ";")`},
 		{GenericSignature{SignatureField: "h 1"}, `signature.signature_field: invalid item key "h 1" (want letters, digits, - or _)`},
 		{GenericSignature{SignatureField: "h1", TimestampField: "h1", Template: "{timestamp}:{body}"}, `signature.timestamp_field: "h1" is also signature_field`},

@@ -111,6 +111,11 @@ type GenericSignature struct {
 	TimestampField string
 	// Separator splits Header's items: "," or ";". Empty means ",".
 	Separator string
+	// TimestampFormat is how the timestamp (TimestampHeader's value or
+	// TimestampField's item) is written: unix (seconds) or rfc3339
+	// (Twitch's "2019-11-16T10:11:12.634234626Z", parsed strictly). Empty
+	// means unix. Needs TimestampHeader or TimestampField.
+	TimestampFormat string
 }
 
 // Provider is a route's ready-to-use key extraction and verification.

@@ -336,6 +336,7 @@ type Signature struct {
 	SignatureField  string `config:"signature_field"`
 	TimestampField  string `config:"timestamp_field"`
 	Separator       string `config:"separator"`
+	TimestampFormat string `config:"timestamp_format"`
 }
 
 // Built-in values used where neither the file nor the environment sets one.

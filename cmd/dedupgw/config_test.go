@@ -1233,13 +1233,18 @@ func TestProblems(t *testing.T) {
       encoding: base32
       header: "X Sig"
       template: "{timestamp}.{body}"
+      timestamp_format: iso8601
 `), nil, []string{
 			`routes[0].signature.algorithm: invalid value "md5" (want sha1, sha256 or sha512)`,
 			`routes[0].signature.encoding: invalid value "base32" (want hex or base64)`,
+			`routes[0].signature.timestamp_format: invalid value "iso8601" (want unix or rfc3339)`,
 			`routes[0].signature.header: invalid header name "X Sig"`,
 			`routes[0].signature.template: uses {timestamp} but signature.timestamp_header (or timestamp_field) is not set`,
 		}},
 		{"signature algorithm and encoding in any case", route("    signature:\n      algorithm: SHA512\n      encoding: Base64\n"), nil, nil},
+		{"timestamp_format without a timestamp", route("    signature:\n      timestamp_format: rfc3339\n"), nil, []string{
+			"routes[0].signature.timestamp_format: needs signature.timestamp_header (or timestamp_field)",
+		}},
 		{"signature on stripe", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: stripe\n    signature:\n      header: X-Sig\n", nil, []string{
 			"routes[0].signature: only provider generic takes a signature block; stripe has its own scheme",
 		}},

@@ -173,6 +173,7 @@ func recipeDeliveries() map[string]recipeDelivery {
 		},
 		"twitch": {
 			env: map[string]string{"TWITCH_EVENTSUB_SECRET": "s3cRe7-for-twitch"},
+			now: 1573899080, // 8 s after twitchTS
 			headers: map[string]string{
 				"Twitch-Eventsub-Message-Id":        twitchID,
 				"Twitch-Eventsub-Message-Timestamp": twitchTS,
@@ -184,6 +185,20 @@ func recipeDeliveries() map[string]recipeDelivery {
 				"body":       changeBody,
 				"message ID": changeHeader("Twitch-Eventsub-Message-Id", "e76c6bd4-55c9-4987-8304-da1588d8988c"),
 				"timestamp":  changeHeader("Twitch-Eventsub-Message-Timestamp", "2019-11-16T10:11:13.634234626Z"),
+				// The ID and timestamp are signed with nothing between:
+				// moving a character across keeps the signed bytes.
+				"ID and timestamp's boundary": func(h map[string]string, b string) (map[string]string, string) {
+					h = maps.Clone(h)
+					h["Twitch-Eventsub-Message-Id"] = twitchID + twitchTS[:1]
+					h["Twitch-Eventsub-Message-Timestamp"] = twitchTS[1:]
+					return h, b
+				},
+				"timestamp and ID's boundary": func(h map[string]string, b string) (map[string]string, string) {
+					h = maps.Clone(h)
+					h["Twitch-Eventsub-Message-Id"] = twitchID[:len(twitchID)-1]
+					h["Twitch-Eventsub-Message-Timestamp"] = twitchID[len(twitchID)-1:] + twitchTS
+					return h, b
+				},
 			},
 		},
 		"square": {
@@ -302,12 +317,13 @@ func TestReadmeRecipes(t *testing.T) {
 	}
 }
 
-// TestRecipesCheckTimestamps checks that the recipes whose timestamp is
-// Unix seconds (Zoom's header, Paddle's and Calendly's signature items)
-// refuse a correctly signed delivery older than their tolerance.
+// TestRecipesCheckTimestamps checks that the recipes that sign a timestamp
+// (Zoom's header, Paddle's and Calendly's signature items in Unix seconds,
+// Twitch's header in RFC 3339) refuse a correctly signed delivery older
+// than their tolerance.
 func TestRecipesCheckTimestamps(t *testing.T) {
 	recipes := readmeRecipes(t)
-	for _, name := range []string{"zoom", "paddle", "calendly"} {
+	for _, name := range []string{"zoom", "paddle", "calendly", "twitch"} {
 		t.Run(name, func(t *testing.T) {
 			d := recipeDeliveries()[name]
 			f, problems := loadText(t, "routes:\n"+recipes[name], d.env)
@@ -315,7 +331,8 @@ func TestRecipesCheckTimestamps(t *testing.T) {
 				t.Fatalf("validate: got %q, want no problems", problems)
 			}
 			cfg := f.GatewayConfig().Routes[0].Provider
-			cfg.Now = func() time.Time { return time.Unix(d.now+int64(providers.DefaultTolerance/time.Second)+60, 0) }
+			// Past every recipe's tolerance: the default, and Twitch's 10m.
+			cfg.Now = func() time.Time { return time.Unix(d.now+int64(11*time.Minute/time.Second), 0) }
 			p, err := providers.New(cfg)
 			if err != nil {
 				t.Fatal(err)

@@ -372,6 +372,7 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		}
 		oneOfFold(ps, key+".signature.algorithm", r.Signature.Algorithm, "sha1", "sha256", "sha512")
 		oneOfFold(ps, key+".signature.encoding", r.Signature.Encoding, "hex", "base64")
+		oneOfFold(ps, key+".signature.timestamp_format", r.Signature.TimestampFormat, "unix", "rfc3339")
 		if h := r.Signature.Header; h != "" && !isToken(h) {
 			ps.add(key+".signature.header", "invalid header name %q", h)
 		}
