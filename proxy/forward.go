@@ -230,25 +230,30 @@ func trustedPeer(addr string, trusted []netip.Prefix) bool {
 // gatewaySet are the request headers the gateway sets itself.
 var gatewaySet = []string{HeaderDedupKey, "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
-// deleteLookalikes deletes the headers whose names differ only in "_" for
-// "-" (and in case) from one the gateway sets, from one it dropped
+// deleteLookalikes deletes the headers whose names differ only in "_" or
+// "." for "-" (and in case) from one the gateway sets, from one it dropped
 // (canonical names), or from another header of the request: CGI-style
-// servers (WSGI, PHP, Rack) map both to one HTTP_ variable, so a sender's
-// Dedup_Key, X_Forwarded_For or (untrusted) X_Real_IP would reach such an
+// servers (WSGI, PHP, Rack) map both to one HTTP_ variable (PHP turns "."
+// in a variable name into "_" too), so a sender's Dedup_Key, Dedup.Key,
+// X_Forwarded_For or (untrusted) X_Real_IP would reach such an
 // application as the gateway's own or a proxy's, and a Stripe_Signature or
 // Idempotency_Key beside the real one could stand in for the value the
-// gateway checked. A name with "_" that collides with nothing passes.
+// gateway checked. A name with "_" or "." that collides with nothing
+// passes.
 func deleteLookalikes(h http.Header, dropped []string) {
 	for k := range h {
-		if strings.IndexByte(k, '_') < 0 {
+		if strings.IndexAny(k, "_.") < 0 {
 			continue
 		}
-		hyphens := http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-"))
+		hyphens := http.CanonicalHeaderKey(lookalikeDashes.Replace(k))
 		if _, ok := h[hyphens]; ok || slices.Contains(gatewaySet, hyphens) || slices.Contains(dropped, hyphens) {
 			delete(h, k)
 		}
 	}
 }
+
+// lookalikeDashes writes "_" and "." as "-" (see deleteLookalikes).
+var lookalikeDashes = strings.NewReplacer("_", "-", ".", "-")
 
 // maxHeaderKey bounds the sender's key as sent verbatim in Dedup-Key; a
 // longer one is sent hashed (see dedupKeyHeader). It matches the longest key

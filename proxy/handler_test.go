@@ -330,9 +330,12 @@ func TestForwardedRequestReachesUpstreamIntact(t *testing.T) {
 		"X-Forwarded-For: 203.0.113.7",
 		"Dedup-Key: spoofed:key",
 		"Dedup_Key: stripe:evt_victim", // one HTTP_DEDUP_KEY with Dedup-Key in CGI-style servers
+		"Dedup.Key: stripe:evt_victim", // in PHP too, which reads "." in a name as "_"
 		"X_Forwarded_For: 10.0.0.1",    // and one HTTP_X_FORWARDED_FOR
+		"X-Forwarded.Proto: https",     // and one HTTP_X_FORWARDED_PROTO
 		"Stripe_Signature: t=2,v1=def", // beside the real one, which the gateway checked
 		"X-Request_Id: kept",           // a name with "_" that collides with nothing
+		"X-Trace.Id: kept",             // a name with "." that collides with nothing
 		"Connection: X-Hop",
 		"X-Hop: must-not-pass",
 	)
@@ -359,12 +362,14 @@ func TestForwardedRequestReachesUpstreamIntact(t *testing.T) {
 		}
 	}
 	for name, v := range got.Header {
-		if strings.IndexByte(name, '_') >= 0 && name != "X-Request_id" {
+		if strings.IndexAny(name, "_.") >= 0 && name != "X-Request_id" && name != "X-Trace.id" {
 			t.Errorf("upstream header %s: %q, want no look-alike of a header the gateway sets or another of the request", name, v)
 		}
 	}
-	if got := got.Header.Get("X-Request_id"); got != "kept" {
-		t.Errorf("upstream X-Request_id: got %q, want kept (only look-alikes go)", got)
+	for _, name := range []string{"X-Request_id", "X-Trace.id"} {
+		if got := got.Header.Get(name); got != "kept" {
+			t.Errorf("upstream %s: got %q, want kept (only look-alikes go)", name, got)
+		}
 	}
 	if got.Method != http.MethodPost {
 		t.Errorf("upstream method: got %s, want POST", got.Method)
