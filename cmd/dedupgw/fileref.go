@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 )
 
 // fileRefPrefix starts a reference to a file's content in a config value:
@@ -93,6 +94,9 @@ var (
 	errRefTooLarge  = fmt.Errorf("larger than %d KiB (a referenced file holds one value)", maxFileRef>>10)
 )
 
+// afterRefStat runs between readRefFile's Stat and its Open: a test's hook.
+var afterRefStat = func(string) {}
+
 // readRefFile reads the regular file at path, up to maxFileRef bytes. An
 // error from the file system is returned without the path (the caller
 // names it once).
@@ -108,11 +112,17 @@ func readRefFile(path string) ([]byte, error) {
 	case !fi.Mode().IsRegular():
 		return nil, errRefIrregular
 	}
-	fh, err := os.Open(path)
+	afterRefStat(path)
+	// Open without blocking and check again what was opened: the path
+	// may have been swapped for a FIFO since the Stat.
+	fh, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, bare(err)
 	}
 	defer fh.Close()
+	if fi, err := fh.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, errRefIrregular
+	}
 	b, err := io.ReadAll(io.LimitReader(fh, maxFileRef+1))
 	if err != nil {
 		return nil, bare(err)

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // writeFile writes text to dir/name and returns the path.
@@ -110,6 +112,42 @@ func TestFileRefIsNotAFIFO(t *testing.T) {
 	_, e := x.expand("${file:fifo}") // must not block
 	if len(e.errs) != 1 || !strings.Contains(e.errs[0], "not a regular file") {
 		t.Errorf("errors: got %q, want one saying it is not a regular file", e.errs)
+	}
+}
+
+// A file swapped for a FIFO between readRefFile's Stat and its Open (by
+// whoever can write the secret's directory) is refused, not waited on.
+func TestFileRefSwappedForAFIFO(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "secret")
+	if err := os.WriteFile(p, []byte("s3cret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	afterRefStat = func(path string) {
+		if err := os.Remove(path); err != nil {
+			t.Error(err)
+		}
+		if err := mkfifo(path); err != nil {
+			t.Errorf("mkfifo: %v", err)
+		}
+	}
+	t.Cleanup(func() { afterRefStat = func(string) {} })
+	done := make(chan error, 1)
+	go func() {
+		_, err := readRefFile(p)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errRefIrregular) {
+			t.Errorf("readRefFile: got %v, want %v", err, errRefIrregular)
+		}
+	case <-time.After(10 * time.Second):
+		// Unblock the read so the goroutine ends with the test.
+		if w, err := os.OpenFile(p, os.O_WRONLY, 0); err == nil {
+			w.Close()
+		}
+		t.Fatal("readRefFile blocked on a FIFO swapped in after its Stat")
 	}
 }
 
