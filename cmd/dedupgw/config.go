@@ -57,6 +57,10 @@ type File struct {
 	// references named could not be read: its problems, in place of any
 	// other problem with the value.
 	fileErrs map[string][]string
+	// fileContents maps a value's key path to what its ${file:PATH}
+	// references read, so that no problem shows it (see
+	// hideFileContents): such files hold secrets.
+	fileContents map[string][]string
 	// files holds the state of every file a ${file:PATH} reference named,
 	// by absolute path (see referencedFiles).
 	files map[string]fileState
@@ -469,7 +473,8 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 
 	f := &File{
 		unset: map[string][]string{}, emptyFiles: map[string][]string{}, fileErrs: map[string][]string{},
-		files: map[string]fileState{}, fromEnv: map[string]string{}, undecoded: map[string]bool{},
+		fileContents: map[string][]string{},
+		files:        map[string]fileState{}, fromEnv: map[string]string{}, undecoded: map[string]bool{},
 	}
 	var ps Problems
 	// viper matches keys case-insensitively: two spellings of one key in a
@@ -505,7 +510,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 		// The file's value, and any ${VAR} or ${file:PATH} it was built
 		// from, is gone: an unset or unreadable one must not be warned
 		// about or named in a problem.
-		for _, m := range []map[string][]string{f.unset, f.emptyFiles, f.fileErrs} {
+		for _, m := range []map[string][]string{f.unset, f.emptyFiles, f.fileErrs, f.fileContents} {
 			for k := range m {
 				if keyWithin(k, key) {
 					delete(m, k)
@@ -517,7 +522,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	decode(raw, reflect.ValueOf(f).Elem(), "", &ps)
 	// A value whose file could not be read is reported as that, and only
 	// that: what is left of it (empty, say) does not decode either.
-	ps = f.dropFileErrKeys(ps)
+	ps = f.hideFileContents(f.dropFileErrKeys(ps))
 	for _, key := range slices.Sorted(maps.Keys(f.fileErrs)) {
 		for _, msg := range f.fileErrs[key] {
 			ps.add(key, "%s", msg)
@@ -735,6 +740,9 @@ func (x *expander) expandValue(val any, path string, f *File) any {
 		if len(e.errs) > 0 {
 			f.fileErrs[path] = e.errs
 		}
+		if len(e.contents) > 0 {
+			f.fileContents[path] = e.contents
+		}
 		return s
 	case map[string]any:
 		for k, e := range v {
@@ -751,10 +759,10 @@ func (x *expander) expandValue(val any, path string, f *File) any {
 }
 
 // expansion is what expand found besides the value: the variables env did
-// not set, the files that were empty (by the path they were read at), and
-// why each file that could not be read could not.
+// not set, the files that were empty (by the path they were read at), why
+// each file that could not be read could not, and what the others held.
 type expansion struct {
-	unset, empty, errs []string
+	unset, empty, errs, contents []string
 }
 
 // expand replaces each ${NAME} in s by env(NAME), an unset variable by the
@@ -785,6 +793,8 @@ func (x *expander) expand(s string) (string, expansion) {
 				out.errs = append(out.errs, err.Error())
 			case val == "":
 				out.empty = append(out.empty, read)
+			default:
+				out.contents = append(out.contents, val)
 			}
 			b.WriteString(val)
 			s = s[i+j+1:]

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -176,6 +177,42 @@ func (f *File) dropFileErrKeys(ps Problems) Problems {
 		}
 		return false
 	})
+}
+
+// fileContentNotShown stands in a problem for what a ${file:PATH}
+// reference read.
+const fileContentNotShown = "<read from a ${file:} reference, not shown>"
+
+// minHiddenContent is the shortest content hideFileContents looks for:
+// a shorter one would match unrelated text of the message, and gives
+// little away.
+const minHiddenContent = 4
+
+// hideFileContents returns ps with what the ${file:PATH} references of
+// each problem's value read replaced by fileContentNotShown, as written
+// and as %q quotes it: such files hold secrets, and a secret put under
+// the wrong key ("window: ${file:db-password}") must not reach a log.
+func (f *File) hideFileContents(ps Problems) Problems {
+	if len(f.fileContents) == 0 {
+		return ps
+	}
+	for i, p := range ps {
+		for k, contents := range f.fileContents {
+			if !keyWithin(p.Key, k) && !keyWithin(k, p.Key) {
+				continue
+			}
+			for _, c := range contents {
+				if len(c) < minHiddenContent {
+					continue
+				}
+				quoted := strconv.Quote(c)
+				p.Msg = strings.ReplaceAll(p.Msg, quoted[1:len(quoted)-1], fileContentNotShown)
+				p.Msg = strings.ReplaceAll(p.Msg, c, fileContentNotShown)
+			}
+		}
+		ps[i] = p
+	}
+	return ps
 }
 
 // keyWithin reports whether the key path k is key or one of its list's

@@ -202,6 +202,13 @@ func TestFileRefLoad(t *testing.T) {
 		{"a duration from an empty file", route("    secrets: [\"x\"]\n    window: ${file:window}\n"), nil, map[string]string{"window": ""}, []string{
 			`routes[0].window: invalid duration "" (want e.g. "300ms", "30s", "24h") (file $DIR/window is empty) (route "stripe")`,
 		}},
+		// A secret under the wrong key: its problem does not show it.
+		{"a secret file where a duration goes", route("    secrets: [\"x\"]\n    window: ${file:window}\n"), nil, map[string]string{"window": content + "\n"}, []string{
+			`routes[0].window: invalid duration "<read from a ${file:} reference, not shown>" (want e.g. "300ms", "30s", "24h") (route "stripe")`,
+		}},
+		{"a secret file in part of a value", route("    secrets: [\"x\"]\n    on_store_error: \"x${file:mode}\"\n"), nil, map[string]string{"mode": content}, []string{
+			`routes[0].on_store_error: invalid value "x<read from a ${file:} reference, not shown>" (want forward or reject) (route "stripe")`,
+		}},
 		{"admin token from a directory", "admin:\n  token: ${file:sub}\n" + minimal, nil, map[string]string{"sub/x": ""}, []string{
 			`admin.token: ${file:sub}: cannot read $DIR/sub (sub): it is a directory (name the file in it that holds the value, e.g. a Secret's key)`,
 		}},

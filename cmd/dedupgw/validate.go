@@ -85,7 +85,7 @@ func (f *File) Validate() error {
 			}
 		}
 	}
-	ps = f.dropFileErrKeys(ps)
+	ps = f.hideFileContents(f.dropFileErrKeys(ps))
 	f.fromEnvNote(ps)
 	return ps.errOrNil()
 }
