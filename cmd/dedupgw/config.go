@@ -473,8 +473,8 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 
 	f := &File{
 		unset: map[string][]string{}, emptyFiles: map[string][]string{}, fileErrs: map[string][]string{},
-		fileContents: map[string][]string{},
-		files:        map[string]fileState{}, fromEnv: map[string]string{}, undecoded: map[string]bool{},
+		fileContents: map[string][]string{}, files: map[string]fileState{},
+		fromEnv: map[string]string{}, undecoded: map[string]bool{},
 	}
 	var ps Problems
 	// viper matches keys case-insensitively: two spellings of one key in a

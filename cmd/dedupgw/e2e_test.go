@@ -526,6 +526,30 @@ func TestE2ERejections(t *testing.T) {
 	}
 }
 
+// A serve that fails before it serves says it could not start, not that
+// it stopped: an operator reading the log looks for a start-up problem.
+func TestServeThatCannotStartSaysSo(t *testing.T) {
+	dir := t.TempDir()
+	cfg := gwConfig(t, dir, "http://127.0.0.1:3000", "", "")
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	code, _, stderr := runCLI(t, []string{"DEDUPGW_LISTEN=" + taken.Addr().String()}, "serve", "--config", cfg)
+	if code != 1 {
+		t.Errorf("exit code: got %d, want 1", code)
+	}
+	for _, want := range []string{`"msg":"dedupgw could not start"`, "listen: listen tcp " + taken.Addr().String()} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr: got %s, want it to contain %q", stderr, want)
+		}
+	}
+	if strings.Contains(stderr, "stopped with an error") {
+		t.Errorf("stderr: got %s, want no \"stopped with an error\"", stderr)
+	}
+}
+
 // runCLI runs the dedupgw binary with args and env added to the environment.
 func runCLI(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()

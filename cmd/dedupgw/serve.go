@@ -89,7 +89,11 @@ func cmdServe(args []string, stderr io.Writer) int {
 
 	s := &server{path: path, env: os.LookupEnv, log: log, level: level, file: f}
 	if err := s.run(sigs); err != nil {
-		log.Error("dedupgw stopped with an error", zap.Error(err))
+		msg := "dedupgw stopped with an error"
+		if !s.started {
+			msg = "dedupgw could not start"
+		}
+		log.Error(msg, zap.Error(err))
 		return exitFail
 	}
 	return exitOK
@@ -176,6 +180,9 @@ type server struct {
 	env   func(string) (string, bool)
 	log   *zap.Logger
 	level zap.AtomicLevel
+	// started is set once both listeners serve: an error before that is
+	// a failed start-up, not a stop.
+	started bool
 
 	// file is the configuration in force. Keys that need a restart (listen
 	// addresses, store, log format) keep their start-up values across reloads.
@@ -338,6 +345,7 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		routes[i] = r.Name + "=" + r.Path
 	}
 	logSecretIDs(s.log, f)
+	s.started = true
 	s.log.Info("dedupgw started",
 		zap.String("version", version),
 		zap.String("listen", gl.Addr().String()),
