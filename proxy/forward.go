@@ -429,17 +429,26 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 	setDedupStatus(d.header, d.status)
 	d.upstreamStatus = resp.StatusCode
 	d.rt.metrics.upstream[codeClassIndex(resp.StatusCode)].Observe(time.Since(d.fwdStart).Seconds())
-	if d.token == "" {
+	failOpen := d.token == "" && d.status == statusStoreError
+	if d.token == "" && !failOpen {
 		return nil
 	}
 	ctx := resp.Request.Context()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		if failOpen {
+			g.recordLater(d, resp.StatusCode, "", nil)
+			return nil
+		}
 		g.release(ctx, d, reasonUpstreamStatus, resp.StatusCode, "")
 		return nil
 	}
 	var stored *dedup.Response
 	if d.rt.DuplicateResponse == Replay {
 		stored = g.captureResponse(d, resp)
+	}
+	if failOpen {
+		g.recordLater(d, resp.StatusCode, "", stored)
+		return nil
 	}
 	g.commit(ctx, d, resp.StatusCode, stored)
 	return nil
@@ -512,8 +521,11 @@ func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	}
 	d.upstreamErr = text
 	d.rt.log.Warn("upstream failed", keyField(d.clientKey), zap.String("reason", reason), zap.Error(err))
-	if d.token != "" {
+	switch {
+	case d.token != "":
 		g.release(r.Context(), d, reason, 0, text)
+	case d.status == statusStoreError:
+		g.recordLater(d, 0, text, nil)
 	}
 	d.answer = prob.Status
 	setDedupStatus(w.Header(), d.status)
@@ -684,6 +696,108 @@ func (g *Gateway) commitLater(d *delivery, opts dedup.CommitOptions, fields []za
 		}
 	}()
 	return true
+}
+
+// Fail-open forwards recorded later.
+//
+// A delivery forwarded without a claim because the store failed it
+// (on_store_error: forward) leaves the store as it was: a key that failed
+// before the outage stays failed although the application has since
+// processed a retry of it, so listing failed keys to replay them after the
+// incident names events already processed, and a key with no record
+// forwards its next copy again. So once the upstream answered, the gateway
+// goes on trying in the background, as commitLater does (and within the
+// same maxCommitRetries), to record what happened: it claims the key and
+// commits it for a 2xx (its window starts then), or releases it with the
+// upstream's status or error otherwise. A key the store has meanwhile
+// (processed, in flight, or bound to another fingerprint) is left as it
+// is. The tries end when the record lands, when the gateway closes, or
+// after the route's window: a record that late would already be expired.
+
+// recordLater starts recording d's fail-open forward, which the upstream
+// answered with status (0 when it did not answer, with errText) and, on a
+// replay route's 2xx, stored. It logs when it cannot.
+func (g *Gateway) recordLater(d *delivery, status int, errText string, stored *dedup.Response) {
+	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
+	if !d.keyed {
+		return
+	}
+	if g.commitRetries.Add(1) > maxCommitRetries {
+		g.commitRetries.Add(-1)
+		d.rt.log.Warn("fail-open forward not recorded: too many store writes are being tried again already; its next copy is forwarded again", fields...)
+		return
+	}
+	if !g.enter() {
+		g.commitRetries.Add(-1)
+		return
+	}
+	rt, key, values := d.rt, d.key, d.detached
+	claim := d.claimOptions(d.bodySHA)
+	_, wall := g.clock()
+	until := wall.Add(rt.Window)
+	go func() {
+		defer g.active.Done()
+		defer g.commitRetries.Add(-1)
+		pause := commitRetryFirst
+		timer := time.NewTimer(pause)
+		defer timer.Stop()
+		token := "" // the claim made to record it, once made
+		for {
+			select {
+			case <-g.ctx.Done():
+				rt.log.Warn("fail-open forward not recorded: the gateway is closing; its next copy is forwarded again", fields...)
+				return
+			case <-timer.C:
+			}
+			now, wall := g.clock()
+			if !wall.Before(until) {
+				return
+			}
+			done, what := g.recordOnce(newOpContext(values, now, g.storeTimeout), rt, key, claim, &token, status, errText, stored)
+			if done {
+				rt.log.Info("fail-open forward: "+what, fields...)
+				return
+			}
+			pause = min(2*pause, commitRetryMax)
+			timer.Reset(pause)
+		}
+	}()
+}
+
+// recordOnce tries to record a fail-open forward of key on rt (see
+// recordLater) under ctx, which it stops: it claims the key unless *token
+// holds the claim a previous try made, then commits or releases it. It
+// reports whether it is done, and what it found or did.
+func (g *Gateway) recordOnce(ctx *opContext, rt *route, key dedup.Key, claim dedup.ClaimOptions, token *string, status int, errText string, stored *dedup.Response) (done bool, what string) {
+	defer ctx.stop()
+	if *token == "" {
+		res, err := g.store.Claim(ctx, key, claim)
+		switch {
+		case err != nil:
+			return false, ""
+		case res.Outcome != dedup.Claimed:
+			return true, "the store already had the key once it answered (" + string(res.Record.State) + "); left as it is"
+		}
+		*token = res.Token
+	}
+	var err error
+	if status >= 200 && status <= 299 {
+		err = g.store.Commit(ctx, key, *token, dedup.CommitOptions{Window: rt.Window, Status: status, Response: stored})
+		what = "recorded as processed once the store answered"
+	} else {
+		err = g.store.Release(ctx, key, *token, dedup.ReleaseOptions{Retain: rt.FailedRetention, Status: status, Error: errText})
+		what = "recorded as failed once the store answered"
+	}
+	switch {
+	case errors.Is(err, dedup.ErrNotOwner):
+		// The claim's lease ran out and another delivery took the key:
+		// the next try finds what it made of it.
+		*token = ""
+		return false, ""
+	case err != nil:
+		return false, "" // the next try settles the same claim
+	}
+	return true, what
 }
 
 // release marks d's key failed (claimable) and counts the reason. Like

@@ -47,6 +47,8 @@ type delivery struct {
 	// fingerprint binds the key to this request on routes that fingerprint;
 	// empty elsewhere.
 	fingerprint string
+	// bodySHA is the hex SHA-256 of the body, claimed with the key.
+	bodySHA string
 	// token is the owner token while this delivery holds the claim.
 	token      string
 	leaseUntil time.Time
@@ -214,6 +216,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var hexSum [2 * sha256.Size]byte
 	hex.Encode(hexSum[:], sum[:])
 	bodySHA := string(hexSum[:])
+	d.bodySHA = bodySHA
 	res, err := g.claim(r.Context(), d, bodySHA)
 	if err != nil {
 		g.storeError(w, r, d, body, err)

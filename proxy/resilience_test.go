@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -163,6 +164,95 @@ func TestCommitTriedAgainInTheBackground(t *testing.T) {
 	}
 	if got := logs.FilterMessage("commit recorded on a later try").Len(); got != 1 {
 		t.Errorf("got %d \"commit recorded on a later try\" lines, want 1", got)
+	}
+}
+
+// TestFailOpenForwardsRecordedLater: a delivery forwarded without a claim
+// while the store failed (on_store_error: forward) is recorded once the
+// store answers again: processed for the upstream's 2xx, so its next copy
+// is a duplicate and a key that had failed before the outage is no longer
+// listed as failed (an operator replaying failed keys would reprocess it);
+// failed for anything else; and a key the store has meanwhile is left as
+// it is.
+func TestFailOpenForwardsRecordedLater(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name      string
+		before    []int // upstream statuses of deliveries before the outage
+		during    int   // the upstream's status for the fail-open forward
+		wantState dedup.State
+		wantLast  int // LastStatus of the record
+		wantLog   string
+	}{
+		{"processed", nil, 200, dedup.StateProcessed, 200, "fail-open forward: recorded as processed once the store answered"},
+		{"failed before the outage, processed during it", []int{500}, 200, dedup.StateProcessed, 200, "fail-open forward: recorded as processed once the store answered"},
+		{"failed during the outage", nil, 503, dedup.StateFailed, 503, "fail-open forward: recorded as failed once the store answered"},
+		{"processed before the outage", []int{200}, 200, dedup.StateProcessed, 200, "fail-open forward: the store already had the key once it answered (processed); left as it is"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			statuses := append(slices.Clone(tt.before), tt.during)
+			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, n int) {
+				w.WriteHeader(statuses[min(n, len(statuses)-1)])
+			})
+			mem := memstore.New(memstore.Options{SweepInterval: -1})
+			defer mem.Close()
+			fs := &flakyStore{Store: mem}
+			_, srv, logs := observedGateway(t, fs, genericRoute("orders", "/hooks/orders", up.URL))
+			const body = `{"id":"evt_1"}`
+			for _, st := range tt.before {
+				if resp := post(t, srv, "/hooks/orders", body); resp.Status != st || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+					t.Fatalf("before the outage: got %d %q, want %d forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus), st)
+				}
+			}
+			fs.down.Store(true)
+			if resp := post(t, srv, "/hooks/orders", body); resp.Status != tt.during || resp.Header.Get(HeaderDedupStatus) != "store-error" {
+				t.Fatalf("during the outage: got %d %q, want %d store-error", resp.Status, resp.Header.Get(HeaderDedupStatus), tt.during)
+			}
+			fs.down.Store(false)
+			waitFor(t, "the fail-open forward's record", func() bool { return logs.FilterMessage(tt.wantLog).Len() == 1 })
+			rec, err := mem.Get(ctx, dedup.Key{Namespace: "orders", ID: "evt_1"})
+			if err != nil || rec.State != tt.wantState || rec.LastStatus != tt.wantLast {
+				t.Fatalf("record: got %s (last status %d), %v, want %s (last status %d)", rec.State, rec.LastStatus, err, tt.wantState, tt.wantLast)
+			}
+			if tt.wantState != dedup.StateProcessed {
+				return
+			}
+			before := up.count()
+			if resp := post(t, srv, "/hooks/orders", body); resp.Header.Get(HeaderDedupStatus) != "duplicate" {
+				t.Errorf("the next copy: got %d %q, want duplicate", resp.Status, resp.Header.Get(HeaderDedupStatus))
+			}
+			if got := up.count(); got != before {
+				t.Errorf("upstream deliveries after the next copy: got %d, want %d", got, before)
+			}
+		})
+	}
+}
+
+// A fail-open forward whose record has not landed when the gateway closes
+// is logged, and Close stops the tries.
+func TestFailOpenRecordEndsOnClose(t *testing.T) {
+	up := newUpstream(t, nil)
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	defer mem.Close()
+	fs := &flakyStore{Store: mem}
+	fs.down.Store(true)
+	gw, srv, logs := observedGateway(t, fs, genericRoute("orders", "/hooks/orders", up.URL))
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Header.Get(HeaderDedupStatus) != "store-error" {
+		t.Fatalf("during the outage: got %d %q, want store-error", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	if got := gw.commitRetries.Load(); got != 1 {
+		t.Errorf("background writes: got %d, want 1", got)
+	}
+	srv.Close()
+	if err := gw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.FilterMessage("fail-open forward not recorded: the gateway is closing; its next copy is forwarded again").Len(); got != 1 {
+		t.Errorf("closing lines: got %d, want 1", got)
+	}
+	if got := gw.commitRetries.Load(); got != 0 {
+		t.Errorf("background writes after Close: got %d, want 0", got)
 	}
 }
 
