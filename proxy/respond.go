@@ -41,6 +41,11 @@ const (
 // problemTypePrefix prefixes the type URI of every problem the gateway writes.
 const problemTypePrefix = "urn:dedupgw:problem:"
 
+// ProblemTypeNoRoute is the type of the problem the webhook listener
+// answers a path no route takes with. The admin API never sends it, so a
+// client of the admin API can tell it was pointed at the wrong listener.
+const ProblemTypeNoRoute = problemTypePrefix + "no-route"
+
 // problem is an RFC 9457 problem details object.
 type problem struct {
 	Type   string `json:"type"`
@@ -57,7 +62,7 @@ type problem struct {
 var (
 	probBadQuery       = problem{Type: problemTypePrefix + "invalid-query", Title: "Query parameter not understood", Status: http.StatusBadRequest}
 	probBadPath        = problem{Type: problemTypePrefix + "invalid-path", Title: "Request path not in canonical form", Status: http.StatusBadRequest}
-	probNoRoute        = problem{Type: problemTypePrefix + "no-route", Title: "No route for this path", Status: http.StatusNotFound}
+	probNoRoute        = problem{Type: ProblemTypeNoRoute, Title: "No route for this path", Status: http.StatusNotFound}
 	probMethod         = problem{Type: problemTypePrefix + "method-not-allowed", Title: "Method not allowed", Status: http.StatusMethodNotAllowed}
 	probBodyTooLarge   = problem{Type: problemTypePrefix + "body-too-large", Title: "Request body too large", Status: http.StatusRequestEntityTooLarge}
 	probBodyTimeout    = problem{Type: problemTypePrefix + "body-timeout", Title: "Request body not received in time", Status: http.StatusRequestTimeout}

@@ -644,6 +644,10 @@ routes:
 		{"keys forget without a key or filters", []string{"keys", "forget", "orders"}, 2, nil, []string{"to forget by state or time, give --state"}, nil},
 		{"keys unknown subcommand", []string{"keys", "drop"}, 2, nil, []string{`dedupgw keys: unknown subcommand "drop" (want get, list or forget)`}, nil},
 		{"keys flag after the key", []string{"keys", "get", "orders", "evt_1", "--admin", "http://127.0.0.1:1"}, 2, nil, []string{"flags go before ROUTE and KEY"}, nil},
+		// Not a key named --yes (an on-call trial forgot "stripe/--yes").
+		{"keys forget --yes after the route", []string{"keys", "forget", "orders", "--yes"}, 2, nil, []string{"flags go before ROUTE and KEY"}, []string{"--yes: not found"}},
+		{"keys forget filters after the route", []string{"keys", "forget", "orders", "--state", "failed"}, 2, nil, []string{"flags go before ROUTE"}, []string{"want ROUTE and KEY"}},
+		{"keys forget -force=true after the route", []string{"keys", "forget", "orders", "-force=true"}, 2, nil, []string{"flags go before ROUTE"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -722,6 +726,9 @@ func TestE2EKeysCLI(t *testing.T) {
 		{"forget again", withToken, []string{"keys", "forget", admin, "orders", "evt/1"}, 1, "", "not found"},
 		{"get a key that is a dot segment", withToken, []string{"keys", "get", admin, "orders", ".."}, 0, `"key": ".."`, ""},
 		{"unreachable admin", withToken, []string{"keys", "get", "--admin=http://127.0.0.1:1", "orders", "evt/1"}, 1, "", "connection refused"},
+		// --admin at the webhook listener says so, not "no route".
+		{"get from the webhook listener", withToken, []string{"keys", "get", "--admin=" + g.url(""), "orders", "evt_1"}, 1, "", "answered as the gateway's webhook listener, not its admin API"},
+		{"list from the webhook listener", withToken, []string{"keys", "list", "--admin=" + g.url(""), "orders"}, 1, "", "answered as the gateway's webhook listener, not its admin API"},
 	}
 	for _, s := range steps {
 		code, stdout, stderr := runCLI(t, s.env, s.args...)

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dedupgw/dedupgw/proxy"
 )
 
 // listPageLimit is the page size the keys commands ask the listing for.
@@ -93,7 +95,23 @@ func adminCall(method, target string, limit int64) (int, []byte, error) {
 	if err != nil {
 		return 0, nil, fmt.Errorf("read answer: %w", err)
 	}
+	if webhookListener(resp.Header, body) {
+		return 0, nil, fmt.Errorf("%s answered as the gateway's webhook listener, not its admin API: point --admin (or %s) at admin.listen, by default http://127.0.0.1:9090", target, envAdminURL)
+	}
 	return resp.StatusCode, body, nil
+}
+
+// webhookListener reports whether an answer came from the gateway's
+// webhook listener: a route's answer carries Dedup-Status, and a path no
+// route takes gets the no-route problem, which the admin API never sends.
+func webhookListener(h http.Header, body []byte) bool {
+	if h.Get(proxy.HeaderDedupStatus) != "" {
+		return true
+	}
+	var p struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(body, &p) == nil && p.Type == proxy.ProblemTypeNoRoute
 }
 
 // listKeys follows the listing of route page by page, calling fn with each

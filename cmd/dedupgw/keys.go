@@ -88,9 +88,10 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	if op == "list" || (op == "forget" && f.any()) {
 		return cmdKeysMany(op, fs, *admin, f, force != nil && *force, yes, stdout, stderr)
 	}
-	if fs.NArg() > 2 && strings.HasPrefix(fs.Arg(2), "-") {
+	if (fs.NArg() > 2 && strings.HasPrefix(fs.Arg(2), "-")) || misplacedFlag(fs) {
 		// Go's flag package stops at the first argument: --admin after
-		// the key would otherwise be an unexplained usage error.
+		// the key would otherwise be an unexplained usage error, and
+		// "forget ROUTE --yes" would forget a key named --yes.
 		fmt.Fprintf(stderr, "dedupgw keys %s: flags go before ROUTE and KEY, e.g. dedupgw keys %s --admin URL ROUTE KEY\n", op, op)
 		return exitUsage
 	}
@@ -156,10 +157,28 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	return exitFail
 }
 
+// misplacedFlag reports whether an argument after ROUTE is one of fs's
+// flags ("-yes", "--state=failed"): Go's flag package stops at ROUTE, so
+// it would be taken for a key.
+func misplacedFlag(fs *flag.FlagSet) bool {
+	for _, a := range fs.Args()[min(1, fs.NArg()):] {
+		name, ok := strings.CutPrefix(a, "-")
+		if !ok {
+			continue
+		}
+		name = strings.TrimPrefix(name, "-")
+		name, _, _ = strings.Cut(name, "=")
+		if fs.Lookup(name) != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // cmdKeysMany runs "keys list" and a bulk "keys forget" (one with
 // filters) on the parsed flags: one argument, ROUTE.
 func cmdKeysMany(op string, fs *flag.FlagSet, admin string, f listFilters, force, yes bool, stdout, stderr io.Writer) int {
-	if fs.NArg() > 1 && strings.HasPrefix(fs.Arg(1), "-") {
+	if (fs.NArg() > 1 && strings.HasPrefix(fs.Arg(1), "-")) || misplacedFlag(fs) {
 		fmt.Fprintf(stderr, "dedupgw keys %s: flags go before ROUTE, e.g. dedupgw keys %s --state failed ROUTE\n", op, op)
 		return exitUsage
 	}
