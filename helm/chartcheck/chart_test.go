@@ -604,11 +604,13 @@ func checkGatewayPods(t *testing.T, r *rendered) {
 		}
 
 		// Probes: liveness /healthz on the admin port; readiness /readyz
-		// (the store) standalone, /healthz beside an app (the sidecar's
-		// readiness is the pod's), as the readiness value defaults.
-		ready := "/readyz"
-		if len(ps.Containers) > 1 {
-			ready = "/healthz"
+		// (the store) standalone when every route rejects on a store error,
+		// else /healthz (a route failing open must stay in the Service, and
+		// a sidecar's readiness is the pod's), as the readiness value
+		// defaults.
+		ready := "/healthz"
+		if !sidecar && cfg.everyRouteRejects() {
+			ready = "/readyz"
 		}
 		for _, p := range []struct {
 			kind  string

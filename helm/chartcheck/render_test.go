@@ -341,12 +341,29 @@ type gatewayConfig struct {
 	} `json:"store"`
 	Defaults struct {
 		UpstreamTimeout string `json:"upstream_timeout"`
+		OnStoreError    string `json:"on_store_error"`
 	} `json:"defaults"`
 	Routes []struct {
 		Name            string `json:"name"`
 		Upstream        string `json:"upstream"`
 		UpstreamTimeout string `json:"upstream_timeout"`
+		OnStoreError    string `json:"on_store_error"`
 	} `json:"routes"`
+}
+
+// everyRouteRejects reports whether every route of c has on_store_error:
+// reject, its own or its defaults'.
+func (c gatewayConfig) everyRouteRejects() bool {
+	for _, r := range c.Routes {
+		v := r.OnStoreError
+		if v == "" {
+			v = c.Defaults.OnStoreError
+		}
+		if !strings.EqualFold(v, "reject") {
+			return false
+		}
+	}
+	return true
 }
 
 // configOf parses the config.yaml held by a ConfigMap.

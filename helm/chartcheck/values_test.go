@@ -645,8 +645,14 @@ func TestReadinessPath(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"standalone default", nil, "/readyz"},
-		{"standalone process", []string{"--set", "readiness=process"}, "/healthz"},
+		// The default follows on_store_error: a route that fails open
+		// must stay in the Service through a store outage.
+		{"standalone default, failing open", nil, "/healthz"},
+		{"standalone default, every route rejecting", []string{"--set", "defaults.on_store_error=reject"}, "/readyz"},
+		{"standalone default, the route rejecting", []string{"--set-json", `routes=[{"name":"a","path":"/a","upstream":"http://a:3000","on_store_error":"reject"}]`}, "/readyz"},
+		{"standalone default, one route failing open", []string{"--set", "defaults.on_store_error=reject", "--set-json",
+			`routes=[{"name":"a","path":"/a","upstream":"http://a:3000"},{"name":"b","path":"/b","upstream":"http://b:3000","on_store_error":"forward"}]`}, "/healthz"},
+		{"standalone process", []string{"--set", "readiness=process", "--set", "defaults.on_store_error=reject"}, "/healthz"},
 		{"standalone store", []string{"--set", "readiness=store"}, "/readyz"},
 	}
 	for _, tt := range tests {

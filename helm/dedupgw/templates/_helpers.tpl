@@ -440,13 +440,31 @@ other quantity form.
 
 {{/*
 dedupgw.readinessPath is the readiness probe's path: /readyz ("the store is
-reachable") or /healthz ("the process serves"), per the readiness value; ""
-picks /readyz standalone and /healthz in sidecar mode, where the gateway's
-readiness is the whole pod's and a store outage would take the app's own
-traffic out of its Services.
+reachable") or /healthz ("the process serves"), per the readiness value. ""
+picks /readyz only standalone and when every route has on_store_error:
+reject (its own, or defaults'): a route that fails open needs its replicas
+in the Service during a store outage, which takes every replica sharing
+Redis out at once. In sidecar mode the gateway's readiness is the whole
+pod's, and a store outage would take the app's own traffic out of its
+Services: /healthz.
 */}}
 {{- define "dedupgw.readinessPath" -}}
-{{- $r := .Values.readiness | default (ternary "process" "store" (eq .Values.mode "sidecar")) }}
+{{- $r := .Values.readiness }}
+{{- if not $r }}
+{{- $r = "process" }}
+{{- if ne .Values.mode "sidecar" }}
+{{- $default := lower (toString (dig "on_store_error" "forward" (.Values.defaults | default dict))) }}
+{{- $allReject := true }}
+{{- range .Values.routes }}
+{{- if ne (lower (toString (dig "on_store_error" $default .))) "reject" }}
+{{- $allReject = false }}
+{{- end }}
+{{- end }}
+{{- if $allReject }}
+{{- $r = "store" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if eq $r "store" }}/readyz{{ else }}/healthz{{ end }}
 {{- end }}
 
