@@ -441,8 +441,15 @@ func (g *Gateway) finish(d *delivery) {
 	if status == 0 {
 		status = d.upstreamStatus
 	}
-	ce := d.rt.log.Check(zap.InfoLevel, "delivery")
-	if ce == nil { // the level is above info: build no fields
+	// An upstream that answered other than 2xx failed the delivery: its
+	// line is a warning, so log.level: warn still shows it (one that did
+	// not answer has an "upstream failed" warning of its own).
+	level := zap.InfoLevel
+	if d.forwarded && d.upstreamStatus != 0 && (d.upstreamStatus < 200 || d.upstreamStatus > 299) {
+		level = zap.WarnLevel
+	}
+	ce := d.rt.log.Check(level, "delivery")
+	if ce == nil { // the level is above this line's: build no fields
 		return
 	}
 	fields := make([]zap.Field, 0, 7)

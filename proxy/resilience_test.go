@@ -347,7 +347,8 @@ func TestDeliveryLogLine(t *testing.T) {
 	gh := genericRoute("github", "/hooks/github", up.URL)
 	gh.Provider = providers.Config{Provider: providers.GitHub, Secrets: []string{"gh-secret-value"}}
 	down := genericRoute("down", "/hooks/down", "http://127.0.0.1:1") // nothing listens
-	_, srv, logs := observedGateway(t, mem, genericRoute("orders", "/hooks/orders", up.URL), gh, down)
+	failing := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusInternalServerError) })
+	_, srv, logs := observedGateway(t, mem, genericRoute("orders", "/hooks/orders", up.URL), gh, down, genericRoute("failing", "/hooks/failing", failing.URL))
 
 	post(t, srv, "/hooks/orders", `{"id":"evt_1","card":"4242424242424242"}`)
 	post(t, srv, "/hooks/orders", `{"id":"evt_1","card":"4242424242424242"}`)
@@ -359,10 +360,11 @@ func TestDeliveryLogLine(t *testing.T) {
 	resp.Body.Close()
 	post(t, srv, "/hooks/down", `{"id":"evt_2"}`)
 	post(t, srv, "/hooks/orders", `{}`, "Idempotency-Key: caf\xe9") // Latin-1, not UTF-8
+	post(t, srv, "/hooks/failing", `{"id":"evt_3"}`)
 
 	lines := logs.FilterMessage("delivery").All()
-	if len(lines) != 6 {
-		t.Fatalf("got %d delivery lines, want 6", len(lines))
+	if len(lines) != 7 {
+		t.Fatalf("got %d delivery lines, want 7", len(lines))
 	}
 	want := []map[string]any{
 		{"route": "orders", "key": "evt_1", "outcome": "forwarded", "status": int64(200), "upstream_status": int64(200)},
@@ -371,9 +373,13 @@ func TestDeliveryLogLine(t *testing.T) {
 		{"route": "orders", "outcome": "rejected_method", "status": int64(405)},
 		{"route": "down", "key": "evt_2", "outcome": "forwarded", "status": int64(502), "upstream_error": "connection refused"},
 		{"route": "orders", "key": `caf\xE9`, "outcome": "forwarded"},
+		{"route": "failing", "key": "evt_3", "outcome": "forwarded", "status": int64(500), "upstream_status": int64(500)},
 	}
+	// An upstream that answered other than 2xx makes its line a warning,
+	// which log.level: warn still shows.
+	levels := []zapcore.Level{zapcore.InfoLevel, zapcore.InfoLevel, zapcore.InfoLevel, zapcore.InfoLevel, zapcore.InfoLevel, zapcore.InfoLevel, zapcore.WarnLevel}
 	// Fields without a value are left out.
-	absent := [][]string{{"request_id"}, {"request_id", "upstream_status"}, nil, {"request_id"}, {"request_id", "upstream_status"}, nil}
+	absent := [][]string{{"request_id"}, {"request_id", "upstream_status"}, nil, {"request_id"}, {"request_id", "upstream_status"}, nil, {"upstream_error"}}
 	for i, l := range lines {
 		for _, k := range absent[i] {
 			if v, ok := l.ContextMap()[k]; ok {
@@ -382,8 +388,8 @@ func TestDeliveryLogLine(t *testing.T) {
 		}
 	}
 	for i, l := range lines {
-		if l.Level != zapcore.InfoLevel {
-			t.Errorf("line %d: got level %s, want info", i, l.Level)
+		if l.Level != levels[i] {
+			t.Errorf("line %d: got level %s, want %s", i, l.Level, levels[i])
 		}
 		fields := l.ContextMap()
 		for k, v := range want[i] {
