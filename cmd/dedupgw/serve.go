@@ -274,6 +274,7 @@ func (s *server) run(sigs <-chan os.Signal) error {
 			s.log.Info("could not run the start-up probe of the store's Redis commands", zap.Error(err))
 		}
 		warnEviction(pingCtx, rs, s.log)
+		warnPersistence(pingCtx, rs, s.log)
 		warnClusterNode(pingCtx, rs, s.log)
 	}
 	cancel()
@@ -780,6 +781,20 @@ func warnEviction(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
 	case policy != "noeviction":
 		log.Warn("Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction",
 			zap.String("maxmemory_policy", policy))
+	}
+}
+
+// warnPersistence warns when Redis keeps the dedup keys in memory only: a
+// restart of Redis then forgets every key, and the only trace in the
+// gateway's log is "ready again" (found by an on-call trial).
+func warnPersistence(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
+	switch p, err := rs.Persistence(ctx); {
+	case err != nil:
+		log.Info("could not read how Redis persists its keys (INFO persistence, CONFIG GET save); make sure appendonly is on", zap.Error(err))
+	case p == redisstore.PersistenceNone:
+		log.Warn("Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes")
+	case p == redisstore.PersistenceRDB:
+		log.Info("Redis saves snapshots only (appendonly no): a Redis crash forgets the keys written since the last snapshot, and their events' next copies are forwarded again; appendonly yes avoids it")
 	}
 }
 

@@ -421,6 +421,36 @@ func TestRedisEvictionPolicyIsWarnedAtStartUp(t *testing.T) {
 	}
 }
 
+// A Redis that keeps the keys in memory only forgets them all when it
+// restarts: named at start-up, and snapshots without appendonly noted.
+func TestRedisWithoutPersistenceIsWarnedAtStartUp(t *testing.T) {
+	const warning = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
+	const note = "Redis saves snapshots only (appendonly no): a Redis crash forgets the keys written since the last snapshot, and their events' next copies are forwarded again; appendonly yes avoids it"
+	for _, tt := range []struct {
+		name         string
+		args         []string
+		warns, notes int
+	}{
+		{"neither", nil, 1, 0},
+		{"snapshots", []string{"--save", "3600 1"}, 0, 1},
+		{"appendonly", []string{"--appendonly", "yes"}, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := redistest.StartWith(t, tt.args...)
+			p := startInProcess(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}))
+			if got := p.logs.FilterMessage(warning).FilterLevelExact(zapcore.WarnLevel).Len(); got != tt.warns {
+				t.Errorf("start-up warnings: got %d, want %d", got, tt.warns)
+			}
+			if got := p.logs.FilterMessage(note).Len(); got != tt.notes {
+				t.Errorf("start-up notes: got %d, want %d", got, tt.notes)
+			}
+			if err := p.stop(); err != nil {
+				t.Errorf("run: got %v, want nil", err)
+			}
+		})
+	}
+}
+
 // One address of a Redis Cluster node, without store.redis.cluster, runs
 // the store in single-node mode, where keys on other nodes' slots fail
 // with MOVED: it is named at start-up.

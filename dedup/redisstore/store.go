@@ -669,6 +669,62 @@ func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 	return policy, nil
 }
 
+// How Redis keeps its keys across its own restart, least durable first
+// (see Persistence).
+const (
+	PersistenceNone = "none" // neither appendonly nor snapshots: a restart loses every key
+	PersistenceRDB  = "rdb"  // snapshots only: a restart loses the writes since the last one
+	PersistenceAOF  = "aof"  // appendonly
+)
+
+// Persistence reports how Redis keeps the Store's keys across a restart of
+// Redis itself: PersistenceAOF, PersistenceRDB or PersistenceNone, on a
+// Cluster the least durable master's. It reads INFO persistence
+// (aof_enabled) and, without appendonly, CONFIG GET save, which an ACL
+// user or a managed Redis may refuse: then it returns the error.
+func (s *Store) Persistence(ctx context.Context) (string, error) {
+	if s.closed.Load() {
+		return "", dedup.ErrClosed
+	}
+	rank := map[string]int{PersistenceNone: 0, PersistenceRDB: 1, PersistenceAOF: 2}
+	var (
+		mu    sync.Mutex // eachMaster calls fn concurrently
+		worst = PersistenceAOF
+	)
+	read := func(ctx context.Context, c redis.Cmdable) error {
+		info, err := c.Info(ctx, "persistence").Result()
+		if err != nil {
+			return err
+		}
+		got := ""
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(line, "aof_enabled:"); ok && strings.TrimSpace(v) == "1" {
+				got = PersistenceAOF
+			}
+		}
+		if got == "" {
+			save, err := c.ConfigGet(ctx, "save").Result()
+			if err != nil {
+				return err
+			}
+			got = PersistenceRDB
+			if strings.TrimSpace(save["save"]) == "" {
+				got = PersistenceNone
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if rank[got] < rank[worst] {
+			worst = got
+		}
+		return nil
+	}
+	if err := s.eachMaster(ctx, read); err != nil {
+		return "", fmt.Errorf("redisstore: persistence: %w", err)
+	}
+	return worst, nil
+}
+
 // probeNamespace is the namespace of CheckCommands' probe keys: not a
 // route's (route namespaces name no "dedupgw:" part), under the Store's
 // key prefix like every key it writes.

@@ -281,6 +281,37 @@ func TestMaxmemoryPolicy(t *testing.T) {
 	}
 }
 
+// Persistence reports how Redis keeps the keys across its own restart, on a
+// Cluster the least durable master's: a Redis started with neither
+// appendonly nor snapshots forgets every key when it restarts.
+func TestPersistence(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3)
+	for _, addr := range cl.Addrs()[:2] {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		if err := c.ConfigSet(ctx, "appendonly", "yes").Err(); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	tests := []struct {
+		name  string
+		addrs []string
+		want  string
+	}{
+		{"neither", []string{redistest.Start(t).Addr()}, redisstore.PersistenceNone},
+		{"snapshots", []string{redistest.StartWith(t, "--save", "3600 1").Addr()}, redisstore.PersistenceRDB},
+		{"appendonly", []string{redistest.StartWith(t, "--appendonly", "yes").Addr()}, redisstore.PersistenceAOF},
+		{"a cluster with one master keeping nothing", cl.Addrs(), redisstore.PersistenceNone},
+	}
+	for _, tt := range tests {
+		s := newStore(t, redisstore.Config{Addrs: tt.addrs}, nil)
+		if got, err := s.Persistence(ctx); err != nil || got != tt.want {
+			t.Errorf("%s: got (%q, %v), want (%q, nil)", tt.name, got, err, tt.want)
+		}
+	}
+}
+
 // A commit or release that meets a Redis refusing connections (a master
 // being replaced) is sent again until Redis is back, within its context,
 // instead of failing at once and leaving the key processing for a lease,
