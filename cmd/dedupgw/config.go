@@ -69,6 +69,9 @@ type File struct {
 	fromEnv map[string]string
 	// emptyEnv are the DEDUPGW_* variables set to "", ignored.
 	emptyEnv []envOverride
+	// shadowedEnv are the DEDUPGW_* variables that override a value the
+	// file sets otherwise: an edit of that key in the file changes nothing.
+	shadowedEnv []envOverride
 	// literalEnv are the DEDUPGW_* variables whose value holds "${", which
 	// is not expanded there: DEDUPGW_ADMIN_TOKEN=${file:/run/token} would
 	// be that text, a token nobody knows.
@@ -503,6 +506,9 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 		var val any = s
 		if o.list {
 			val = splitList(s)
+		}
+		if was, ok := getPath(raw, o.path); ok && fmt.Sprint(was) != fmt.Sprint(val) {
+			f.shadowedEnv = append(f.shadowedEnv, o)
 		}
 		setPath(raw, o.path, val)
 		key := strings.Join(o.path, ".")
@@ -959,6 +965,19 @@ func splitList(s string) []any {
 
 // setPath sets raw[path[0]][path[1]]… = val, creating maps on the way and
 // replacing a non-map value in the way.
+// getPath returns the value at path in raw, if there is one.
+func getPath(raw map[string]any, path []string) (any, bool) {
+	for _, k := range path[:len(path)-1] {
+		next, ok := raw[k].(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		raw = next
+	}
+	v, ok := raw[path[len(path)-1]]
+	return v, ok && v != nil
+}
+
 func setPath(raw map[string]any, path []string, val any) {
 	for _, k := range path[:len(path)-1] {
 		next, ok := raw[k].(map[string]any)

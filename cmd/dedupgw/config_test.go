@@ -460,6 +460,37 @@ admin:
 	}
 }
 
+// A DEDUPGW_* variable that overrides a different value in the file is
+// named: an operator editing the file's key (and sending SIGHUP) would see
+// nothing change (found by an on-call trial: the chart sets
+// DEDUPGW_ADMIN_TOKEN). One that repeats the file's value, or sets a key
+// the file leaves out, is not.
+func TestEnvShadowingTheFileIsWarned(t *testing.T) {
+	text := "admin:\n  token: file-token\nlog:\n  level: info\nlisten: \"127.0.0.1:18082\"\n" + minimal
+	f, problems := loadText(t, text, map[string]string{
+		"DEDUPGW_ADMIN_TOKEN": "env-token",       // differs: named
+		"DEDUPGW_LOG_LEVEL":   "info",            // the same: quiet
+		"DEDUPGW_LISTEN":      "127.0.0.1:18082", // the same: quiet
+		"DEDUPGW_LOG_FORMAT":  "console",         // not in the file: quiet
+	})
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	var got []string
+	for _, w := range f.Warnings() {
+		if strings.Contains(w.Msg, "DEDUPGW_") {
+			got = append(got, w.String())
+		}
+		if strings.Contains(w.Msg, "token") && strings.Contains(w.Msg, "env-token") {
+			t.Errorf("warning %q shows the variable's value", w)
+		}
+	}
+	want := []string{"admin.token: DEDUPGW_ADMIN_TOKEN overrides the file's value, which differs: while it is set, editing this key in the file (and reloading) changes nothing"}
+	if !slices.Equal(got, want) {
+		t.Errorf("warnings about DEDUPGW_* variables:\ngot  %q\nwant %q", got, want)
+	}
+}
+
 // TestEnvReferencesAreNotExpanded: a DEDUPGW_* variable's value is used as
 // written, so DEDUPGW_ADMIN_TOKEN=${file:/run/token} would be that text,
 // a token nobody knows; it is named in a warning that does not show it.

@@ -862,8 +862,9 @@ func hasHashTag(s string) bool {
 	return ok && i > 0
 }
 
-// envWarnings returns the warnings about DEDUPGW_* variables set to "", or
-// holding a "${" reference they do not expand.
+// envWarnings returns the warnings about DEDUPGW_* variables set to "",
+// overriding a different value in the file, or holding a "${" reference
+// they do not expand.
 // They hold for a file with problems too (an ignored variable may be the
 // cause), so validate gives them either way.
 func (f *File) envWarnings() []Problem {
@@ -872,6 +873,12 @@ func (f *File) envWarnings() []Problem {
 		ws = append(ws, Problem{
 			Key: strings.Join(o.path, "."),
 			Msg: fmt.Sprintf("%s is set but empty (or blank), and ignored: the file's value (or the default) applies; unset it or give it a value", o.env),
+		})
+	}
+	for _, o := range f.shadowedEnv {
+		ws = append(ws, Problem{
+			Key: strings.Join(o.path, "."),
+			Msg: fmt.Sprintf("%s overrides the file's value, which differs: while it is set, editing this key in the file (and reloading) changes nothing", o.env),
 		})
 	}
 	for _, o := range f.literalEnv {
