@@ -24,6 +24,10 @@ import (
 // readyTimeout bounds the store ping behind /readyz.
 const readyTimeout = 2 * time.Second
 
+// notReadyLogEvery is how often a store that stays down is logged again by
+// /readyz (see admin.ready).
+const notReadyLogEvery = time.Minute
+
 // AdminOptions configure the admin handler.
 type AdminOptions struct {
 	// Token, when non-empty, is required on /v1/* as
@@ -176,8 +180,15 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
 	if err := a.store.Ping(ctx); err != nil {
-		a.g.unready.Store(true)
-		a.log.Warn("not ready: the store failed its ping", zap.Error(err))
+		// The first failure is logged, then one a minute while the store
+		// stays down: the kubelet probes every few seconds, and each
+		// replica would otherwise write a line per probe.
+		now := a.g.now().UnixNano()
+		last := a.g.unreadyLogged.Load()
+		if !a.g.unready.Swap(true) || (now-last >= int64(notReadyLogEvery) && a.g.unreadyLogged.CompareAndSwap(last, now)) {
+			a.g.unreadyLogged.Store(now)
+			a.log.Warn("not ready: the store failed its ping", zap.Error(err))
+		}
 		writeProblem(w, probNotReady.with("", "the dedup store failed its ping (unreachable, or on bolt a disk that cannot record); the gateway's log says why"), 0)
 		return
 	}

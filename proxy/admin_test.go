@@ -13,9 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/dedupgw/dedupgw/dedup"
 	"github.com/dedupgw/dedupgw/dedup/memstore"
-	"go.uber.org/zap"
 )
 
 // adminHarness is a gateway plus its admin handler on loopback servers.
@@ -58,14 +62,22 @@ func (a *adminHarness) call(method, path, auth string) (int, http.Header, []byte
 	return resp.StatusCode, resp.Header, b
 }
 
-// Readiness logs each failing ping and, once, the recovery, so the log
+// Readiness logs the first failing ping, then one a minute while the store
+// stays down (the kubelet probes every few seconds: an on-call trial got 54
+// lines per replica in two minutes), and, once, the recovery, so the log
 // shows when the store came back. (Found by an operator trial: there was
 // no line for it.)
 func TestReadinessLogsTheRecovery(t *testing.T) {
 	ms := memstore.New(memstore.Options{})
 	t.Cleanup(func() { _ = ms.Close() })
 	fs := &flakyStore{Store: ms}
-	gw, _, logs := observedGateway(t, fs, genericRoute("orders", "/hooks/*", "http://127.0.0.1:1"))
+	clock := newManualClock(time.Unix(1_700_000_000, 0))
+	core, logs := observer.New(zapcore.DebugLevel)
+	gw, err := New(Config{Routes: []Route{genericRoute("orders", "/hooks/*", "http://127.0.0.1:1")}}, fs, Options{Logger: zap.New(core), Registerer: prometheus.NewRegistry(), Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.Close() })
 	// A reload that changes admin.token builds a new admin handler: the
 	// recovery is logged whichever handler sees it.
 	var handler atomic.Pointer[http.Handler]
@@ -78,16 +90,21 @@ func TestReadinessLogsTheRecovery(t *testing.T) {
 	t.Cleanup(srv.Close)
 	const failed, back = "not ready: the store failed its ping", "ready again: the store answers its ping"
 	for i, step := range []struct {
-		down bool
-		want int
-		logs []string
+		down    bool
+		advance time.Duration // before the probe
+		want    int
+		logs    []string
 	}{
-		{false, 200, nil},
-		{true, 503, []string{failed}},
-		{true, 503, []string{failed}}, // then a new handler
-		{false, 200, []string{back}},
-		{false, 200, nil},
+		{false, 0, 200, nil},
+		{true, 0, 503, []string{failed}},
+		{true, 10 * time.Second, 503, nil},
+		{true, 50 * time.Second, 503, []string{failed}}, // a minute on; then a new handler
+		{true, 10 * time.Second, 503, nil},
+		{false, 0, 200, []string{back}},
+		{false, 0, 200, nil},
+		{true, time.Second, 503, []string{failed}}, // down again: at once
 	} {
+		clock.Advance(step.advance)
 		fs.down.Store(step.down)
 		resp, err := srv.Client().Get(srv.URL + "/readyz")
 		if err != nil {
@@ -104,7 +121,7 @@ func TestReadinessLogsTheRecovery(t *testing.T) {
 		if !slices.Equal(got, step.logs) {
 			t.Errorf("probe %d: got log lines %q, want %q", i, got, step.logs)
 		}
-		if i == 2 {
+		if i == 3 {
 			newAdmin()
 		}
 	}

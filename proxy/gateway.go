@@ -128,7 +128,11 @@ type Gateway struct {
 	// recovery is logged once. The Gateway keeps it: an admin handler is
 	// rebuilt when a reload changes admin.token.
 	unready atomic.Bool
-	active  sync.WaitGroup // deliveries being served, and commits being tried again
+	// unreadyLogged is when, by g.now in Unix nanoseconds, the last "not
+	// ready" line was written: while the store stays down, at most one a
+	// minute (see notReadyLogEvery).
+	unreadyLogged atomic.Int64
+	active        sync.WaitGroup // deliveries being served, and commits being tried again
 	// commitRetries counts the deliveries whose commit is being tried again
 	// in the background (see commitLater).
 	commitRetries atomic.Int64
