@@ -132,9 +132,10 @@ type Gateway struct {
 	// ready" line was written: while the store stays down, at most one a
 	// minute (see notReadyLogEvery).
 	unreadyLogged atomic.Int64
-	active        sync.WaitGroup // deliveries being served, and commits being tried again
-	// commitRetries counts the deliveries whose commit is being tried again
-	// in the background (see commitLater).
+	active        sync.WaitGroup // deliveries being served, and store writes being tried again
+	// commitRetries counts the store writes being tried again in the
+	// background: commits (see commitLater) and fail-open forwards to
+	// record (see recordLater).
 	commitRetries atomic.Int64
 	closeMu       sync.Once
 	// reading are the bodies being read, writing the large replayed answers
