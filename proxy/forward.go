@@ -648,6 +648,43 @@ func (g *Gateway) commitLater(d *delivery, opts dedup.CommitOptions, fields []za
 	if _, wall := g.clock(); d.leaseUntil.IsZero() || !wall.Before(d.leaseUntil) {
 		return false
 	}
+	// What the retries read of d, copied: the delivery is finished without
+	// waiting for them.
+	rt, key, token, until, values := d.rt, d.key, d.token, d.leaseUntil, d.detached
+	tries := 1
+	return g.retryInBackground(func() {
+		rt.log.Warn("commit failed after the upstream's 2xx: trying again until the lease ends",
+			append(fields, zap.Time("lease_until", until), zap.Error(err))...)
+	}, func() bool {
+		tries++
+		now, wall := g.clock()
+		if !wall.Before(until) {
+			rt.log.Error("commit failed until the lease ended: a retry is forwarded again",
+				append(fields, zap.Int("tries", tries-1), zap.Error(err))...)
+			return true
+		}
+		ctx := newOpContext(values, now, g.storeTimeout)
+		err = g.store.Commit(ctx, key, token, opts)
+		ctx.stop()
+		if err == nil {
+			rt.log.Info("commit recorded on a later try", append(fields, zap.Int("tries", tries))...)
+			return true
+		}
+		return !commitFailed(rt, fields, err)
+	}, func() {
+		rt.log.Error("commit not tried again: the gateway is closing; the key stays processing until its lease ends, then a retry is forwarded again",
+			fields...)
+	})
+}
+
+// retryInBackground runs try on a goroutine the Gateway owns,
+// commitRetryFirst from now, then twice as long after each try, at most
+// commitRetryMax apart, until try reports that it is done or the gateway
+// closes (then it calls closing instead; Close waits for a try under way).
+// It calls started first. It reports false, calling none of them, when
+// maxCommitRetries writes are being tried already or the gateway is
+// closed.
+func (g *Gateway) retryInBackground(started func(), try func() (done bool), closing func()) bool {
 	if g.commitRetries.Add(1) > maxCommitRetries {
 		g.commitRetries.Add(-1)
 		return false
@@ -656,39 +693,21 @@ func (g *Gateway) commitLater(d *delivery, opts dedup.CommitOptions, fields []za
 		g.commitRetries.Add(-1)
 		return false
 	}
-	// What the retries read of d, copied: the delivery is finished without
-	// waiting for them.
-	rt, key, token, until, values := d.rt, d.key, d.token, d.leaseUntil, d.detached
-	rt.log.Warn("commit failed after the upstream's 2xx: trying again until the lease ends",
-		append(fields, zap.Time("lease_until", until), zap.Error(err))...)
+	started()
 	go func() {
 		defer g.active.Done()
 		defer g.commitRetries.Add(-1)
 		pause := commitRetryFirst
 		timer := time.NewTimer(pause)
 		defer timer.Stop()
-		for tries := 2; ; tries++ {
+		for {
 			select {
 			case <-g.ctx.Done():
-				rt.log.Error("commit not tried again: the gateway is closing; the key stays processing until its lease ends, then a retry is forwarded again",
-					fields...)
+				closing()
 				return
 			case <-timer.C:
 			}
-			now, wall := g.clock()
-			if !wall.Before(until) {
-				rt.log.Error("commit failed until the lease ended: a retry is forwarded again",
-					append(fields, zap.Int("tries", tries-1), zap.Error(err))...)
-				return
-			}
-			ctx := newOpContext(values, now, g.storeTimeout)
-			err = g.store.Commit(ctx, key, token, opts)
-			ctx.stop()
-			if err == nil {
-				rt.log.Info("commit recorded on a later try", append(fields, zap.Int("tries", tries))...)
-				return
-			}
-			if !commitFailed(rt, fields, err) {
+			if try() {
 				return
 			}
 			pause = min(2*pause, commitRetryMax)
@@ -718,50 +737,32 @@ func (g *Gateway) commitLater(d *delivery, opts dedup.CommitOptions, fields []za
 // answered with status (0 when it did not answer, with errText) and, on a
 // replay route's 2xx, stored. It logs when it cannot.
 func (g *Gateway) recordLater(d *delivery, status int, errText string, stored *dedup.Response) {
-	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
 	if !d.keyed {
 		return
 	}
-	if g.commitRetries.Add(1) > maxCommitRetries {
-		g.commitRetries.Add(-1)
-		d.rt.log.Warn("fail-open forward not recorded: too many store writes are being tried again already; its next copy is forwarded again", fields...)
-		return
-	}
-	if !g.enter() {
-		g.commitRetries.Add(-1)
-		return
-	}
+	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
 	rt, key, values := d.rt, d.key, d.detached
 	claim := d.claimOptions(d.bodySHA)
 	_, wall := g.clock()
 	until := wall.Add(rt.Window)
-	go func() {
-		defer g.active.Done()
-		defer g.commitRetries.Add(-1)
-		pause := commitRetryFirst
-		timer := time.NewTimer(pause)
-		defer timer.Stop()
-		token := "" // the claim made to record it, once made
-		for {
-			select {
-			case <-g.ctx.Done():
-				rt.log.Warn("fail-open forward not recorded: the gateway is closing; its next copy is forwarded again", fields...)
-				return
-			case <-timer.C:
-			}
-			now, wall := g.clock()
-			if !wall.Before(until) {
-				return
-			}
-			done, what := g.recordOnce(newOpContext(values, now, g.storeTimeout), rt, key, claim, &token, status, errText, stored)
-			if done {
-				rt.log.Info("fail-open forward: "+what, fields...)
-				return
-			}
-			pause = min(2*pause, commitRetryMax)
-			timer.Reset(pause)
+	token := "" // the claim made to record it, once made
+	started := g.retryInBackground(func() {}, func() bool {
+		now, wall := g.clock()
+		if !wall.Before(until) {
+			rt.log.Warn("fail-open forward not recorded within its window", fields...)
+			return true
 		}
-	}()
+		done, what := g.recordOnce(newOpContext(values, now, g.storeTimeout), rt, key, claim, &token, status, errText, stored)
+		if done {
+			rt.log.Info("fail-open forward: "+what, fields...)
+		}
+		return done
+	}, func() {
+		rt.log.Warn("fail-open forward not recorded: the gateway is closing; its next copy is forwarded again", fields...)
+	})
+	if !started {
+		rt.log.Warn("fail-open forward not recorded: too many store writes are being tried again already, or the gateway is closing; its next copy is forwarded again", fields...)
+	}
 }
 
 // recordOnce tries to record a fail-open forward of key on rt (see
