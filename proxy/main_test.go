@@ -286,6 +286,15 @@ type flakyStore struct {
 
 var errStoreDown = errors.New("store down")
 
+// flakyMemstore returns a memstore without a sweeper and a flakyStore over
+// it, up until its down is set; the memstore closes with the test.
+func flakyMemstore(t *testing.T) (*memstore.Store, *flakyStore) {
+	t.Helper()
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	t.Cleanup(func() { _ = mem.Close() })
+	return mem, &flakyStore{Store: mem}
+}
+
 func (s *flakyStore) Claim(ctx context.Context, k dedup.Key, o dedup.ClaimOptions) (dedup.ClaimResult, error) {
 	if s.down.Load() {
 		return dedup.ClaimResult{}, errStoreDown

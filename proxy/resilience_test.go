@@ -195,9 +195,7 @@ func TestFailOpenForwardsRecordedLater(t *testing.T) {
 			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, n int) {
 				w.WriteHeader(statuses[min(n, len(statuses)-1)])
 			})
-			mem := memstore.New(memstore.Options{SweepInterval: -1})
-			defer mem.Close()
-			fs := &flakyStore{Store: mem}
+			mem, fs := flakyMemstore(t)
 			_, srv, logs := observedGateway(t, fs, genericRoute("orders", "/hooks/orders", up.URL))
 			const body = `{"id":"evt_1"}`
 			for _, st := range tt.before {
@@ -233,9 +231,7 @@ func TestFailOpenForwardsRecordedLater(t *testing.T) {
 // is logged, and Close stops the tries.
 func TestFailOpenRecordEndsOnClose(t *testing.T) {
 	up := newUpstream(t, nil)
-	mem := memstore.New(memstore.Options{SweepInterval: -1})
-	defer mem.Close()
-	fs := &flakyStore{Store: mem}
+	_, fs := flakyMemstore(t)
 	fs.down.Store(true)
 	gw, srv, logs := observedGateway(t, fs, genericRoute("orders", "/hooks/orders", up.URL))
 	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Header.Get(HeaderDedupStatus) != "store-error" {
@@ -415,9 +411,7 @@ func TestDeliveryLogLine(t *testing.T) {
 // request ID the provider did not send. (An operator trial found
 // request_id "" on the store-error lines.)
 func TestLogLinesLeaveOutAnEmptyRequestID(t *testing.T) {
-	mem := memstore.New(memstore.Options{SweepInterval: -1})
-	defer mem.Close()
-	fs := &flakyStore{Store: mem}
+	_, fs := flakyMemstore(t)
 	fs.down.Store(true)
 	orders := genericRoute("orders", "/hooks/orders", "http://127.0.0.1:1")
 	orders.OnStoreError = Reject
@@ -445,9 +439,7 @@ func TestLogLinesLeaveOutAnEmptyRequestID(t *testing.T) {
 // with its key, the record of what may reach the application twice.
 func TestStoreErrorWarnings(t *testing.T) {
 	up := newUpstream(t, nil)
-	mem := memstore.New(memstore.Options{SweepInterval: -1})
-	defer mem.Close()
-	fs := &flakyStore{Store: mem}
+	_, fs := flakyMemstore(t)
 	fs.down.Store(true)
 	rejecting := genericRoute("rejecting", "/hooks/rejecting", up.URL)
 	rejecting.OnStoreError = Reject
@@ -483,9 +475,7 @@ func TestStoreErrorWarnings(t *testing.T) {
 // error clips it as the key field is clipped.
 func TestStoreErrorLogsClipTheKey(t *testing.T) {
 	up := newUpstream(t, nil)
-	mem := memstore.New(memstore.Options{SweepInterval: -1})
-	defer mem.Close()
-	fs := &flakyStore{Store: mem}
+	_, fs := flakyMemstore(t)
 	fs.down.Store(true)
 	rejecting := genericRoute("rejecting", "/hooks/rejecting", up.URL)
 	rejecting.OnStoreError = Reject
