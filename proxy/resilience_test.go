@@ -433,18 +433,27 @@ func TestLogLinesLeaveOutAnEmptyRequestID(t *testing.T) {
 	}
 }
 
-// TestStoreErrorWarnings: during a store outage a rejected delivery's
-// warning is sampled (the sender retries it; the delivery line and the
-// metric count each one), while every fail-open forward is warned about
-// with its key, the record of what may reach the application twice.
-func TestStoreErrorWarnings(t *testing.T) {
+// outageHarness is a gateway whose store is down, with two routes to one
+// upstream: "rejecting" (/hooks/rejecting, on_store_error: reject) and
+// "open" (/hooks/open, failing open).
+func outageHarness(t *testing.T, opts harnessOpts) *harness {
+	t.Helper()
 	up := newUpstream(t, nil)
 	_, fs := flakyMemstore(t)
 	fs.down.Store(true)
 	rejecting := genericRoute("rejecting", "/hooks/rejecting", up.URL)
 	rejecting.OnStoreError = Reject
 	open := genericRoute("open", "/hooks/open", up.URL)
-	h := newHarness(t, Config{Routes: []Route{rejecting, open}}, harnessOpts{store: fs, logClock: fixedLogClock{}})
+	opts.store = fs
+	return newHarness(t, Config{Routes: []Route{rejecting, open}}, opts)
+}
+
+// TestStoreErrorWarnings: during a store outage a rejected delivery's
+// warning is sampled (the sender retries it; the delivery line and the
+// metric count each one), while every fail-open forward is warned about
+// with its key, the record of what may reach the application twice.
+func TestStoreErrorWarnings(t *testing.T) {
+	h := outageHarness(t, harnessOpts{logClock: fixedLogClock{}})
 	const n = 3 * sampledLogsPerSecond
 	for i := range n {
 		body := fmt.Sprintf(`{"id":"evt_%d"}`, i)
@@ -474,13 +483,7 @@ func TestStoreErrorWarnings(t *testing.T) {
 // which names the key; the sender picks the key (here 60,000 bytes), so the
 // error clips it as the key field is clipped.
 func TestStoreErrorLogsClipTheKey(t *testing.T) {
-	up := newUpstream(t, nil)
-	_, fs := flakyMemstore(t)
-	fs.down.Store(true)
-	rejecting := genericRoute("rejecting", "/hooks/rejecting", up.URL)
-	rejecting.OnStoreError = Reject
-	open := genericRoute("open", "/hooks/open", up.URL)
-	h := newHarness(t, Config{Routes: []Route{rejecting, open}}, harnessOpts{store: fs})
+	h := outageHarness(t, harnessOpts{})
 	long := strings.Repeat("k", 60000)
 	if resp := h.send("/hooks/rejecting", `{}`, "Idempotency-Key: "+long); resp.Status != http.StatusServiceUnavailable {
 		t.Fatalf("rejecting route, store down: got %d, want 503", resp.Status)
