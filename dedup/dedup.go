@@ -237,7 +237,8 @@ type Store interface {
 	// Release marks the key failed (claimable) if token still owns it (as for
 	// Commit), else returns ErrNotOwner and changes nothing.
 	Release(ctx context.Context, key Key, token string, opts ReleaseOptions) error
-	// Get returns the key's record, or ErrNotFound.
+	// Get returns the key's record, or ErrNotFound. The record never
+	// carries the Owner token: whoever reads a key may not settle it.
 	Get(ctx context.Context, key Key) (Record, error)
 	// Forget deletes the key, so the next delivery is forwarded, if its
 	// record meets opts (the zero ForgetOptions: whatever its state), and

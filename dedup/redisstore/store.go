@@ -441,6 +441,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	if rec.ExpiresAt.UnixMilli() < s.nowMS() {
 		return dedup.Record{}, dedup.ErrNotFound
 	}
+	rec.Owner = ""
 	return rec, nil
 }
 

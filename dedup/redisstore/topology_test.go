@@ -463,8 +463,12 @@ func TestRetriedCallsAreIdempotent(t *testing.T) {
 	if err != nil || res.Outcome != dedup.Claimed || res.Record.Attempts != 2 {
 		t.Fatalf("retried Claim of a failed key: got (%v, attempts %d, %v), want (claimed, 2, nil)", res.Outcome, res.Record.Attempts, err)
 	}
-	if rec, err := s.Get(ctx, k); err != nil || rec.Owner != res.Token || rec.Attempts != 2 {
-		t.Fatalf("Get after the takeover: got (owner %q, attempts %d, %v), want (%q, 2, nil)", rec.Owner, rec.Attempts, err, res.Token)
+	if rec, err := s.Get(ctx, k); err != nil || rec.State != dedup.StateProcessing || rec.Attempts != 2 {
+		t.Fatalf("Get after the takeover: got (%s, attempts %d, %v), want (processing, 2, nil)", rec.State, rec.Attempts, err)
+	}
+	// The takeover's token owns the key: its commit lands.
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+		t.Fatalf("commit by the takeover's token: got %v, want nil", err)
 	}
 	if n := replay.replayed.Load(); n < 6 {
 		t.Errorf("replayed calls: got %d, want at least 6 (three claims' SETs, a claim script, a commit, a release)", n)

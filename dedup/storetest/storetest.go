@@ -839,8 +839,12 @@ func testGet(t *testing.T, e *env) {
 	mustAbsent(t, e.s, k)
 
 	a := mustClaim(t, e.s, k, dedup.Claimed)
-	checkRecord(t, "Get processing", mustGet(t, e.s, k),
+	processing := mustGet(t, e.s, k)
+	checkRecord(t, "Get processing", processing,
 		dedup.Record{State: dedup.StateProcessing, FirstSeen: Epoch, LeaseUntil: Epoch.Add(lease), ExpiresAt: Epoch.Add(lease), Attempts: 1})
+	if processing.Owner != "" {
+		t.Errorf("Get processing: got Owner %q, want none (whoever reads a key may not settle it)", processing.Owner)
+	}
 
 	t1 := e.clk.Advance(time.Second)
 	mustRelease(t, e.s, k, a.Token, dedup.ReleaseOptions{Retain: retain, Status: 500, Error: ""})
