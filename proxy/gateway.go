@@ -132,12 +132,14 @@ type Gateway struct {
 	// ready" line was written: while the store stays down, at most one a
 	// minute (see notReadyLogEvery).
 	unreadyLogged atomic.Int64
-	active        sync.WaitGroup // deliveries being served, and store writes being tried again
-	// commitRetries counts the store writes being tried again in the
-	// background: commits (see commitLater) and fail-open forwards to
-	// record (see recordLater).
+	active        sync.WaitGroup // deliveries being served, and store writes tried again in the background
+	// commitRetries counts the commits being tried again in the background
+	// (see commitLater).
 	commitRetries atomic.Int64
-	closeMu       sync.Once
+	// failOpen are the fail-open forwards waiting to be recorded (see
+	// recordLater).
+	failOpen failOpenQueue
+	closeMu  sync.Once
 	// reading are the bodies being read, writing the large replayed answers
 	// being written; Close cuts both short.
 	reading, writing ioCuts

@@ -282,6 +282,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 type flakyStore struct {
 	dedup.Store
 	down atomic.Bool
+
+	mu       sync.Mutex
+	claimsOf map[dedup.Key]int // claims asked, up or down
+}
+
+// claims returns how many claims of k were asked of s.
+func (s *flakyStore) claims(k dedup.Key) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.claimsOf[k]
 }
 
 var errStoreDown = errors.New("store down")
@@ -296,6 +306,12 @@ func flakyMemstore(t *testing.T) (*memstore.Store, *flakyStore) {
 }
 
 func (s *flakyStore) Claim(ctx context.Context, k dedup.Key, o dedup.ClaimOptions) (dedup.ClaimResult, error) {
+	s.mu.Lock()
+	if s.claimsOf == nil {
+		s.claimsOf = map[dedup.Key]int{}
+	}
+	s.claimsOf[k]++
+	s.mu.Unlock()
 	if s.down.Load() {
 		return dedup.ClaimResult{}, errStoreDown
 	}
