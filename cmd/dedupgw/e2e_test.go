@@ -648,6 +648,8 @@ routes:
 		{"keys forget --yes after the route", []string{"keys", "forget", "orders", "--yes"}, 2, nil, []string{"flags go before ROUTE and KEY"}, []string{"--yes: not found"}},
 		{"keys forget filters after the route", []string{"keys", "forget", "orders", "--state", "failed"}, 2, nil, []string{"flags go before ROUTE"}, []string{"want ROUTE and KEY"}},
 		{"keys forget -force=true after the route", []string{"keys", "forget", "orders", "-force=true"}, 2, nil, []string{"flags go before ROUTE"}, nil},
+		// After --, a key that looks like a flag is a key.
+		{"keys forget -- a key named --yes", []string{"keys", "forget", "--admin", "http://127.0.0.1:1", "--", "orders", "--yes"}, 1, nil, []string{"/v1/keys/orders/--yes"}, []string{"flags go before"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

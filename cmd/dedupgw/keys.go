@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -88,10 +89,11 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	if op == "list" || (op == "forget" && f.any()) {
 		return cmdKeysMany(op, fs, *admin, f, force != nil && *force, yes, stdout, stderr)
 	}
-	if (fs.NArg() > 2 && strings.HasPrefix(fs.Arg(2), "-")) || misplacedFlag(fs) {
+	if (fs.NArg() > 2 && strings.HasPrefix(fs.Arg(2), "-")) || (misplacedFlag(fs) && !slices.Contains(args, "--")) {
 		// Go's flag package stops at the first argument: --admin after
 		// the key would otherwise be an unexplained usage error, and
-		// "forget ROUTE --yes" would forget a key named --yes.
+		// "forget ROUTE --yes" would forget a key named --yes. After
+		// "--", ROUTE and KEY are taken as written.
 		fmt.Fprintf(stderr, "dedupgw keys %s: flags go before ROUTE and KEY, e.g. dedupgw keys %s --admin URL ROUTE KEY\n", op, op)
 		return exitUsage
 	}
