@@ -247,10 +247,11 @@ type Store interface {
 	// the record does not meet opts, Forget deletes nothing and returns
 	// the record with ErrKept; when there is no live record, ErrNotFound
 	// (an expired one may be deleted all the same). A record the backend
-	// cannot decode is deleted by an unconditional Forget, the way to
-	// repair a key, and returned as a zero Record; a conditional one
-	// fails with the decoding error. The returned record never carries
-	// the Owner token.
+	// cannot decode is deleted by a Forget without a State, the way to
+	// repair a key, and returned as a zero Record (KeepInFlight does not
+	// keep it: every claim of the key fails, so no delivery holds it); one
+	// with a State fails with the decoding error. The returned record
+	// never carries the Owner token.
 	Forget(ctx context.Context, key Key, opts ForgetOptions) (Record, error)
 	// List returns one page of namespace's live records that pass opts's
 	// filters (see ListOptions), for operators: it scans the namespace, so

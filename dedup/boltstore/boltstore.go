@@ -918,9 +918,10 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key, opts dedup.ForgetOpti
 		rec, found = l.record(), !now.After(l.until)
 	case live(disk, now):
 		rec, found = *disk, true
-	case err != nil && opts != (dedup.ForgetOptions{}):
-		// A corrupt record has no state to check; only an unconditional
-		// Forget repairs it.
+	case err != nil && opts.State != "":
+		// A corrupt record has no state to check; a Forget without a State
+		// repairs it. KeepInFlight does not keep it: every claim of the key
+		// fails, so no delivery of it can be in flight.
 		return dedup.Record{}, fmt.Errorf("boltstore: forget: %w", err)
 	}
 	if found && !opts.Forgets(rec.State) {

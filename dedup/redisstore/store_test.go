@@ -442,3 +442,51 @@ func settledAfterRetry(t *testing.T, logs *observer.ObservedLogs, op string, don
 		t.Fatalf("%s: still running 20s after Redis could take it again", op)
 	}
 }
+
+// A record neither forget.lua nor decodeRecord can read makes every claim
+// of its key fail (claim.lua answers "undecodable record"), so Forget is
+// the way to repair the key. A Forget with a State cannot check it and
+// fails with the decoding error, keeping it; one that only keeps keys in
+// flight (the admin DELETE without ?force) deletes it, since no delivery
+// can hold a key whose record cannot be read; so does an unconditional one.
+func TestForgetRepairsAnUndecodableRecord(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	s := newStore(t, redisstore.Config{Addrs: []string{srv.Addr()}}, nil)
+	direct := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer direct.Close()
+	for i, tt := range []struct {
+		name    string
+		opts    dedup.ForgetOptions
+		repairs bool
+	}{
+		{"unconditional", dedup.ForgetOptions{}, true},
+		{"keep in flight", dedup.ForgetOptions{KeepInFlight: true}, true},
+		{"state failed", dedup.ForgetOptions{State: dedup.StateFailed}, false},
+		{"state failed, keep in flight", dedup.ForgetOptions{State: dedup.StateFailed, KeepInFlight: true}, false},
+	} {
+		k := dedup.Key{Namespace: "n", ID: "evt_corrupt_" + strconv.Itoa(i)}
+		if err := direct.Set(ctx, s.Key(k), "not a record", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err == nil {
+			t.Fatalf("Claim of an undecodable record: got nil, want an error")
+		}
+		rec, err := s.Forget(ctx, k, tt.opts)
+		if tt.repairs {
+			if err != nil || rec != (dedup.Record{}) {
+				t.Errorf("%s: Forget: got (%+v, %v), want a zero Record and nil", tt.name, rec, err)
+			}
+			if res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.Claimed {
+				t.Errorf("%s: Claim after Forget: got (%v, %v), want claimed", tt.name, res.Outcome, err)
+			}
+			continue
+		}
+		if err == nil || errors.Is(err, dedup.ErrKept) || errors.Is(err, dedup.ErrNotFound) {
+			t.Errorf("%s: Forget: got %v, want the decoding error", tt.name, err)
+		}
+		if got, err := direct.Get(ctx, s.Key(k)).Result(); err != nil || got != "not a record" {
+			t.Errorf("%s: the record after the refused Forget: got (%q, %v), want it kept", tt.name, got, err)
+		}
+	}
+}
