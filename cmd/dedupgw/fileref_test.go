@@ -206,6 +206,10 @@ func TestFileRefLoad(t *testing.T) {
 		{"a secret file where a duration goes", route("    secrets: [\"x\"]\n    window: ${file:window}\n"), nil, map[string]string{"window": content + "\n"}, []string{
 			`routes[0].window: invalid duration "<read from a ${file:} reference, not shown>" (want e.g. "300ms", "30s", "24h") (route "stripe")`,
 		}},
+		// Quoted, a secret's quote or backslash is escaped: hidden too.
+		{"a secret file with a quote where a duration goes", route("    secrets: [\"x\"]\n    window: ${file:window}\n"), nil, map[string]string{"window": `c0n"tent\n0t-sh0wn`}, []string{
+			`routes[0].window: invalid duration "<read from a ${file:} reference, not shown>" (want e.g. "300ms", "30s", "24h") (route "stripe")`,
+		}},
 		{"a secret file in part of a value", route("    secrets: [\"x\"]\n    on_store_error: \"x${file:mode}\"\n"), nil, map[string]string{"mode": content}, []string{
 			`routes[0].on_store_error: invalid value "x<read from a ${file:} reference, not shown>" (want forward or reject) (route "stripe")`,
 		}},
