@@ -282,6 +282,15 @@ func TestAdminKeysAPI(t *testing.T) {
 		if _, err := a.store.Get(context.Background(), busy); err != nil {
 			t.Errorf("after the refused DELETE: got %v, want the lease kept", err)
 		}
+		// In the state it names, but in flight: refused as in flight, not
+		// as a state that changed.
+		if got, _, body := a.call(http.MethodDelete, keyPath("evt_busy")+"?state=processing", bearer); got != http.StatusConflict || !strings.Contains(string(body), "in-flight") {
+			t.Errorf("DELETE ?state=processing in flight: got %d %s, want 409 in-flight", got, body)
+		}
+		// A kept key is the store's answer, not its error.
+		if got := counterValue(t, a.gw.metrics.storeErrors, "memory", opForget); got != 0 {
+			t.Errorf("store forget errors after the refused DELETEs: got %v, want 0", got)
+		}
 		for _, v := range []string{"yes", "maybe"} { // not a boolean: refused, not taken for false
 			if got, _, body := a.call(http.MethodDelete, keyPath("evt_busy")+"?force="+v, bearer); got != http.StatusBadRequest || !strings.Contains(string(body), "invalid-query") {
 				t.Errorf("DELETE ?force=%s: got %d %s, want 400 invalid-query", v, got, body)

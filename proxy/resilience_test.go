@@ -3,6 +3,8 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -286,6 +288,54 @@ func TestFailOpenRecordsTryOneAtATimeWhileTheStoreFails(t *testing.T) {
 		if got := fs.claims(k); got != 1 {
 			t.Errorf("claims of %s while the store fails: got %d, want 1 (the delivery's own)", k.ID, got)
 		}
+	}
+}
+
+// TestFailOpenRecordKeepsWhatTheForwardDid: the record of a fail-open
+// forward is what a claimed forward would have left: the body's SHA-256,
+// the upstream's error when it did not answer, and on a replay route the
+// upstream's answer, which the next copy gets.
+func TestFailOpenRecordKeepsWhatTheForwardDid(t *testing.T) {
+	ctx := context.Background()
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made it")
+	})
+	replay := genericRoute("replay", "/hooks/replay", up.URL)
+	replay.DuplicateResponse = Replay
+	down := genericRoute("down", "/hooks/down", "http://127.0.0.1:1") // nothing listens
+	mem, fs := flakyMemstore(t)
+	_, srv, logs := observedGateway(t, fs, replay, down)
+	const body = `{"id":"evt_1"}`
+	fs.down.Store(true)
+	if resp := post(t, srv, "/hooks/replay", body); resp.Status != http.StatusCreated || resp.Header.Get(HeaderDedupStatus) != "store-error" {
+		t.Fatalf("replay route during the outage: got %d %q, want 201 store-error", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	if resp := post(t, srv, "/hooks/down", body); resp.Status != http.StatusBadGateway || resp.Header.Get(HeaderDedupStatus) != "store-error" {
+		t.Fatalf("unreachable upstream during the outage: got %d %q, want 502 store-error", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	fs.down.Store(false)
+	waitFor(t, "both fail-open forwards' records", func() bool {
+		return logs.FilterMessage("fail-open forward: recorded as processed once the store answered").Len() == 1 &&
+			logs.FilterMessage("fail-open forward: recorded as failed once the store answered").Len() == 1
+	})
+	sum := sha256.Sum256([]byte(body))
+	rec, err := mem.Get(ctx, dedup.Key{Namespace: "replay", ID: "evt_1"})
+	if err != nil || rec.State != dedup.StateProcessed || rec.BodySHA256 != hex.EncodeToString(sum[:]) {
+		t.Errorf("replay route's record: got %s (body SHA-256 %q), %v, want processed with the body's", rec.State, rec.BodySHA256, err)
+	}
+	rec, err = mem.Get(ctx, dedup.Key{Namespace: "down", ID: "evt_1"})
+	if err != nil || rec.State != dedup.StateFailed || rec.LastError != "connection refused" || rec.BodySHA256 != hex.EncodeToString(sum[:]) {
+		t.Errorf("unreachable upstream's record: got %s (last error %q, body SHA-256 %q), %v, want failed with connection refused", rec.State, rec.LastError, rec.BodySHA256, err)
+	}
+	before := up.count()
+	resp := post(t, srv, "/hooks/replay", body)
+	if resp.Status != http.StatusCreated || string(resp.Body) != "made it" || resp.Header.Get(HeaderDedupStatus) != "duplicate" {
+		t.Errorf("the next copy on the replay route: got %d %q %q, want the stored 201 %q as a duplicate", resp.Status, resp.Body, resp.Header.Get(HeaderDedupStatus), "made it")
+	}
+	if got := up.count(); got != before {
+		t.Errorf("upstream deliveries after the next copy: got %d, want %d", got, before)
 	}
 }
 
