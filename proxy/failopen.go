@@ -27,17 +27,26 @@ import (
 // or the gateway's own claim that timed out during the outage and that
 // Redis ran late) is tried again once its claim is settled or lapsed.
 //
-// While the store fails, the worker tries the queue's first record only,
-// failedRecordFirst after the failure, then twice as long each time, at
-// most failedRecordMax apart: an outage adds one store error per try, not
-// one per forward. The queue holds at most maxFailOpenRecords; a forward
-// beyond that, one whose route's window ends first, or one still queued
-// when the gateway closes is logged and not recorded.
+// While the store fails, the worker tries one record at a time, in turn,
+// failedRecordFirst after a failure, then twice as long each time, at most
+// failedRecordMax apart: an outage adds one store error per try, not one
+// per forward. After a failed try it pings the store: when the store
+// answers the ping, the failure is the key's own (a corrupt record, a
+// value Redis holds under another type), and a record whose key fails
+// maxKeyFailures times so is given up, so one bad key neither holds the
+// queue nor keeps store errors rising for a whole window. The queue holds
+// at most maxFailOpenRecords, and at most maxFailOpenBytes of keys and
+// stored answers (a replay route's answer beyond that is not kept: its
+// next copies get the plain acknowledgement). A forward beyond that, one
+// whose route's window ends first, or one still queued when the gateway
+// closes is logged and not recorded.
 const (
 	failedRecordFirst  = 250 * time.Millisecond
 	failedRecordMax    = 5 * time.Second
 	inFlightRecordWait = time.Second
+	maxKeyFailures     = 3
 	maxFailOpenRecords = 65536
+	maxFailOpenBytes   = 32 << 20
 	// maxUnrecordedKeys bounds the keys one "not recorded" line names.
 	maxUnrecordedKeys = 100
 )
@@ -55,6 +64,8 @@ type failOpenRecord struct {
 	fields    []zap.Field
 	token     string    // the claim made to record it, once made
 	notBefore time.Time // by the monotonic clock: a key in flight waits
+	failures  int       // tries the store failed while it answered a ping
+	size      int       // bytes counted in failOpenQueue.bytes
 }
 
 // failOpenQueue is the Gateway's queue of fail-open forwards to record.
@@ -62,6 +73,7 @@ type failOpenQueue struct {
 	start sync.Once
 	mu    sync.Mutex
 	items []*failOpenRecord
+	bytes int           // the items' sizes
 	wake  chan struct{} // one buffered signal: items is not empty
 }
 
@@ -79,19 +91,30 @@ func (g *Gateway) recordLater(d *delivery, status int, errText string, stored *d
 			go g.recordFailOpens()
 		}
 	})
+	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
+	if g.ctx.Err() != nil {
+		d.rt.log.Warn("fail-open forward not recorded: the gateway is closing; its next copy is forwarded again", fields...)
+		return
+	}
 	_, wall := g.clock()
 	rec := &failOpenRecord{
 		rt: d.rt, key: d.key, claim: d.claimOptions(d.bodySHA), status: status, errText: errText, stored: stored,
 		until: wall.Add(d.rt.Window), values: d.detached,
-		fields: []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)},
+		fields: fields,
 		// The store has just failed the delivery's claim: give it as long
 		// as after any failed try.
 		notBefore: time.Now().Add(failedRecordFirst),
 	}
+	keySize := 256 + len(d.key.Namespace) + len(d.key.ID) + len(rec.claim.Fingerprint)
 	q.mu.Lock()
-	full := len(q.items) >= maxFailOpenRecords
+	if stored != nil && q.bytes+keySize+responseSize(stored) > maxFailOpenBytes {
+		rec.stored = nil
+	}
+	rec.size = keySize + responseSize(rec.stored)
+	full := len(q.items) >= maxFailOpenRecords || q.bytes+rec.size > maxFailOpenBytes
 	if !full {
 		q.items = append(q.items, rec)
+		q.bytes += rec.size
 	}
 	q.mu.Unlock()
 	if full {
@@ -153,6 +176,11 @@ func (g *Gateway) recordFailOpens() {
 			rec.rt.log.Warn("fail-open forward not recorded within its window", rec.fields...)
 			outcome = recordDone
 		}
+		if outcome == recordStoreDown && g.keyFails(rec, now) {
+			rec.rt.log.Warn("fail-open forward not recorded: the store fails this key's claim while it answers its ping; its next copy is forwarded again",
+				append(rec.fields, zap.Int("tries", rec.failures))...)
+			outcome = recordDone
+		}
 		switch outcome {
 		case recordDone:
 			q.pop()
@@ -163,6 +191,7 @@ func (g *Gateway) recordFailOpens() {
 			q.requeue()
 			pause = failedRecordFirst
 		case recordStoreDown:
+			q.requeue() // the next try is the next record's
 			if !wait(pause) {
 				g.abandonFailOpens()
 				return
@@ -172,10 +201,39 @@ func (g *Gateway) recordFailOpens() {
 	}
 }
 
+// keyFails pings the store after rec's try failed, and reports whether
+// the failure was the key's own for the maxKeyFailures-th time: the store
+// answers its ping.
+func (g *Gateway) keyFails(rec *failOpenRecord, now time.Time) bool {
+	ctx := newOpContext(rec.values, now, g.storeTimeout)
+	defer ctx.stop()
+	if g.store.Ping(ctx) != nil {
+		return false
+	}
+	rec.failures++
+	return rec.failures >= maxKeyFailures
+}
+
+// responseSize is about how many bytes r holds.
+func responseSize(r *dedup.Response) int {
+	if r == nil {
+		return 0
+	}
+	n := len(r.Body)
+	for k, vs := range r.Header {
+		n += len(k)
+		for _, v := range vs {
+			n += len(v)
+		}
+	}
+	return n
+}
+
 // pop drops the queue's first record.
 func (q *failOpenQueue) pop() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.bytes -= q.items[0].size
 	q.items[0] = nil
 	q.items = q.items[1:]
 }
@@ -195,7 +253,7 @@ func (g *Gateway) abandonFailOpens() {
 	q := &g.failOpen
 	q.mu.Lock()
 	items := q.items
-	q.items = nil
+	q.items, q.bytes = nil, 0
 	q.mu.Unlock()
 	byRoute := map[*route][]string{}
 	var order []*route

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -285,6 +286,14 @@ type flakyStore struct {
 
 	mu       sync.Mutex
 	claimsOf map[dedup.Key]int // claims asked, up or down
+}
+
+// claimCounts returns how many claims of each key were asked of s, read
+// at one instant.
+func (s *flakyStore) claimCounts() map[dedup.Key]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.claimsOf)
 }
 
 // claims returns how many claims of k were asked of s.

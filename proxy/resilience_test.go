@@ -267,9 +267,9 @@ func TestFailOpenRecordWaitsForAKeyInFlight(t *testing.T) {
 	})
 }
 
-// While the store fails, only the first queued record is tried: an outage
-// costs one store error per try, not one per fail-open forward. (An
-// on-call trial counted 4,426 claim errors for 328 forwards.)
+// While the store fails, the queued records are tried one at a time, in
+// turn: an outage costs one store error per try, not one per fail-open
+// forward. (An on-call trial counted 4,426 claim errors for 328 forwards.)
 func TestFailOpenRecordsTryOneAtATimeWhileTheStoreFails(t *testing.T) {
 	up := newUpstream(t, nil)
 	_, fs := flakyMemstore(t)
@@ -281,14 +281,75 @@ func TestFailOpenRecordsTryOneAtATimeWhileTheStoreFails(t *testing.T) {
 			t.Fatalf("delivery %d during the outage: got %d %q, want store-error", i, resp.Status, resp.Header.Get(HeaderDedupStatus))
 		}
 	}
-	first := dedup.Key{Namespace: "orders", ID: "evt_0"}
-	waitFor(t, "the record's third try", func() bool { return fs.claims(first) >= 4 }) // the delivery's own claim, then three
-	for i := 1; i < n; i++ {
-		k := dedup.Key{Namespace: "orders", ID: fmt.Sprintf("evt_%d", i)}
-		if got := fs.claims(k); got != 1 {
-			t.Errorf("claims of %s while the store fails: got %d, want 1 (the delivery's own)", k.ID, got)
+	// Each key's claims beyond its delivery's own, read at one instant.
+	tries := func() (each []int, total int) {
+		counts := fs.claimCounts()
+		for i := range n {
+			extra := counts[dedup.Key{Namespace: "orders", ID: fmt.Sprintf("evt_%d", i)}] - 1
+			each = append(each, extra)
+			total += extra
+		}
+		return each, total
+	}
+	waitFor(t, "three tries", func() bool { _, total := tries(); return total >= 3 })
+	each, total := tries()
+	// In turn from the first: evt_0 … evt_{total-1} once each (the pauses
+	// leave fewer than n tries within the wait).
+	for i, got := range each {
+		want := 0
+		if i < total {
+			want = 1
+		}
+		if got != want {
+			t.Errorf("tries of evt_%d after %d tries in all: got %d, want %d (one record at a time, in turn)", i, total, got, want)
 		}
 	}
+}
+
+// A key whose claim the store fails while it answers its ping (a corrupt
+// record, a value of another type in Redis) is given up after a few tries
+// and logged: it neither holds the other records back nor keeps the store
+// errors rising for its whole window.
+func TestFailOpenRecordGivesUpAKeyTheStoreFails(t *testing.T) {
+	ctx := context.Background()
+	up := newUpstream(t, nil)
+	mem, fs := flakyMemstore(t)
+	bad := &badKeyStore{Store: fs, bad: "evt_bad"}
+	_, srv, logs := observedGateway(t, bad, genericRoute("orders", "/hooks/orders", up.URL))
+	fs.down.Store(true)
+	for _, id := range []string{"evt_bad", "evt_ok"} {
+		if resp := post(t, srv, "/hooks/orders", `{"id":"`+id+`"}`); resp.Header.Get(HeaderDedupStatus) != "store-error" {
+			t.Fatalf("%s during the outage: got %d %q, want store-error", id, resp.Status, resp.Header.Get(HeaderDedupStatus))
+		}
+	}
+	fs.down.Store(false)
+	waitFor(t, "evt_ok recorded behind evt_bad", func() bool {
+		rec, err := mem.Get(ctx, dedup.Key{Namespace: "orders", ID: "evt_ok"})
+		return err == nil && rec.State == dedup.StateProcessed
+	})
+	const gaveUp = "fail-open forward not recorded: the store fails this key's claim while it answers its ping; its next copy is forwarded again"
+	waitFor(t, "evt_bad given up", func() bool { return logs.FilterMessage(gaveUp).Len() == 1 })
+	if got := logs.FilterMessage(gaveUp).All()[0].ContextMap()["key"]; got != "evt_bad" {
+		t.Errorf("given up: got key %v, want evt_bad", got)
+	}
+	if got := fs.claims(dedup.Key{Namespace: "orders", ID: "evt_bad"}); got > 1+maxKeyFailures+1 {
+		t.Errorf("claims of evt_bad: got %d, want at most %d (the delivery's, the tries while down, %d while up)", got, 1+maxKeyFailures+1, maxKeyFailures)
+	}
+}
+
+// badKeyStore fails every claim of the key ID bad (after asking the store
+// below, so a flakyStore there counts it).
+type badKeyStore struct {
+	dedup.Store
+	bad string
+}
+
+func (s *badKeyStore) Claim(ctx context.Context, k dedup.Key, o dedup.ClaimOptions) (dedup.ClaimResult, error) {
+	res, err := s.Store.Claim(ctx, k, o)
+	if k.ID == s.bad {
+		return dedup.ClaimResult{}, errors.New("WRONGTYPE Operation against a key holding the wrong kind of value")
+	}
+	return res, err
 }
 
 // TestFailOpenRecordKeepsWhatTheForwardDid: the record of a fail-open
