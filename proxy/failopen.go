@@ -272,7 +272,7 @@ func (g *Gateway) abandonFailOpens() {
 		counts[rec.rt]++
 	}
 	for _, rt := range order {
-		rt.log.Warn("fail-open forwards not recorded: the gateway is closing; their next copies are forwarded again",
+		rt.log.Warn("fail-open forwards not recorded: the gateway is closing; their next copies are forwarded again (after the lease of a claim made to record one)",
 			zap.Int("count", counts[rt]), zap.Strings("keys", byRoute[rt]))
 	}
 }

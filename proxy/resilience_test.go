@@ -337,6 +337,35 @@ func TestFailOpenRecordGivesUpAKeyTheStoreFails(t *testing.T) {
 	}
 }
 
+// A fail-open forward still unrecorded when its route's window ends is
+// given up and logged: a record made then would already be expired.
+func TestFailOpenRecordEndsWithItsWindow(t *testing.T) {
+	up := newUpstream(t, nil)
+	mem, fs := flakyMemstore(t)
+	clock := newManualClock(time.Unix(1_700_000_000, 0))
+	core, logs := observer.New(zapcore.DebugLevel)
+	rt := genericRoute("orders", "/hooks/orders", up.URL)
+	rt.Window = time.Hour
+	gw, err := New(Config{Routes: []Route{rt}}, fs, Options{Logger: zap.New(core), Registerer: prometheus.NewRegistry(), Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(func() { srv.Close(); _ = gw.Close() })
+	fs.down.Store(true)
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Header.Get(HeaderDedupStatus) != "store-error" {
+		t.Fatalf("during the outage: got %d %q, want store-error", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	clock.Advance(time.Hour + time.Second)
+	fs.down.Store(false)
+	waitFor(t, "the record given up", func() bool {
+		return logs.FilterMessage("fail-open forward not recorded within its window").Len() == 1
+	})
+	if _, err := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"}); !errors.Is(err, dedup.ErrNotFound) {
+		t.Errorf("record after the window: got %v, want none", err)
+	}
+}
+
 // badKeyStore fails every claim of the key ID bad (after asking the store
 // below, so a flakyStore there counts it).
 type badKeyStore struct {
@@ -414,7 +443,7 @@ func TestFailOpenRecordEndsOnClose(t *testing.T) {
 	if err := gw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	lines := logs.FilterMessage("fail-open forwards not recorded: the gateway is closing; their next copies are forwarded again").All()
+	lines := logs.FilterMessage("fail-open forwards not recorded: the gateway is closing; their next copies are forwarded again (after the lease of a claim made to record one)").All()
 	if len(lines) != 1 || lines[0].ContextMap()["count"] != int64(1) || fmt.Sprint(lines[0].ContextMap()["keys"]) != "[evt_1]" {
 		t.Errorf("closing lines: got %v, want one naming evt_1", lines)
 	}
