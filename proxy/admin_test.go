@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -272,12 +273,14 @@ func TestAdminKeysAPI(t *testing.T) {
 
 	t.Run("forget refuses a key in flight unless forced", func(t *testing.T) {
 		busy := dedup.Key{Namespace: "orders", ID: "evt_busy"}
-		if _, err := a.store.Claim(context.Background(), busy, dedup.ClaimOptions{Lease: time.Minute}); err != nil {
+		// A lease of its own, shorter than the route's: Retry-After is
+		// what is left of it.
+		if _, err := a.store.Claim(context.Background(), busy, dedup.ClaimOptions{Lease: 7 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		got, hdr, body := a.call(http.MethodDelete, keyPath("evt_busy"), bearer)
-		if got != http.StatusConflict || hdr.Get("Retry-After") == "" || !strings.Contains(string(body), "force=true") {
-			t.Errorf("DELETE in flight: got %d (Retry-After %q) %s, want 409 with Retry-After naming force=true", got, hdr.Get("Retry-After"), body)
+		if secs, err := strconv.Atoi(hdr.Get("Retry-After")); got != http.StatusConflict || err != nil || secs < 1 || secs > 7 || !strings.Contains(string(body), "force=true") {
+			t.Errorf("DELETE in flight: got %d (Retry-After %q) %s, want 409 with Retry-After at most 7 (the lease's rest) naming force=true", got, hdr.Get("Retry-After"), body)
 		}
 		if _, err := a.store.Get(context.Background(), busy); err != nil {
 			t.Errorf("after the refused DELETE: got %v, want the lease kept", err)
