@@ -75,6 +75,8 @@ type failOpenQueue struct {
 	items []*failOpenRecord
 	bytes int           // the items' sizes
 	wake  chan struct{} // one buffered signal: items is not empty
+	// maxBytes bounds bytes when not 0 (tests), else maxFailOpenBytes.
+	maxBytes int
 }
 
 // recordLater queues d's fail-open forward, which the upstream answered
@@ -107,11 +109,15 @@ func (g *Gateway) recordLater(d *delivery, status int, errText string, stored *d
 	}
 	keySize := 256 + len(d.key.Namespace) + len(d.key.ID) + len(rec.claim.Fingerprint)
 	q.mu.Lock()
-	if stored != nil && q.bytes+keySize+responseSize(stored) > maxFailOpenBytes {
+	limit := q.maxBytes
+	if limit == 0 {
+		limit = maxFailOpenBytes
+	}
+	if stored != nil && q.bytes+keySize+responseSize(stored) > limit {
 		rec.stored = nil
 	}
 	rec.size = keySize + responseSize(rec.stored)
-	full := len(q.items) >= maxFailOpenRecords || q.bytes+rec.size > maxFailOpenBytes
+	full := len(q.items) >= maxFailOpenRecords || q.bytes+rec.size > limit
 	if !full {
 		q.items = append(q.items, rec)
 		q.bytes += rec.size

@@ -366,6 +366,52 @@ func TestFailOpenRecordEndsWithItsWindow(t *testing.T) {
 	}
 }
 
+// The queue bounds the bytes it holds: a replay route's answer that would
+// pass the bound is not kept (the record is, and its next copy gets the
+// plain acknowledgement), and a forward whose key alone would pass it is
+// not queued, but logged.
+func TestFailOpenQueueBoundsItsBytes(t *testing.T) {
+	ctx := context.Background()
+	answer := strings.Repeat("x", 10000)
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, answer)
+	})
+	replay := genericRoute("replay", "/hooks/replay", up.URL)
+	replay.DuplicateResponse = Replay
+	mem, fs := flakyMemstore(t)
+	gw, srv, logs := observedGateway(t, fs, replay)
+	// Room for two keys (256 bytes each and their names) and one answer,
+	// with a little to spare.
+	const keySize = 256 + len("replay") + len("evt_1")
+	gw.failOpen.maxBytes = 2*keySize + len(answer) + 100
+	fs.down.Store(true)
+	for _, id := range []string{"evt_1", "evt_2", "evt_3"} {
+		if resp := post(t, srv, "/hooks/replay", `{"id":"`+id+`"}`); resp.Header.Get(HeaderDedupStatus) != "store-error" {
+			t.Fatalf("%s during the outage: got %d %q, want store-error", id, resp.Status, resp.Header.Get(HeaderDedupStatus))
+		}
+	}
+	if got := logs.FilterMessage("fail-open forward not recorded: too many are waiting for the store already; its next copy is forwarded again").FilterField(zap.String("key", "evt_3")).Len(); got != 1 {
+		t.Errorf("evt_3 not queued: got %d lines, want 1", got)
+	}
+	fs.down.Store(false)
+	waitFor(t, "evt_1 and evt_2 recorded", func() bool {
+		return logs.FilterMessage("fail-open forward: recorded as processed once the store answered").Len() == 2
+	})
+	for _, tc := range []struct {
+		id       string
+		response bool
+	}{{"evt_1", true}, {"evt_2", false}} {
+		rec, err := mem.Get(ctx, dedup.Key{Namespace: "replay", ID: tc.id})
+		if err != nil || rec.State != dedup.StateProcessed || (rec.Response != nil) != tc.response {
+			t.Errorf("%s: got %s with a stored answer %v (%v), want processed with one %v", tc.id, rec.State, rec.Response != nil, err, tc.response)
+		}
+	}
+	if _, err := mem.Get(ctx, dedup.Key{Namespace: "replay", ID: "evt_3"}); !errors.Is(err, dedup.ErrNotFound) {
+		t.Errorf("evt_3: got %v, want no record", err)
+	}
+}
+
 // badKeyStore fails every claim of the key ID bad (after asking the store
 // below, so a flakyStore there counts it).
 type badKeyStore struct {
