@@ -204,6 +204,10 @@ type server struct {
 	// ${file:PATH} references name are read for a change, which reloads
 	// as SIGHUP does. Zero means defaultWatchInterval.
 	watchInterval time.Duration
+	// storeCheckInterval is how often a Redis that did not answer at
+	// start-up is pinged until it does (see checkRedisWhenUp). Zero means
+	// defaultStoreCheckInterval.
+	storeCheckInterval time.Duration
 	// watch follows those files while run serves; nil before.
 	watch *fileWatch
 }
@@ -250,32 +254,21 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	// every delivery open (on_store_error: forward, the default) for as long
 	// as the gateway runs, so it is a start-up error, like any wrong key.
 	pingCtx, cancel := context.WithTimeout(context.Background(), startupPingTimeout)
-	if err := store.Ping(pingCtx); redisstore.CredentialsRefused(err) {
+	rs, isRedis := store.(*redisstore.Store)
+	checkLater := false
+	switch err := store.Ping(pingCtx); {
+	case redisstore.CredentialsRefused(err):
 		cancel()
 		return fmt.Errorf("store.redis: Redis refused the gateway's credentials or what they allow (%s): %w", credentialHint(f.Store.Redis, err), err)
-	} else if err != nil {
+	case err != nil:
 		s.log.Warn("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers",
 			zap.String("backend", f.Store.Backend), zap.Error(err))
-	} else if rs, ok := store.(*redisstore.Store); ok {
-		// PING alone does not show what an ACL user may do: run every
-		// command the store sends on a probe key of its own. Its writes
-		// wait for replicas as a claim's do, so it also finds claims that
-		// fail for want of them (wait_replicas). /readyz does not check
-		// replicas (see redisstore.Store.Ping); each refused claim counts
-		// in dedupgw_store_errors_total{op="claim"}.
-		switch err := rs.CheckCommands(pingCtx); {
-		case redisstore.CredentialsRefused(err):
+		checkLater = isRedis
+	case isRedis:
+		if err := s.checkRedis(pingCtx, rs, f.Store.Redis); err != nil {
 			cancel()
-			return fmt.Errorf("store.redis: Redis refused the gateway's credentials or what they allow (%s): %w", credentialHint(f.Store.Redis, err), err)
-		case errors.Is(err, dedup.ErrNotReplicated):
-			s.log.Warn("Redis answers, but claims fail at start-up: fewer replicas acknowledge writes than store.redis.wait_replicas asks for, or WAIT is refused (an ACL user needs +wait); deliveries meet their routes' on_store_error policy until enough do",
-				zap.Error(err))
-		case err != nil:
-			s.log.Info("could not run the start-up probe of the store's Redis commands", zap.Error(err))
+			return err
 		}
-		warnEviction(pingCtx, rs, s.log)
-		warnPersistence(pingCtx, rs, s.log)
-		warnClusterNode(pingCtx, rs, s.log)
 	}
 	cancel()
 
@@ -364,6 +357,16 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		interval = defaultWatchInterval
 	}
 	s.watch = startFileWatch(interval, f.referencedFiles()) // stopped when the drain starts
+	stopCheck, checkDone := make(chan struct{}), make(chan struct{})
+	if checkLater {
+		every := s.storeCheckInterval
+		if every <= 0 {
+			every = defaultStoreCheckInterval
+		}
+		go s.checkRedisWhenUp(rs, f.Store.Redis, every, stopCheck, checkDone) // stopped when the drain starts
+	} else {
+		close(checkDone)
+	}
 
 	var runErr error
 loop:
@@ -397,6 +400,8 @@ loop:
 	// or release), then close the gateway, which cancels and releases
 	// whatever is left. A file changing now reloads nothing.
 	s.watch.Stop()
+	close(stopCheck)
+	<-checkDone
 	gw.Drain()
 	drain := s.drainTimeout()
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
@@ -781,6 +786,63 @@ func warnEviction(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
 	case policy != "noeviction":
 		log.Warn("Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction",
 			zap.String("maxmemory_policy", policy))
+	}
+}
+
+// checkRedis runs the checks of a Redis that answers: PING alone does not
+// show what an ACL user may do, so it runs every command the store sends
+// on a probe key of its own (redisstore.Store.CheckCommands), whose writes
+// wait for replicas as a claim's do, so it also finds claims that fail for
+// want of them (wait_replicas; /readyz does not check replicas, and each
+// refused claim counts in dedupgw_store_errors_total{op="claim"}); then
+// it warns about eviction, persistence and a lone Cluster node. It returns
+// an error only when Redis refuses the credentials or what they allow.
+func (s *server) checkRedis(ctx context.Context, rs *redisstore.Store, cfg Redis) error {
+	switch err := rs.CheckCommands(ctx); {
+	case redisstore.CredentialsRefused(err):
+		return fmt.Errorf("store.redis: Redis refused the gateway's credentials or what they allow (%s): %w", credentialHint(cfg, err), err)
+	case errors.Is(err, dedup.ErrNotReplicated):
+		s.log.Warn("Redis answers, but claims fail at start-up: fewer replicas acknowledge writes than store.redis.wait_replicas asks for, or WAIT is refused (an ACL user needs +wait); deliveries meet their routes' on_store_error policy until enough do",
+			zap.Error(err))
+	case err != nil:
+		s.log.Info("could not run the start-up probe of the store's Redis commands", zap.Error(err))
+	}
+	warnEviction(ctx, rs, s.log)
+	warnPersistence(ctx, rs, s.log)
+	warnClusterNode(ctx, rs, s.log)
+	return nil
+}
+
+// defaultStoreCheckInterval is how often serve pings a Redis that did not
+// answer at start-up, to run checkRedis once it does.
+const defaultStoreCheckInterval = 5 * time.Second
+
+// checkRedisWhenUp runs checkRedis once rs answers a ping, every interval
+// until then, unless stop closes first; it closes done when it returns. A
+// Redis that was unreachable at start-up (the gateway started before it)
+// would otherwise never be checked. Refused credentials cannot end the
+// start-up any more: they are logged as an error.
+func (s *server) checkRedisWhenUp(rs *redisstore.Store, cfg Redis, interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), startupPingTimeout)
+		if rs.Ping(ctx) != nil {
+			cancel()
+			continue
+		}
+		s.log.Info("Redis answers now: running the start-up checks")
+		if err := s.checkRedis(ctx, rs, cfg); err != nil {
+			s.log.Error("deliveries meet their routes' on_store_error policy until this is fixed", zap.Error(err))
+		}
+		cancel()
+		return
 	}
 }
 

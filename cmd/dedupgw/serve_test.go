@@ -451,6 +451,31 @@ func TestRedisWithoutPersistenceIsWarnedAtStartUp(t *testing.T) {
 	}
 }
 
+// A Redis unreachable at start-up (the gateway started before it) is
+// checked once it answers, as it would have been at start-up: here its
+// lack of persistence is warned about then. (Found by an on-call trial:
+// such a Redis was never checked.)
+func TestRedisUnreachableAtStartUpIsCheckedOnceItAnswers(t *testing.T) {
+	const warning = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
+	srv := redistest.Start(t)
+	srv.Stop()
+	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}), func(s *server) {
+		s.storeCheckInterval = 50 * time.Millisecond
+	})
+	if got := p.logs.FilterMessage("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers").Len(); got != 1 {
+		t.Fatalf("start-up: got %d \"store unreachable\" lines, want 1", got)
+	}
+	if got := p.logs.FilterMessage(warning).Len(); got != 0 {
+		t.Fatalf("before Redis answers: got %d persistence warnings, want 0", got)
+	}
+	srv.Start()
+	p.waitLog("Redis answers now: running the start-up checks", 1)
+	p.waitLog(warning, 1)
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
 // One address of a Redis Cluster node, without store.redis.cluster, runs
 // the store in single-node mode, where keys on other nodes' slots fail
 // with MOVED: it is named at start-up.
