@@ -669,6 +669,25 @@ func TestReadinessPath(t *testing.T) {
 		})
 	}
 	renderFails(t, []string{"--set", "readiness=always"}, "/readiness")
+
+	// In sidecar mode the gateway's readiness is the pod's: /healthz even
+	// when every route rejects on a store error, unless asked for.
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"sidecar, every route rejecting", []string{"--set", "dedupgw.defaults.on_store_error=reject"}, "/healthz"},
+		{"sidecar, store asked for", []string{"--set", "dedupgw.readiness=store"}, "/readyz"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := decodeStrict(t, render(t, "examples/sidecar-app", "shop", "shop", tt.args...))
+			c := container(t, r.deployment(t, "shop-shop").Spec.Template.Spec, "dedupgw")
+			if got := c.ReadinessProbe.HTTPGet.Path; got != tt.want {
+				t.Errorf("readiness path: got %s, want %s", got, tt.want)
+			}
+		})
+	}
 }
 
 // TestPDBCounts checks that 0 is a count, not "unset" (it rendered 1), and
