@@ -146,3 +146,26 @@ func TestKeysForgetManySendsForceOnlyWithForce(t *testing.T) {
 		})
 	}
 }
+
+// webhookListener tells the webhook listener's answers from the admin
+// API's: a route's answer carries Dedup-Status, and a path no route takes
+// gets the no-route problem, which the admin API never sends.
+func TestWebhookListener(t *testing.T) {
+	tests := []struct {
+		name   string
+		header http.Header
+		body   string
+		want   bool
+	}{
+		{"a route's answer", http.Header{"Dedup-Status": {"rejected"}}, `{"type":"urn:dedupgw:problem:method-not-allowed"}`, true},
+		{"no route", nil, `{"type":"urn:dedupgw:problem:no-route","status":404}`, true},
+		{"the admin API's not found", nil, `{"type":"urn:dedupgw:problem:key-not-found","status":404}`, false},
+		{"a record", nil, `{"route":"orders","key":"evt_1","state":"processed"}`, false},
+		{"not JSON", nil, `404 page not found`, false},
+	}
+	for _, tt := range tests {
+		if got := webhookListener(tt.header, []byte(tt.body)); got != tt.want {
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
