@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/storetest"
 )
 
 // A record the store cannot decode makes every claim of its key fail, so
@@ -18,16 +19,7 @@ import (
 func TestForgetRepairsAnUndecodableRecord(t *testing.T) {
 	ctx := context.Background()
 	for _, checkpointed := range []bool{false, true} {
-		for _, tt := range []struct {
-			name    string
-			opts    dedup.ForgetOptions
-			repairs bool
-		}{
-			{"unconditional", dedup.ForgetOptions{}, true},
-			{"keep in flight", dedup.ForgetOptions{KeepInFlight: true}, true},
-			{"state failed", dedup.ForgetOptions{State: dedup.StateFailed}, false},
-			{"state failed, keep in flight", dedup.ForgetOptions{State: dedup.StateFailed, KeepInFlight: true}, false},
-		} {
+		for _, tt := range storetest.UndecodableForgets {
 			s, _ := openTemp(t, Options{})
 			k := dedup.Key{Namespace: "n", ID: "evt_corrupt"}
 			if err := s.writeDurable(ctx, recordKey(k), []byte("not a record")); err != nil {
@@ -41,12 +33,12 @@ func TestForgetRepairsAnUndecodableRecord(t *testing.T) {
 			if _, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err == nil {
 				t.Fatalf("Claim of an undecodable record: got nil, want an error")
 			}
-			rec, err := s.Forget(ctx, k, tt.opts)
-			what := tt.name
+			rec, err := s.Forget(ctx, k, tt.Opts)
+			what := tt.Name
 			if checkpointed {
 				what += ", checkpointed"
 			}
-			if tt.repairs {
+			if tt.Repairs {
 				if err != nil || rec != (dedup.Record{}) {
 					t.Errorf("%s: Forget: got (%+v, %v), want a zero Record and nil", what, rec, err)
 				}

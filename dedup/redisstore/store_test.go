@@ -455,16 +455,7 @@ func TestForgetRepairsAnUndecodableRecord(t *testing.T) {
 	s := newStore(t, redisstore.Config{Addrs: []string{srv.Addr()}}, nil)
 	direct := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer direct.Close()
-	for i, tt := range []struct {
-		name    string
-		opts    dedup.ForgetOptions
-		repairs bool
-	}{
-		{"unconditional", dedup.ForgetOptions{}, true},
-		{"keep in flight", dedup.ForgetOptions{KeepInFlight: true}, true},
-		{"state failed", dedup.ForgetOptions{State: dedup.StateFailed}, false},
-		{"state failed, keep in flight", dedup.ForgetOptions{State: dedup.StateFailed, KeepInFlight: true}, false},
-	} {
+	for i, tt := range storetest.UndecodableForgets {
 		k := dedup.Key{Namespace: "n", ID: "evt_corrupt_" + strconv.Itoa(i)}
 		if err := direct.Set(ctx, s.Key(k), "not a record", 0).Err(); err != nil {
 			t.Fatal(err)
@@ -472,21 +463,21 @@ func TestForgetRepairsAnUndecodableRecord(t *testing.T) {
 		if _, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err == nil {
 			t.Fatalf("Claim of an undecodable record: got nil, want an error")
 		}
-		rec, err := s.Forget(ctx, k, tt.opts)
-		if tt.repairs {
+		rec, err := s.Forget(ctx, k, tt.Opts)
+		if tt.Repairs {
 			if err != nil || rec != (dedup.Record{}) {
-				t.Errorf("%s: Forget: got (%+v, %v), want a zero Record and nil", tt.name, rec, err)
+				t.Errorf("%s: Forget: got (%+v, %v), want a zero Record and nil", tt.Name, rec, err)
 			}
 			if res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.Claimed {
-				t.Errorf("%s: Claim after Forget: got (%v, %v), want claimed", tt.name, res.Outcome, err)
+				t.Errorf("%s: Claim after Forget: got (%v, %v), want claimed", tt.Name, res.Outcome, err)
 			}
 			continue
 		}
 		if err == nil || errors.Is(err, dedup.ErrKept) || errors.Is(err, dedup.ErrNotFound) {
-			t.Errorf("%s: Forget: got %v, want the decoding error", tt.name, err)
+			t.Errorf("%s: Forget: got %v, want the decoding error", tt.Name, err)
 		}
 		if got, err := direct.Get(ctx, s.Key(k)).Result(); err != nil || got != "not a record" {
-			t.Errorf("%s: the record after the refused Forget: got (%q, %v), want it kept", tt.name, got, err)
+			t.Errorf("%s: the record after the refused Forget: got (%q, %v), want it kept", tt.Name, got, err)
 		}
 	}
 }

@@ -690,6 +690,26 @@ func testRetainZero(t *testing.T, e *env) {
 		dedup.Record{State: dedup.StateProcessing, FirstSeen: now, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(lease), Attempts: 1})
 }
 
+// UndecodableForget is one Forget a backend's own test runs on a record it
+// cannot decode (which the suite cannot write), and whether it repairs
+// the key (see dedup.Store.Forget).
+type UndecodableForget struct {
+	Name    string
+	Opts    dedup.ForgetOptions
+	Repairs bool
+}
+
+// UndecodableForgets are the Forgets of an undecodable record: one that
+// asks for no state deletes it, keeping keys in flight or not, since no
+// delivery can hold a key whose record cannot be read; one that asks for
+// a state fails with the decoding error.
+var UndecodableForgets = []UndecodableForget{
+	{"unconditional", dedup.ForgetOptions{}, true},
+	{"keep in flight", dedup.ForgetOptions{KeepInFlight: true}, true},
+	{"state failed", dedup.ForgetOptions{State: dedup.StateFailed}, false},
+	{"state failed, keep in flight", dedup.ForgetOptions{State: dedup.StateFailed, KeepInFlight: true}, false},
+}
+
 func testForget(t *testing.T, e *env) {
 	ctx := context.Background()
 	tests := []struct {
