@@ -414,9 +414,10 @@ func (g *Gateway) commitReserve(rt *route) time.Duration {
 
 // modifyResponse settles the claim from the upstream's status line, before
 // the response headers reach the sender: a 2xx commits (storing the response
-// on duplicate_response: replay routes), anything else releases. A commit
-// error is logged; the upstream's 2xx is still returned, because the event
-// was processed.
+// on duplicate_response: replay routes), anything else releases; a
+// fail-open forward, which holds no claim, is queued to be recorded alike
+// (see recordLater). A commit error is logged; the upstream's 2xx is still
+// returned, because the event was processed.
 func (g *Gateway) modifyResponse(resp *http.Response) error {
 	d := deliveryFrom(resp.Request.Context())
 	if d == nil {
@@ -429,28 +430,22 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 	setDedupStatus(d.header, d.status)
 	d.upstreamStatus = resp.StatusCode
 	d.rt.metrics.upstream[codeClassIndex(resp.StatusCode)].Observe(time.Since(d.fwdStart).Seconds())
-	failOpen := d.token == "" && d.status == statusStoreError
-	if d.token == "" && !failOpen {
-		return nil
+	if d.token == "" && d.status != statusStoreError {
+		return nil // nothing to settle or record
 	}
-	ctx := resp.Request.Context()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		if failOpen {
-			g.recordLater(d, resp.StatusCode, "", nil)
-			return nil
-		}
-		g.release(ctx, d, reasonUpstreamStatus, resp.StatusCode, "")
-		return nil
-	}
+	ok := resp.StatusCode >= 200 && resp.StatusCode <= 299
 	var stored *dedup.Response
-	if d.rt.DuplicateResponse == Replay {
+	if ok && d.rt.DuplicateResponse == Replay {
 		stored = g.captureResponse(d, resp)
 	}
-	if failOpen {
+	switch ctx := resp.Request.Context(); {
+	case d.token == "": // a fail-open forward
 		g.recordLater(d, resp.StatusCode, "", stored)
-		return nil
+	case !ok:
+		g.release(ctx, d, reasonUpstreamStatus, resp.StatusCode, "")
+	default:
+		g.commit(ctx, d, resp.StatusCode, stored)
 	}
-	g.commit(ctx, d, resp.StatusCode, stored)
 	return nil
 }
 
@@ -648,43 +643,6 @@ func (g *Gateway) commitLater(d *delivery, opts dedup.CommitOptions, fields []za
 	if _, wall := g.clock(); d.leaseUntil.IsZero() || !wall.Before(d.leaseUntil) {
 		return false
 	}
-	// What the retries read of d, copied: the delivery is finished without
-	// waiting for them.
-	rt, key, token, until, values := d.rt, d.key, d.token, d.leaseUntil, d.detached
-	tries := 1
-	return g.retryInBackground(func() {
-		rt.log.Warn("commit failed after the upstream's 2xx: trying again until the lease ends",
-			append(fields, zap.Time("lease_until", until), zap.Error(err))...)
-	}, func() bool {
-		tries++
-		now, wall := g.clock()
-		if !wall.Before(until) {
-			rt.log.Error("commit failed until the lease ended: a retry is forwarded again",
-				append(fields, zap.Int("tries", tries-1), zap.Error(err))...)
-			return true
-		}
-		ctx := newOpContext(values, now, g.storeTimeout)
-		err = g.store.Commit(ctx, key, token, opts)
-		ctx.stop()
-		if err == nil {
-			rt.log.Info("commit recorded on a later try", append(fields, zap.Int("tries", tries))...)
-			return true
-		}
-		return !commitFailed(rt, fields, err)
-	}, func() {
-		rt.log.Error("commit not tried again: the gateway is closing; the key stays processing until its lease ends, then a retry is forwarded again",
-			fields...)
-	})
-}
-
-// retryInBackground runs try on a goroutine the Gateway owns,
-// commitRetryFirst from now, then twice as long after each try, at most
-// commitRetryMax apart, until try reports that it is done or the gateway
-// closes (then it calls closing instead; Close waits for a try under way).
-// It calls started first. It reports false, calling none of them, when
-// maxCommitRetries writes are being tried already or the gateway is
-// closed.
-func (g *Gateway) retryInBackground(started func(), try func() (done bool), closing func()) bool {
 	if g.commitRetries.Add(1) > maxCommitRetries {
 		g.commitRetries.Add(-1)
 		return false
@@ -693,21 +651,39 @@ func (g *Gateway) retryInBackground(started func(), try func() (done bool), clos
 		g.commitRetries.Add(-1)
 		return false
 	}
-	started()
+	// What the retries read of d, copied: the delivery is finished without
+	// waiting for them.
+	rt, key, token, until, values := d.rt, d.key, d.token, d.leaseUntil, d.detached
+	rt.log.Warn("commit failed after the upstream's 2xx: trying again until the lease ends",
+		append(fields, zap.Time("lease_until", until), zap.Error(err))...)
 	go func() {
 		defer g.active.Done()
 		defer g.commitRetries.Add(-1)
 		pause := commitRetryFirst
 		timer := time.NewTimer(pause)
 		defer timer.Stop()
-		for {
+		for tries := 2; ; tries++ {
 			select {
 			case <-g.ctx.Done():
-				closing()
+				rt.log.Error("commit not tried again: the gateway is closing; the key stays processing until its lease ends, then a retry is forwarded again",
+					fields...)
 				return
 			case <-timer.C:
 			}
-			if try() {
+			now, wall := g.clock()
+			if !wall.Before(until) {
+				rt.log.Error("commit failed until the lease ended: a retry is forwarded again",
+					append(fields, zap.Int("tries", tries-1), zap.Error(err))...)
+				return
+			}
+			ctx := newOpContext(values, now, g.storeTimeout)
+			err = g.store.Commit(ctx, key, token, opts)
+			ctx.stop()
+			if err == nil {
+				rt.log.Info("commit recorded on a later try", append(fields, zap.Int("tries", tries))...)
+				return
+			}
+			if !commitFailed(rt, fields, err) {
 				return
 			}
 			pause = min(2*pause, commitRetryMax)
