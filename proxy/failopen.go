@@ -141,13 +141,16 @@ func (g *Gateway) recordFailOpens() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
-	wait := func(d time.Duration) bool {
+	// sleep waits d, or less when the gateway closes: the loop's next
+	// turn sees that.
+	sleep := func(d time.Duration) {
+		if d <= 0 {
+			return
+		}
 		timer.Reset(d)
 		select {
 		case <-g.ctx.Done():
-			return false
 		case <-timer.C:
-			return true
 		}
 	}
 	pause := failedRecordFirst
@@ -166,21 +169,17 @@ func (g *Gateway) recordFailOpens() {
 				continue
 			}
 		}
-		if d := time.Until(rec.notBefore); d > 0 && !wait(d) {
-			g.abandonFailOpens()
-			return
-		}
+		sleep(time.Until(rec.notBefore))
 		if g.ctx.Err() != nil {
 			g.abandonFailOpens()
 			return
 		}
 		now, wall := g.clock()
-		outcome := recordStoreDown
+		outcome := recordDone
 		if wall.Before(rec.until) {
 			outcome = g.recordOnce(newOpContext(rec.values, now, g.storeTimeout), rec)
 		} else {
 			rec.rt.log.Warn("fail-open forward not recorded within its window", rec.fields...)
-			outcome = recordDone
 		}
 		if outcome == recordStoreDown && g.keyFails(rec, now) {
 			rec.rt.log.Warn("fail-open forward not recorded: the store fails this key's claim while it answers its ping; its next copy is forwarded again",
@@ -198,10 +197,7 @@ func (g *Gateway) recordFailOpens() {
 			pause = failedRecordFirst
 		case recordStoreDown:
 			q.requeue() // the next try is the next record's
-			if !wait(pause) {
-				g.abandonFailOpens()
-				return
-			}
+			sleep(pause)
 			pause = min(2*pause, failedRecordMax)
 		}
 	}
