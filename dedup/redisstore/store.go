@@ -640,34 +640,18 @@ func (s *Store) SingleNodeInCluster(ctx context.Context) (bool, error) {
 // event is forwarded again; noeviction makes writes fail instead, which the
 // gateway's on_store_error decides.
 func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
-	if s.closed.Load() {
-		return "", dedup.ErrClosed
-	}
-	var (
-		mu     sync.Mutex // ForEachMaster calls fn concurrently
-		policy string
-	)
-	read := func(ctx context.Context, c redis.Cmdable) error {
+	return s.worstOfMasters(ctx, "maxmemory-policy", func(ctx context.Context, c redis.Cmdable) (string, error) {
 		info, err := c.Info(ctx, "memory").Result()
 		if err != nil {
-			return err
+			return "", err
 		}
 		for line := range strings.Lines(info) {
 			if v, ok := strings.CutPrefix(line, "maxmemory_policy:"); ok {
-				mu.Lock()
-				defer mu.Unlock()
-				if v = strings.TrimSpace(v); policy == "" || evictionRank(v) > evictionRank(policy) {
-					policy = v
-				}
-				return nil
+				return strings.TrimSpace(v), nil
 			}
 		}
-		return errors.New("INFO memory has no maxmemory_policy")
-	}
-	if err := s.eachMaster(ctx, read); err != nil {
-		return "", fmt.Errorf("redisstore: maxmemory-policy: %w", err)
-	}
-	return policy, nil
+		return "", errors.New("INFO memory has no maxmemory_policy")
+	}, evictionRank)
 }
 
 // How Redis keeps its keys across its own restart, least durable first
@@ -684,44 +668,66 @@ const (
 // (aof_enabled) and, without appendonly, CONFIG GET save, which an ACL
 // user or a managed Redis may refuse: then it returns the error.
 func (s *Store) Persistence(ctx context.Context) (string, error) {
+	return s.worstOfMasters(ctx, "persistence", func(ctx context.Context, c redis.Cmdable) (string, error) {
+		info, err := c.Info(ctx, "persistence").Result()
+		if err != nil {
+			return "", err
+		}
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(line, "aof_enabled:"); ok && strings.TrimSpace(v) == "1" {
+				return PersistenceAOF, nil
+			}
+		}
+		save, err := c.ConfigGet(ctx, "save").Result()
+		if err != nil {
+			return "", err
+		}
+		if strings.TrimSpace(save["save"]) == "" {
+			return PersistenceNone, nil
+		}
+		return PersistenceRDB, nil
+	}, persistenceHarm)
+}
+
+// persistenceHarm orders Persistence's answers by the keys a restart of
+// Redis may lose: none (appendonly), those since the last snapshot, all.
+func persistenceHarm(p string) int {
+	switch p {
+	case PersistenceAOF:
+		return 0
+	case PersistenceRDB:
+		return 1
+	}
+	return 2
+}
+
+// worstOfMasters reads a setting from every master (every Cluster master
+// at once, else the one master) and returns the value harm ranks highest:
+// the store is only as safe as its least safe master. op names the
+// setting in the error.
+func (s *Store) worstOfMasters(ctx context.Context, op string, read func(context.Context, redis.Cmdable) (string, error), harm func(string) int) (string, error) {
 	if s.closed.Load() {
 		return "", dedup.ErrClosed
 	}
-	rank := map[string]int{PersistenceNone: 0, PersistenceRDB: 1, PersistenceAOF: 2}
 	var (
 		mu    sync.Mutex // eachMaster calls fn concurrently
-		worst = PersistenceAOF
+		worst string
+		found bool
 	)
-	read := func(ctx context.Context, c redis.Cmdable) error {
-		info, err := c.Info(ctx, "persistence").Result()
+	err := s.eachMaster(ctx, func(ctx context.Context, c redis.Cmdable) error {
+		v, err := read(ctx, c)
 		if err != nil {
 			return err
 		}
-		got := ""
-		for line := range strings.Lines(info) {
-			if v, ok := strings.CutPrefix(line, "aof_enabled:"); ok && strings.TrimSpace(v) == "1" {
-				got = PersistenceAOF
-			}
-		}
-		if got == "" {
-			save, err := c.ConfigGet(ctx, "save").Result()
-			if err != nil {
-				return err
-			}
-			got = PersistenceRDB
-			if strings.TrimSpace(save["save"]) == "" {
-				got = PersistenceNone
-			}
-		}
 		mu.Lock()
 		defer mu.Unlock()
-		if rank[got] < rank[worst] {
-			worst = got
+		if !found || harm(v) > harm(worst) {
+			worst, found = v, true
 		}
 		return nil
-	}
-	if err := s.eachMaster(ctx, read); err != nil {
-		return "", fmt.Errorf("redisstore: persistence: %w", err)
+	})
+	if err != nil {
+		return "", fmt.Errorf("redisstore: %s: %w", op, err)
 	}
 	return worst, nil
 }
