@@ -257,25 +257,27 @@ func (g *Gateway) abandonFailOpens() {
 	items := q.items
 	q.items, q.bytes = nil, 0
 	q.mu.Unlock()
-	byRoute := map[*route][]string{}
+	type unrecorded struct {
+		count int
+		keys  []string // the first maxUnrecordedKeys
+	}
+	byRoute := map[*route]*unrecorded{}
 	var order []*route
 	for _, rec := range items {
-		if _, ok := byRoute[rec.rt]; !ok {
+		u := byRoute[rec.rt]
+		if u == nil {
+			u = &unrecorded{}
+			byRoute[rec.rt] = u
 			order = append(order, rec.rt)
 		}
-		if keys := byRoute[rec.rt]; len(keys) < maxUnrecordedKeys {
-			byRoute[rec.rt] = append(keys, clipForLog(rec.key.ID))
-		} else {
-			byRoute[rec.rt] = keys
+		u.count++
+		if len(u.keys) < maxUnrecordedKeys {
+			u.keys = append(u.keys, clipForLog(rec.key.ID))
 		}
-	}
-	counts := map[*route]int{}
-	for _, rec := range items {
-		counts[rec.rt]++
 	}
 	for _, rt := range order {
 		rt.log.Warn("fail-open forwards not recorded: the gateway is closing; their next copies are forwarded again (after the lease of a claim made to record one)",
-			zap.Int("count", counts[rt]), zap.Strings("keys", byRoute[rt]))
+			zap.Int("count", byRoute[rt].count), zap.Strings("keys", byRoute[rt].keys))
 	}
 }
 
