@@ -109,6 +109,14 @@ type Record struct {
 	// Fingerprint is the hex SHA-256 of the request as the route fingerprints it
 	// (API idempotency). Empty when the route does not fingerprint.
 	Fingerprint string `json:"fingerprint,omitempty"`
+	// MaybeProcessed marks a key an attempt of which ended without an
+	// answer after the upstream may have received it (cut at the upstream
+	// timeout or by a shutdown, the connection lost mid-exchange): the
+	// application may have processed the event although the record is
+	// failed, so a replay may process it twice. Set by a Release with
+	// ReleaseOptions.MaybeProcessed; a Claim carries it to the new
+	// attempt's record, as it carries LastStatus; a Commit clears it.
+	MaybeProcessed bool `json:"maybe_processed,omitempty"`
 	// Response is the stored upstream response (duplicate_response: replay).
 	Response *Response `json:"-"`
 	// Owner is the token of the current claim. Never exposed to clients.
@@ -198,6 +206,11 @@ type ReleaseOptions struct {
 	Status int
 	// Error describes why the attempt failed when there was no status.
 	Error string
+	// MaybeProcessed is the failed record's MaybeProcessed. The store
+	// writes it as given: a caller whose claim found the key already
+	// marked (ClaimResult.Record.MaybeProcessed) passes true again, so
+	// the mark lasts the key's life.
+	MaybeProcessed bool
 }
 
 // ForgetOptions make a Forget conditional. The zero value forgets the key

@@ -150,6 +150,7 @@ type lease struct {
 	attempts    int
 	lastStatus  int
 	lastError   string
+	maybeDone   bool // the record's MaybeProcessed, carried over
 	bodySHA256  string
 	fingerprint string
 	// finishing is non-nil while the owner's Commit or Release is being
@@ -160,15 +161,16 @@ type lease struct {
 
 func (l *lease) record() dedup.Record {
 	return dedup.Record{
-		State:       dedup.StateProcessing,
-		FirstSeen:   l.firstSeen,
-		LeaseUntil:  l.until,
-		ExpiresAt:   l.until,
-		Attempts:    l.attempts,
-		LastStatus:  l.lastStatus,
-		LastError:   l.lastError,
-		BodySHA256:  l.bodySHA256,
-		Fingerprint: l.fingerprint,
+		State:          dedup.StateProcessing,
+		FirstSeen:      l.firstSeen,
+		LeaseUntil:     l.until,
+		ExpiresAt:      l.until,
+		Attempts:       l.attempts,
+		LastStatus:     l.lastStatus,
+		LastError:      l.lastError,
+		MaybeProcessed: l.maybeDone,
+		BodySHA256:     l.bodySHA256,
+		Fingerprint:    l.fingerprint,
 	}
 }
 
@@ -662,7 +664,7 @@ func (s *Store) decideClaim(rk []byte, now time.Time, opts dedup.ClaimOptions, g
 			return dedup.ClaimResult{Outcome: dedup.InFlight, Record: l.record()}, nil, nil
 		}
 		next.firstSeen, next.attempts = l.firstSeen, l.attempts+1
-		next.lastStatus, next.lastError = l.lastStatus, l.lastError
+		next.lastStatus, next.lastError, next.maybeDone = l.lastStatus, l.lastError, l.maybeDone
 		return dedup.ClaimResult{}, next, nil
 	}
 	// Read again under the lock: a commit may have landed since the fast
@@ -688,7 +690,7 @@ func (s *Store) decideClaim(rk []byte, now time.Time, opts dedup.ClaimOptions, g
 			return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: *disk}, nil, nil
 		}
 		next.firstSeen, next.attempts = disk.FirstSeen, disk.Attempts+1
-		next.lastStatus, next.lastError = disk.LastStatus, disk.LastError
+		next.lastStatus, next.lastError, next.maybeDone = disk.LastStatus, disk.LastError, disk.MaybeProcessed
 	}
 	return dedup.ClaimResult{}, next, nil
 }
@@ -810,15 +812,16 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	if opts.Retain > 0 {
 		now := s.now()
 		val = encodeRecord(nil, &dedup.Record{
-			State:       dedup.StateFailed,
-			FirstSeen:   l.firstSeen,
-			CompletedAt: now,
-			ExpiresAt:   now.Add(opts.Retain),
-			Attempts:    l.attempts,
-			LastStatus:  opts.Status,
-			LastError:   opts.Error,
-			BodySHA256:  l.bodySHA256,
-			Fingerprint: l.fingerprint,
+			State:          dedup.StateFailed,
+			FirstSeen:      l.firstSeen,
+			CompletedAt:    now,
+			ExpiresAt:      now.Add(opts.Retain),
+			Attempts:       l.attempts,
+			LastStatus:     opts.Status,
+			LastError:      opts.Error,
+			MaybeProcessed: opts.MaybeProcessed,
+			BodySHA256:     l.bodySHA256,
+			Fingerprint:    l.fingerprint,
 		})
 	}
 	if err := s.finishWrite(ctx, rk, l, val); err != nil {

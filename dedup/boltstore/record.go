@@ -14,7 +14,8 @@ import (
 // duplicate and measured in bytes per key:
 //
 //	version    byte (recordVersion)
-//	state      byte (1 processing, 2 processed, 3 failed)
+//	state      byte (1 processing, 2 processed, 3 failed), plus stateMaybe
+//	           (0x80) when the record is MaybeProcessed
 //	firstSeen  varint  unix milliseconds
 //	completed  varint  milliseconds after firstSeen
 //	expires    varint  milliseconds after completed
@@ -53,6 +54,10 @@ var stateCodes = map[dedup.State]byte{
 
 var codeStates = [...]dedup.State{1: dedup.StateProcessing, 2: dedup.StateProcessed, 3: dedup.StateFailed}
 
+// stateMaybe is the state byte's flag for a MaybeProcessed record. A
+// reader from before it refuses such a record as corrupt (state > 3).
+const stateMaybe = 0x80
+
 // encodeRecord appends the encoding of r to dst. Owner and LeaseUntil are not
 // persisted: leases live in memory.
 func encodeRecord(dst []byte, r *dedup.Record) []byte {
@@ -62,7 +67,11 @@ func encodeRecord(dst []byte, r *dedup.Record) []byte {
 		completed = r.CompletedAt.UnixMilli()
 	}
 	expires := r.ExpiresAt.UnixMilli()
-	dst = append(dst, recordVersion, stateCodes[r.State])
+	code := stateCodes[r.State]
+	if r.MaybeProcessed {
+		code |= stateMaybe
+	}
+	dst = append(dst, recordVersion, code)
 	dst = binary.AppendVarint(dst, first)
 	dst = binary.AppendVarint(dst, completed-first)
 	dst = binary.AppendVarint(dst, expires-completed)
@@ -210,6 +219,8 @@ func decodeRecord(b []byte) (dedup.Record, error) {
 		return r, fmt.Errorf("%w: version %d", errCorrupt, v)
 	}
 	code := d.byte()
+	maybe := code&stateMaybe != 0
+	code &^= stateMaybe
 	if d.err == nil && (code == 0 || int(code) >= len(codeStates)) {
 		return r, fmt.Errorf("%w: state %d", errCorrupt, code)
 	}
@@ -250,6 +261,7 @@ func decodeRecord(b []byte) (dedup.Record, error) {
 		return dedup.Record{}, d.err
 	}
 	r.State = codeStates[code]
+	r.MaybeProcessed = maybe
 	r.FirstSeen = time.UnixMilli(first).UTC()
 	if r.State != dedup.StateProcessing {
 		r.CompletedAt = time.UnixMilli(completed).UTC()

@@ -159,6 +159,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		next.Attempts = r.Attempts + 1
 		next.LastStatus = r.LastStatus
 		next.LastError = r.LastError
+		next.MaybeProcessed = r.MaybeProcessed
 	}
 	s.records[key] = next
 	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.Owner, Record: export(next)}, nil
@@ -191,6 +192,7 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	r.ExpiresAt = now.Add(opts.Window)
 	r.LastStatus = opts.Status
 	r.LastError = ""
+	r.MaybeProcessed = false
 	r.Response = copyResponse(opts.Response)
 	r.Owner = ""
 	return nil
@@ -217,6 +219,7 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	r.ExpiresAt = now.Add(opts.Retain)
 	r.LastStatus = opts.Status
 	r.LastError = opts.Error
+	r.MaybeProcessed = opts.MaybeProcessed
 	r.Response = nil
 	r.Owner = ""
 	return nil

@@ -45,7 +45,7 @@ func decisionRecords(now int64, token string) []decisionRecord {
 		"\x02\xff\xff\xff", // the same, longer
 		"\x09tagged",       // an unknown tag: fingerprint() skips one byte
 	}
-	result := encodeResult(500, "", nil)
+	result := encodeResult(500, "", false, nil)
 	var values []decisionRecord
 	for _, st := range []string{"p", "d", "f", "x"} {
 		for _, exp := range []int64{now - 1000, now - 1, now, now + 1, now + 60_000} {

@@ -31,6 +31,8 @@ import (
 //	             | 0x02 + uvarint length + bytes (anything else)
 //	result part: empty (never completed) |
 //	             uvarint last_status, uvarint len, last_error,
+//	             then 0x02 when the record is MaybeProcessed (a failed
+//	             record, or a claim that carried it over),
 //	             then optionally 0x01 + response
 //	response:    uvarint status, uvarint header count, per header (sorted by
 //	             name) uvarint len + name, uvarint value count, per value
@@ -90,16 +92,25 @@ func isLowerHex(s string) bool {
 	return true
 }
 
+// Tags that may follow last_error in the result part, in this order.
+const (
+	resultResponse = 0x01
+	resultMaybe    = 0x02
+)
+
 // encodeResult returns the result part written by commit and release.
-func encodeResult(status int, errText string, resp *dedup.Response) string {
-	b := make([]byte, 0, 8+len(errText))
+func encodeResult(status int, errText string, maybe bool, resp *dedup.Response) string {
+	b := make([]byte, 0, 9+len(errText))
 	b = binary.AppendUvarint(b, uint64(max(status, 0)))
 	b = binary.AppendUvarint(b, uint64(len(errText)))
 	b = append(b, errText...)
+	if maybe {
+		b = append(b, resultMaybe)
+	}
 	if resp == nil {
 		return string(b)
 	}
-	b = append(b, 0x01)
+	b = append(b, resultResponse)
 	b = binary.AppendUvarint(b, uint64(max(resp.Status, 0)))
 	names := make([]string, 0, len(resp.Header))
 	for name := range resp.Header {
@@ -250,10 +261,14 @@ func decodeResult(s string, rec *dedup.Record) error {
 	if rec.LastError, s, err = readString(s); err != nil {
 		return err
 	}
+	if s != "" && s[0] == resultMaybe {
+		rec.MaybeProcessed = true
+		s = s[1:]
+	}
 	if s == "" {
 		return nil
 	}
-	if s[0] != 0x01 {
+	if s[0] != resultResponse {
 		return fmt.Errorf("%w: response tag %#x", errBadRecord, s[0])
 	}
 	s = s[1:]

@@ -37,16 +37,30 @@ func TestRecordRoundTrip(t *testing.T) {
 			name:   "processed with response, odd digests",
 			header: "d," + base36(t0.UnixMilli()) + "," + base36(t0.Add(time.Hour).UnixMilli()) + ",3," + base36(t0.Add(time.Second).UnixMilli()),
 			body:   strings.ToUpper(sha), fp: "not,hex",
-			result: encodeResult(201, "", resp),
+			result: encodeResult(201, "", false, resp),
 			want: dedup.Record{State: dedup.StateProcessed, FirstSeen: t0, CompletedAt: t0.Add(time.Second), ExpiresAt: t0.Add(time.Hour),
 				Attempts: 3, LastStatus: 201, BodySHA256: strings.ToUpper(sha), Fingerprint: "not,hex", Response: resp},
 		},
 		{
 			name:   "failed with error, no digests",
 			header: "f," + base36(0) + "," + base36(t0.UnixMilli()) + ",12," + base36(1),
-			result: encodeResult(0, "connection refused", nil),
+			result: encodeResult(0, "connection refused", false, nil),
 			want: dedup.Record{State: dedup.StateFailed, FirstSeen: time.UnixMilli(0), CompletedAt: time.UnixMilli(1), ExpiresAt: t0,
 				Attempts: 12, LastError: "connection refused"},
+		},
+		{
+			name:   "failed, maybe processed",
+			header: "f," + base36(0) + "," + base36(t0.UnixMilli()) + ",2," + base36(1),
+			result: encodeResult(0, "timeout", true, nil),
+			want: dedup.Record{State: dedup.StateFailed, FirstSeen: time.UnixMilli(0), CompletedAt: time.UnixMilli(1), ExpiresAt: t0,
+				Attempts: 2, LastError: "timeout", MaybeProcessed: true},
+		},
+		{
+			name:   "processing, maybe processed carried over",
+			header: "p," + base36(0) + "," + base36(t0.UnixMilli()) + ",3,0123abcd",
+			result: encodeResult(500, "", true, nil),
+			want: dedup.Record{State: dedup.StateProcessing, FirstSeen: time.UnixMilli(0), LeaseUntil: t0, ExpiresAt: t0,
+				Attempts: 3, Owner: "0123abcd", LastStatus: 500, MaybeProcessed: true},
 		},
 	}
 	for _, tt := range tests {
@@ -100,6 +114,7 @@ func TestDecodeRecordRejects(t *testing.T) {
 		{"unknown field tag", "d,1,2,1,1,2,\x07\x00"},
 		{"trailing claim bytes", "d,1,2,1,1,3,\x00\x00\x00"},
 		{"bad response tag", "d,1,2,1,1,2,\x00\x00\xc8\x01\x00\x09"},
+		{"maybe tag after the response tag's place", "f,1,2,1,1,2,\x00\x00\xc8\x01\x00\x02\x02"},
 		{"string beyond value", "d,1,2,1,1,2,\x00\x00\xc8\x01\x7f"},
 		{"huge header count", "d,1,2,1,1,2,\x00\x00\xc8\x01\x00\x01\xc8\x01\xff\xff\xff\x0f"},
 	}
@@ -116,9 +131,10 @@ func FuzzDecodeRecord(f *testing.F) {
 	sha := strings.Repeat("ab", 32)
 	claim := encodeClaim(sha, "fp")
 	f.Add("p,1,2,1,tok," + itoa(len(claim)) + "," + claim)
-	f.Add("d,1,2,1,3," + itoa(len(claim)) + "," + claim + encodeResult(200, "", &dedup.Response{
+	f.Add("d,1,2,1,3," + itoa(len(claim)) + "," + claim + encodeResult(200, "", false, &dedup.Response{
 		Status: 200, Header: map[string][]string{"A": {"b"}}, Body: []byte("body")}))
-	f.Add("f,1,2,1,3,2,\x00\x00" + encodeResult(0, "timeout", nil))
+	f.Add("f,1,2,1,3,2,\x00\x00" + encodeResult(0, "timeout", false, nil))
+	f.Add("f,1,2,1,3,2,\x00\x00" + encodeResult(0, "timeout", true, nil))
 	f.Fuzz(func(t *testing.T, value string) {
 		rec, err := decodeRecord(value)
 		if err != nil {

@@ -286,7 +286,7 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	windowMS := durationMS(opts.Window)
 	n, waitErr, err := s.settle(ctx, "commit", commitScript, rk,
 		now, token, base36(now), base36(now+windowMS),
-		windowMS, encodeResult(opts.Status, "", opts.Response),
+		windowMS, encodeResult(opts.Status, "", false, opts.Response),
 	)
 	if err != nil {
 		return fmt.Errorf("redisstore: commit: %w", err)
@@ -407,7 +407,7 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	retainMS := durationMS(opts.Retain)
 	n, _, err := s.settle(ctx, "release", releaseScript, rk,
 		now, token, base36(now), base36(now+retainMS),
-		retainMS, encodeResult(opts.Status, opts.Error, nil),
+		retainMS, encodeResult(opts.Status, opts.Error, opts.MaybeProcessed, nil),
 	)
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)

@@ -111,6 +111,7 @@ func Run(t *testing.T, h Harness) {
 		{"WindowExpiry", testWindowExpiry},
 		{"WindowFixedAtCommit", testWindowFixed},
 		{"FailedIsClaimable", testFailedClaimable},
+		{"MaybeProcessed", testMaybeProcessed},
 		{"BindFingerprint", testBindFingerprint},
 		{"FailedRetentionExpiry", testFailedRetentionExpiry},
 		{"ReleaseRetainZero", testRetainZero},
@@ -225,6 +226,9 @@ func checkRecord(t *testing.T, what string, got dedup.Record, want dedup.Record)
 	}
 	if got.LastError != want.LastError {
 		t.Errorf("%s: got LastError %q, want %q", what, got.LastError, want.LastError)
+	}
+	if got.MaybeProcessed != want.MaybeProcessed {
+		t.Errorf("%s: got MaybeProcessed %v, want %v", what, got.MaybeProcessed, want.MaybeProcessed)
 	}
 }
 
@@ -659,6 +663,54 @@ func testFailedClaimable(t *testing.T, e *env) {
 	mustCommit(t, e.s, k, c.Token, nil)
 	checkRecord(t, "Get after Commit", mustGet(t, e.s, k),
 		dedup.Record{State: dedup.StateProcessed, FirstSeen: Epoch, CompletedAt: t4, ExpiresAt: t4.Add(window), Attempts: 3, LastStatus: 200})
+}
+
+// testMaybeProcessed: a Release's MaybeProcessed is on the failed record,
+// every Claim carries it over (also a takeover of a lapsed lease) until the
+// owner settles the key again, and a Commit clears it.
+func testMaybeProcessed(t *testing.T, e *env) {
+	k := dedup.Key{Namespace: "stripe", ID: "evt_1"}
+	a := mustClaim(t, e.s, k, dedup.Claimed)
+	t1 := e.clk.Advance(time.Second)
+	mustRelease(t, e.s, k, a.Token, dedup.ReleaseOptions{Retain: retain, Error: "timeout", MaybeProcessed: true})
+	failed := dedup.Record{State: dedup.StateFailed, FirstSeen: Epoch, CompletedAt: t1, ExpiresAt: t1.Add(retain), Attempts: 1, LastError: "timeout", MaybeProcessed: true}
+	checkRecord(t, "Get after Release(MaybeProcessed)", mustGet(t, e.s, k), failed)
+	_, listed := listAll(t, e, k.Namespace, dedup.ListOptions{States: []dedup.State{dedup.StateFailed}})
+	checkRecord(t, "List after Release(MaybeProcessed)", listed[k.ID], failed)
+
+	t2 := e.clk.Advance(time.Second)
+	b := mustClaim(t, e.s, k, dedup.Claimed)
+	processing := dedup.Record{State: dedup.StateProcessing, FirstSeen: Epoch, LeaseUntil: t2.Add(lease), ExpiresAt: t2.Add(lease), Attempts: 2,
+		LastStatus: b.Record.LastStatus, LastError: b.Record.LastError, MaybeProcessed: true}
+	checkRecord(t, "claim of a maybe-processed key", b.Record, processing)
+	checkRecord(t, "Get while in flight", mustGet(t, e.s, k), processing)
+
+	t3 := e.clk.Advance(lease + time.Second) // b's lease lapses: the next claim takes over
+	c := mustClaim(t, e.s, k, dedup.Claimed)
+	checkRecord(t, "takeover of a lapsed claim", c.Record,
+		dedup.Record{State: dedup.StateProcessing, FirstSeen: Epoch, LeaseUntil: t3.Add(lease), ExpiresAt: t3.Add(lease), Attempts: 3,
+			LastStatus: c.Record.LastStatus, LastError: c.Record.LastError, MaybeProcessed: true})
+
+	t4 := e.clk.Advance(time.Second)
+	mustRelease(t, e.s, k, c.Token, dedup.ReleaseOptions{Retain: retain, Status: 500})
+	checkRecord(t, "Get after Release without MaybeProcessed (the store writes it as given)", mustGet(t, e.s, k),
+		dedup.Record{State: dedup.StateFailed, FirstSeen: Epoch, CompletedAt: t4, ExpiresAt: t4.Add(retain), Attempts: 3, LastStatus: 500})
+
+	d := mustClaim(t, e.s, k, dedup.Claimed)
+	mustRelease(t, e.s, k, d.Token, dedup.ReleaseOptions{Retain: retain, Status: 502, MaybeProcessed: true})
+	t5 := e.clk.Advance(time.Second)
+	f := mustClaim(t, e.s, k, dedup.Claimed)
+	mustCommit(t, e.s, k, f.Token, nil)
+	processed := dedup.Record{State: dedup.StateProcessed, FirstSeen: Epoch, CompletedAt: t5, ExpiresAt: t5.Add(window), Attempts: 5, LastStatus: 200}
+	checkRecord(t, "Get after Commit", mustGet(t, e.s, k), processed)
+	checkRecord(t, "duplicate after Commit", mustClaim(t, e.s, k, dedup.Duplicate).Record, processed)
+	forgotten, err := e.s.Forget(context.Background(), k, dedup.ForgetOptions{})
+	if err != nil {
+		t.Fatalf("Forget: got error %v, want nil", err)
+	}
+	checkRecord(t, "Forget's record", forgotten, processed)
+	checkRecord(t, "claim after Forget", mustClaim(t, e.s, k, dedup.Claimed).Record,
+		dedup.Record{State: dedup.StateProcessing, FirstSeen: t5, LeaseUntil: t5.Add(lease), ExpiresAt: t5.Add(lease), Attempts: 1})
 }
 
 func testFailedRetentionExpiry(t *testing.T, e *env) {
