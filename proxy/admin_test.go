@@ -242,10 +242,30 @@ func TestAdminKeysAPI(t *testing.T) {
 				t.Errorf("record: %q missing in %s", k, body)
 			}
 		}
-		for _, k := range []string{"owner", "Owner", "response", "lease_until"} {
+		for _, k := range []string{"owner", "Owner", "response", "lease_until", "maybe_processed"} {
 			if _, ok := got[k]; ok {
 				t.Errorf("record: %q present in %s, want it hidden", k, body)
 			}
+		}
+	})
+
+	t.Run("a failed record the application may have processed says so", func(t *testing.T) {
+		ctx := context.Background()
+		k := dedup.Key{Namespace: "orders", ID: "evt_cut"}
+		res, err := a.store.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.store.Release(ctx, k, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Error: "timeout", MaybeProcessed: true}); err != nil {
+			t.Fatal(err)
+		}
+		_, _, body := a.call(http.MethodGet, keyPath("evt_cut"), bearer)
+		var got map[string]any
+		if err := json.Unmarshal(body, &got); err != nil {
+			t.Fatalf("record %s: %v", body, err)
+		}
+		if got["state"] != "failed" || got["maybe_processed"] != true {
+			t.Errorf("record: got state %v maybe_processed %v, want failed true (body %s)", got["state"], got["maybe_processed"], body)
 		}
 	})
 

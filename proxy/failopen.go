@@ -58,6 +58,7 @@ type failOpenRecord struct {
 	claim     dedup.ClaimOptions
 	status    int // the upstream's; 0 when it did not answer
 	errText   string
+	maybe     bool // the record's MaybeProcessed, if it is released
 	stored    *dedup.Response
 	until     time.Time // by g.now: the route's window from the forward
 	values    context.Context
@@ -100,7 +101,7 @@ func (g *Gateway) recordLater(d *delivery, status int, errText string, stored *d
 	}
 	_, wall := g.clock()
 	rec := &failOpenRecord{
-		rt: d.rt, key: d.key, claim: d.claimOptions(d.bodySHA), status: status, errText: errText, stored: stored,
+		rt: d.rt, key: d.key, claim: d.claimOptions(d.bodySHA), status: status, errText: errText, maybe: d.maybeProcessed, stored: stored,
 		until: wall.Add(d.rt.Window), values: d.detached,
 		fields: fields,
 		// The store has just failed the delivery's claim: give it as long
@@ -305,6 +306,7 @@ func (g *Gateway) recordOnce(ctx *opContext, rec *failOpenRecord) int {
 			return recordDone
 		}
 		rec.token = res.Token
+		rec.maybe = rec.maybe || res.Record.MaybeProcessed // the mark of an attempt before the outage
 	}
 	var err error
 	what := "recorded as processed once the store answered"
@@ -312,7 +314,7 @@ func (g *Gateway) recordOnce(ctx *opContext, rec *failOpenRecord) int {
 		err = g.store.Commit(ctx, rec.key, rec.token, dedup.CommitOptions{Window: rec.rt.Window, Status: rec.status, Response: rec.stored})
 	} else {
 		what = "recorded as failed once the store answered"
-		err = g.store.Release(ctx, rec.key, rec.token, dedup.ReleaseOptions{Retain: rec.rt.FailedRetention, Status: rec.status, Error: rec.errText})
+		err = g.store.Release(ctx, rec.key, rec.token, dedup.ReleaseOptions{Retain: rec.rt.FailedRetention, Status: rec.status, Error: rec.errText, MaybeProcessed: rec.maybe})
 	}
 	switch {
 	case errors.Is(err, dedup.ErrNotOwner):

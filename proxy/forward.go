@@ -365,6 +365,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 		// The ReverseProxy calls modifyResponse or errorHandler on every path;
 		// this is a guard so a claim is never left to its lease.
 		if d.token != "" && !d.settled {
+			d.maybeProcessed = true // the forward may have been sent
 			g.release(ctx, d, reasonUpstreamError, 0, "no answer")
 		}
 	}()
@@ -515,6 +516,7 @@ func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		reason, prob, text = reasonUpstreamError, probBadGateway.with(d.rt.Name, "the upstream could not be reached"), upstreamErrorText(err)
 	}
 	d.upstreamErr = text
+	d.maybeProcessed = d.maybeProcessed || mayHaveReached(err)
 	d.rt.log.Warn("upstream failed", keyField(d.clientKey), zap.String("reason", reason), zap.Error(err))
 	switch {
 	case d.token != "":
@@ -551,6 +553,17 @@ func upstreamErrorText(err error) string {
 		err = urlErr.Err
 	}
 	return err.Error()
+}
+
+// mayHaveReached reports whether a forward that failed with err may have
+// reached the upstream, which may then have processed the delivery: the
+// Transport gives no answer on whether it wrote the request, so anything
+// but a failed connection attempt (refused, DNS, no route, a connect
+// timeout: a dial error) counts. A timeout that struck while dialling
+// counts too, as the Transport reports it as the context's error.
+func mayHaveReached(err error) bool {
+	var op *net.OpError
+	return !errors.As(err, &op) || op.Op != "dial"
 }
 
 // replayableWithoutBody reports whether the Transport would resend r on a
@@ -702,7 +715,7 @@ func (g *Gateway) release(parent context.Context, d *delivery, reason string, st
 	ctx := newOpContext(d.detach(parent), now, g.storeTimeout)
 	defer ctx.stop()
 	g.warnLateFinish(d, "release", wall)
-	err := g.store.Release(ctx, d.key, d.token, dedup.ReleaseOptions{Retain: d.rt.FailedRetention, Status: status, Error: text})
+	err := g.store.Release(ctx, d.key, d.token, dedup.ReleaseOptions{Retain: d.rt.FailedRetention, Status: status, Error: text, MaybeProcessed: d.maybeProcessed})
 	switch {
 	case err == nil:
 	case errors.Is(err, dedup.ErrNotOwner):

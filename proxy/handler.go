@@ -52,6 +52,11 @@ type delivery struct {
 	// token is the owner token while this delivery holds the claim.
 	token      string
 	leaseUntil time.Time
+	// maybeProcessed is what a release or a fail-open record passes as
+	// the record's MaybeProcessed: the claim found the key marked, or the
+	// forward ended without an answer after the upstream may have
+	// received it (see mayHaveReached).
+	maybeProcessed bool
 	// leaseEnd is when the claim's lease ends on this process's monotonic
 	// clock (see claim); zero without a claim.
 	leaseEnd time.Time
@@ -267,6 +272,7 @@ func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (de
 	if res.Outcome == dedup.Claimed {
 		d.token = res.Token
 		d.leaseUntil = res.Record.LeaseUntil
+		d.maybeProcessed = res.Record.MaybeProcessed
 		remaining := d.rt.Lease
 		if r := res.Record.LeaseUntil.Sub(sentWall); !res.Record.LeaseUntil.IsZero() && r > 0 && r < remaining {
 			remaining = r

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/netip"
 	"runtime"
@@ -932,6 +933,68 @@ func TestUpstreamFailures(t *testing.T) {
 	})
 }
 
+// TestMaybeProcessed: a failed record is marked maybe_processed when the
+// forward ended without an answer after the application may have received
+// it, not when the application answered or could not be reached; the mark
+// lasts through the key's later failures and a 2xx clears it.
+func TestMaybeProcessed(t *testing.T) {
+	hold := func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() } // until the gateway gives up
+	cut := func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close() // read the delivery, then hang up without an answer
+		}
+	}
+	reset := func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.(*net.TCPConn).SetLinger(0) // close with a RST: the gateway reads ECONNRESET
+			conn.Close()
+		}
+	}
+	answer := func(status int) func(http.ResponseWriter, *http.Request) {
+		return func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(status) }
+	}
+	tests := []struct {
+		name     string
+		attempts []func(http.ResponseWriter, *http.Request) // one per delivery of the same event
+		refused  bool                                       // the upstream's port is closed
+		want     dedup.State
+		wantMark bool
+	}{
+		{name: "timeout", attempts: []func(http.ResponseWriter, *http.Request){hold}, want: dedup.StateFailed, wantMark: true},
+		{name: "connection cut mid-exchange", attempts: []func(http.ResponseWriter, *http.Request){cut}, want: dedup.StateFailed, wantMark: true},
+		{name: "connection reset mid-exchange", attempts: []func(http.ResponseWriter, *http.Request){reset}, want: dedup.StateFailed, wantMark: true},
+		{name: "application answered 500", attempts: []func(http.ResponseWriter, *http.Request){answer(500)}, want: dedup.StateFailed},
+		{name: "connection refused", refused: true, want: dedup.StateFailed},
+		{name: "timeout, then 500", attempts: []func(http.ResponseWriter, *http.Request){hold, answer(500)}, want: dedup.StateFailed, wantMark: true},
+		{name: "timeout, then 500, then 200", attempts: []func(http.ResponseWriter, *http.Request){hold, answer(500), answer(200)}, want: dedup.StateProcessed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			target, sends := closedPortURL(t), 1
+			if !tt.refused {
+				up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) { tt.attempts[n](w, r) })
+				target, sends = up.URL, len(tt.attempts)
+			}
+			r := genericRoute("orders", "/hooks/orders", target)
+			r.UpstreamTimeout = 50 * time.Millisecond
+			r.Lease = time.Minute
+			h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+			for i := range sends {
+				if resp := h.send("/hooks/orders", `{"id":"evt_1"}`); resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+					t.Fatalf("delivery %d: got %d %q, want forwarded", i+1, resp.Status, resp.Header.Get(HeaderDedupStatus))
+				}
+			}
+			rec, err := h.record("orders", "evt_1")
+			if err != nil || rec.State != tt.want || rec.MaybeProcessed != tt.wantMark {
+				t.Errorf("record: got %s maybe_processed %v (last status %d, last error %q), %v; want %s maybe_processed %v",
+					rec.State, rec.MaybeProcessed, rec.LastStatus, rec.LastError, err, tt.want, tt.wantMark)
+			}
+		})
+	}
+}
+
 // TestSenderHangsUpMidForward: the sender goes away while the upstream works;
 // the forward is not cancelled and the 2xx is committed, so the provider's
 // retry is answered as a duplicate.
@@ -1062,8 +1125,8 @@ func TestCloseReleasesInFlight(t *testing.T) {
 		t.Errorf("cancelled forward: got %d (Retry-After %q), want 503 with Retry-After", resp.Status, resp.Header.Get("Retry-After"))
 	}
 	rec, err := h.record("orders", "evt_1")
-	if err != nil || rec.State != dedup.StateFailed || rec.LastError != "shutdown" {
-		t.Errorf("record = %+v, %v; want failed with last_error shutdown", rec, err)
+	if err != nil || rec.State != dedup.StateFailed || rec.LastError != "shutdown" || !rec.MaybeProcessed {
+		t.Errorf("record = %+v, %v; want failed with last_error shutdown, maybe processed", rec, err)
 	}
 	if got := counterValue(t, h.gw.metrics.releases, "orders", reasonShutdown); got != 1 {
 		t.Errorf("got %v shutdown releases, want 1", got)

@@ -441,9 +441,20 @@ func TestFailOpenRecordKeepsWhatTheForwardDid(t *testing.T) {
 	replay := genericRoute("replay", "/hooks/replay", up.URL)
 	replay.DuplicateResponse = Replay
 	down := genericRoute("down", "/hooks/down", "http://127.0.0.1:1") // nothing listens
+	hung := newUpstream(t, func(_ http.ResponseWriter, r *http.Request, _ int) { <-r.Context().Done() })
+	slow := genericRoute("slow", "/hooks/slow", hung.URL)
+	slow.UpstreamTimeout = 50 * time.Millisecond
 	mem, fs := flakyMemstore(t)
-	_, srv, logs := observedGateway(t, fs, replay, down)
+	_, srv, logs := observedGateway(t, fs, replay, down, slow)
 	const body = `{"id":"evt_1"}`
+	// evt_2 was cut at upstream_timeout before the outage: its record
+	// keeps the mark through the fail-open forward's failure.
+	marked := dedup.Key{Namespace: "down", ID: "evt_2"}
+	if res, err := mem.Claim(ctx, marked, dedup.ClaimOptions{Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	} else if err := mem.Release(ctx, marked, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Error: "timeout", MaybeProcessed: true}); err != nil {
+		t.Fatal(err)
+	}
 	fs.down.Store(true)
 	if resp := post(t, srv, "/hooks/replay", body); resp.Status != http.StatusCreated || resp.Header.Get(HeaderDedupStatus) != "store-error" {
 		t.Fatalf("replay route during the outage: got %d %q, want 201 store-error", resp.Status, resp.Header.Get(HeaderDedupStatus))
@@ -451,11 +462,29 @@ func TestFailOpenRecordKeepsWhatTheForwardDid(t *testing.T) {
 	if resp := post(t, srv, "/hooks/down", body); resp.Status != http.StatusBadGateway || resp.Header.Get(HeaderDedupStatus) != "store-error" {
 		t.Fatalf("unreachable upstream during the outage: got %d %q, want 502 store-error", resp.Status, resp.Header.Get(HeaderDedupStatus))
 	}
+	if resp := post(t, srv, "/hooks/down", `{"id":"evt_2"}`); resp.Status != http.StatusBadGateway {
+		t.Fatalf("unreachable upstream during the outage, a marked key: got %d, want 502", resp.Status)
+	}
+	if resp := post(t, srv, "/hooks/slow", body); resp.Status != http.StatusGatewayTimeout || resp.Header.Get(HeaderDedupStatus) != "store-error" {
+		t.Fatalf("hung upstream during the outage: got %d %q, want 504 store-error", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
 	fs.down.Store(false)
-	waitFor(t, "both fail-open forwards' records", func() bool {
+	waitFor(t, "the fail-open forwards' records", func() bool {
 		return logs.FilterMessage("fail-open forward: recorded as processed once the store answered").Len() == 1 &&
-			logs.FilterMessage("fail-open forward: recorded as failed once the store answered").Len() == 1
+			logs.FilterMessage("fail-open forward: recorded as failed once the store answered").Len() == 3
 	})
+	for _, tt := range []struct {
+		key      dedup.Key
+		wantMark bool
+	}{
+		{dedup.Key{Namespace: "down", ID: "evt_1"}, false}, // refused: never reached the application
+		{marked, true},
+		{dedup.Key{Namespace: "slow", ID: "evt_1"}, true}, // cut at upstream_timeout
+	} {
+		if rec, err := mem.Get(ctx, tt.key); err != nil || rec.State != dedup.StateFailed || rec.MaybeProcessed != tt.wantMark {
+			t.Errorf("%s: got %s maybe_processed %v, %v; want failed maybe_processed %v", tt.key, rec.State, rec.MaybeProcessed, err, tt.wantMark)
+		}
+	}
 	sum := sha256.Sum256([]byte(body))
 	rec, err := mem.Get(ctx, dedup.Key{Namespace: "replay", ID: "evt_1"})
 	if err != nil || rec.State != dedup.StateProcessed || rec.BodySHA256 != hex.EncodeToString(sum[:]) {
