@@ -70,9 +70,20 @@ func (f listFilters) query(cursor string) string {
 // listedKey is one key of a listing: its JSON object as the API sent it,
 // and the fields the bulk forget reads.
 type listedKey struct {
-	raw   json.RawMessage
-	Key   string `json:"key"`
-	State string `json:"state"`
+	raw            json.RawMessage
+	Key            string `json:"key"`
+	State          string `json:"state"`
+	MaybeProcessed bool   `json:"maybe_processed"`
+}
+
+// bulkForget holds the flags of "keys forget" beside the filters.
+type bulkForget struct {
+	// force forgets keys listed in flight; a single forget sends it too.
+	force bool
+	// yes forgets the keys listed; without it they are only printed.
+	yes bool
+	// maybeProcessed forgets keys marked maybe_processed too.
+	maybeProcessed bool
 }
 
 // adminCall sends one request to the admin API with the token from the
@@ -181,12 +192,15 @@ func cmdKeysList(base, route string, f listFilters, stdout, stderr io.Writer) in
 }
 
 // cmdKeysForgetMany forgets every key of route that passes f: it lists
-// them first, and without yes only prints them (JSON Lines) and what it
-// would do. Keys in flight are skipped unless force; each key is forgotten
-// only in the state it was listed in. It exits 0 when every listed key was
-// forgotten or had gone meanwhile, 1 when any was skipped, had changed
-// state or failed.
-func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdout, stderr io.Writer) int {
+// them first, and without bulk.yes only prints them (JSON Lines) and what
+// it would do. Keys in flight are skipped unless bulk.force, and keys
+// marked maybe_processed (the application may have processed them: a
+// replay would process them again) unless bulk.maybeProcessed; each key is
+// forgotten only in the state it was listed in. It exits 0 when every
+// listed key was forgotten or had gone meanwhile, 1 when any was skipped,
+// kept, had changed state or failed.
+func cmdKeysForgetMany(base, route string, f listFilters, bulk bulkForget, stdout, stderr io.Writer) int {
+	force := bulk.force
 	var keys []listedKey
 	if code := listKeys(base, route, f, stderr, func(k listedKey) error {
 		keys = append(keys, k)
@@ -194,31 +208,49 @@ func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdou
 	}); code != exitOK {
 		return code
 	}
-	inFlight := 0
+	inFlight, maybe := 0, 0
 	for _, k := range keys {
-		if k.State == "processing" {
+		switch {
+		case k.State == "processing":
 			inFlight++
+		case k.MaybeProcessed:
+			maybe++
 		}
 	}
-	if !yes {
+	if !bulk.yes {
 		for _, k := range keys {
 			fmt.Fprintf(stdout, "%s\n", k.raw)
 		}
-		plan := fmt.Sprintf("would forget %d", len(keys))
+		forget := len(keys)
+		var plan string // what follows "would forget N"
 		switch {
 		case inFlight > 0 && force:
 			plan += fmt.Sprintf(", %d of them in flight (--force)", inFlight)
 		case inFlight > 0:
-			plan = fmt.Sprintf("would forget %d and skip %d in flight (add --force to forget those too)", len(keys)-inFlight, inFlight)
+			forget -= inFlight
+			plan += fmt.Sprintf(" and skip %d in flight (add --force to forget those too)", inFlight)
 		}
-		fmt.Fprintf(stderr, "dedupgw keys forget: listed %d key(s) of route %s: %s. Nothing was forgotten: run again with --yes.\n", len(keys), route, plan)
+		switch {
+		case maybe > 0 && bulk.maybeProcessed:
+			plan += fmt.Sprintf(", %d of them maybe processed (--include-maybe-processed)", maybe)
+		case maybe > 0:
+			forget -= maybe
+			plan += fmt.Sprintf(" and keep %d maybe processed: the application may have processed them, check them there (add --include-maybe-processed to forget those too)", maybe)
+		}
+		fmt.Fprintf(stderr, "dedupgw keys forget: listed %d key(s) of route %s: would forget %d%s. Nothing was forgotten: run again with --yes.\n",
+			len(keys), route, forget, plan)
 		return exitOK
 	}
-	var forgotten, skipped, changed, gone, failed int
+	var forgotten, skipped, kept, changed, gone, failed int
 	for _, k := range keys {
 		if k.State == "processing" && !force {
 			skipped++
 			fmt.Fprintf(stdout, "skipped %s/%s: in flight (use --force)\n", route, k.Key)
+			continue
+		}
+		if k.MaybeProcessed && k.State != "processing" && !bulk.maybeProcessed {
+			kept++
+			fmt.Fprintf(stdout, "kept %s/%s: maybe processed (check it in the application; use --include-maybe-processed)\n", route, k.Key)
 			continue
 		}
 		// Forgotten only in the state listed: a key settled otherwise since
@@ -253,6 +285,9 @@ func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdou
 		}
 	}
 	summary := fmt.Sprintf("forgotten %d, skipped %d (in flight), changed since the listing %d, not found anymore %d", forgotten, skipped, changed, gone)
+	if kept > 0 {
+		summary += fmt.Sprintf(", kept %d (maybe processed)", kept)
+	}
 	if failed > 0 {
 		summary += fmt.Sprintf(", failed %d", failed)
 	}
@@ -260,7 +295,7 @@ func cmdKeysForgetMany(base, route string, f listFilters, force, yes bool, stdou
 	if force && forgotten > 0 && inFlight > 0 {
 		fmt.Fprintln(stdout, "(forced: a delivery in flight, if any, will not be recorded when it finishes; a copy of it will be forwarded again)")
 	}
-	if skipped > 0 || changed > 0 || failed > 0 {
+	if skipped > 0 || kept > 0 || changed > 0 || failed > 0 {
 		return exitFail
 	}
 	return exitOK

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -38,9 +39,13 @@ func newPagedAdmin(t *testing.T, pages ...[]map[string]string) *pagedAdmin {
 		if i+1 < len(pages) {
 			next = string(rune('0' + i + 1))
 		}
-		keys := []map[string]string{}
+		keys := []map[string]any{}
 		for _, k := range pages[i] {
-			keys = append(keys, map[string]string{"route": "orders", "namespace": "orders", "key": k["key"], "state": k["state"]})
+			key := map[string]any{"route": "orders", "namespace": "orders", "key": k["key"], "state": k["state"]}
+			if k["maybe_processed"] == "true" {
+				key["maybe_processed"] = true
+			}
+			keys = append(keys, key)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"keys": keys, "next": next})
@@ -142,6 +147,46 @@ func TestKeysForgetManySendsForceOnlyWithForce(t *testing.T) {
 				if f, ok := got[k]; !ok || f != want {
 					t.Errorf("DELETE %s: got force=%q (sent: %t), want force=%q", k, f, ok, want)
 				}
+			}
+		})
+	}
+}
+
+// A bulk forget keeps failed keys marked maybe_processed, which a replay
+// could process twice, unless --include-maybe-processed, and says so.
+func TestKeysForgetManyKeepsMaybeProcessed(t *testing.T) {
+	tests := []struct {
+		name       string
+		flags      []string
+		wantDelete []string
+		wantCode   int
+		wantOut    string
+	}{
+		{"dry run", nil, nil, exitOK,
+			"would forget 1 and keep 1 maybe processed: the application may have processed them, check them there (add --include-maybe-processed to forget those too)"},
+		{"dry run, included", []string{"--include-maybe-processed"}, nil, exitOK,
+			"would forget 2, 1 of them maybe processed (--include-maybe-processed)"},
+		{"--yes", []string{"--yes"}, []string{"plain"}, exitFail,
+			"kept orders/cut: maybe processed (check it in the application; use --include-maybe-processed)"},
+		{"--yes, included", []string{"--yes", "--include-maybe-processed"}, []string{"plain", "cut"}, exitOK, "forgotten 2,"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newPagedAdmin(t, []map[string]string{{"key": "plain", "state": "failed"}, {"key": "cut", "state": "failed", "maybe_processed": "true"}})
+			args := append([]string{"keys", "forget", "--admin", a.URL}, tt.flags...)
+			var stdout, stderr bytes.Buffer
+			code := run(append(args, "--state", "failed", "orders"), &stdout, &stderr)
+			var deleted []string
+			for _, r := range a.requests() {
+				if r.Method == http.MethodDelete {
+					deleted = append(deleted, strings.TrimPrefix(r.URL.Path, "/v1/keys/orders/"))
+				}
+			}
+			if !slices.Equal(deleted, tt.wantDelete) {
+				t.Errorf("got DELETEs %q, want %q", deleted, tt.wantDelete)
+			}
+			if code != tt.wantCode || !strings.Contains(stdout.String()+stderr.String(), tt.wantOut) {
+				t.Errorf("got exit %d, output %q\n%q; want %d and %q", code, stdout.String(), stderr.String(), tt.wantCode, tt.wantOut)
 			}
 		})
 	}

@@ -28,15 +28,22 @@ const keysUsage = `Usage:
   dedupgw keys forget [--admin URL] [--force] ROUTE KEY
                                                forget the key so its next delivery is forwarded;
                                                a key whose delivery is in flight needs --force
-  dedupgw keys forget [--admin URL] [--force] [--yes] [--state S] [--since T] [--until T] ROUTE
+  dedupgw keys forget [--admin URL] [--force] [--yes] [--include-maybe-processed] [--state S] [--since T] [--until T] ROUTE
                                                forget every key the filters list: without --yes
-                                               only print them; keys in flight need --force
+                                               only print them; keys in flight need --force, and
+                                               keys marked maybe_processed --include-maybe-processed
 
 --state is processing, processed or failed (comma-separated for several).
 --since and --until take an RFC 3339 time (2026-12-01T10:00:00Z) or a
 duration meaning that long before the command started (1h); a processed
 or failed key is placed by when it completed, one in flight by when it was
 first seen. Since is inclusive, until exclusive. --limit 0 (the default) lists every key.
+
+A failed key marked "maybe_processed": true had a forward cut without an
+answer (upstream_timeout, a shutdown, a lost connection): the application
+may have processed it, and a replay would process it again. A bulk forget
+keeps such keys unless --include-maybe-processed; check them in the
+application first.
 
 The admin token is read from DEDUPGW_ADMIN_TOKEN. --admin defaults to
 DEDUPGW_ADMIN_URL, else ` + defaultAdminURL + `.
@@ -67,13 +74,13 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	}
 	admin := fs.String("admin", def, "admin API base URL")
 	var (
-		force *bool
-		yes   bool
-		f     listFilters
+		bulk bulkForget
+		f    listFilters
 	)
 	if op == "forget" {
-		force = fs.Bool("force", false, "forget the key even while a delivery of it is in flight")
-		fs.BoolVar(&yes, "yes", false, "with filters: forget the keys listed (without it they are only printed)")
+		fs.BoolVar(&bulk.force, "force", false, "forget the key even while a delivery of it is in flight")
+		fs.BoolVar(&bulk.yes, "yes", false, "with filters: forget the keys listed (without it they are only printed)")
+		fs.BoolVar(&bulk.maybeProcessed, "include-maybe-processed", false, "with filters: forget failed keys marked maybe_processed too (the application may have processed them)")
 	}
 	if op != "get" {
 		fs.StringVar(&f.state, "state", "", "only keys in this state: processing, processed or failed (comma-separated for several)")
@@ -87,7 +94,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		return usageExit(err)
 	}
 	if op == "list" || (op == "forget" && f.any()) {
-		return cmdKeysMany(op, fs, *admin, f, force != nil && *force, yes, stdout, stderr)
+		return cmdKeysMany(op, fs, *admin, f, bulk, stdout, stderr)
 	}
 	if (fs.NArg() > 2 && strings.HasPrefix(fs.Arg(2), "-")) || (misplacedFlag(fs) && !slices.Contains(args, "--")) {
 		// Go's flag package stops at the first argument: --admin after
@@ -121,7 +128,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		method = http.MethodDelete
 	}
 	target := base + "/v1/keys/" + pathSegment(route) + "/" + pathSegment(key)
-	if force != nil && *force {
+	if bulk.force {
 		target += "?force=true"
 	}
 	code, body, err := adminCall(method, target, 1<<20)
@@ -141,7 +148,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	case op == "forget" && code/100 == 2:
 		fmt.Fprintf(stdout, "forgot %s/%s: its next delivery will be forwarded\n", route, key)
-		if force != nil && *force {
+		if bulk.force {
 			// The gateway refuses the forward's commit once the claim is
 			// gone: a delivery in flight is not recorded when it succeeds.
 			fmt.Fprintln(stdout, "(forced: a delivery of it still in flight, if any, will not be recorded when it finishes; a copy of it will be forwarded again)")
@@ -179,7 +186,7 @@ func misplacedFlag(fs *flag.FlagSet) bool {
 
 // cmdKeysMany runs "keys list" and a bulk "keys forget" (one with
 // filters) on the parsed flags: one argument, ROUTE.
-func cmdKeysMany(op string, fs *flag.FlagSet, admin string, f listFilters, force, yes bool, stdout, stderr io.Writer) int {
+func cmdKeysMany(op string, fs *flag.FlagSet, admin string, f listFilters, bulk bulkForget, stdout, stderr io.Writer) int {
 	if (fs.NArg() > 1 && strings.HasPrefix(fs.Arg(1), "-")) || misplacedFlag(fs) {
 		fmt.Fprintf(stderr, "dedupgw keys %s: flags go before ROUTE, e.g. dedupgw keys %s --state failed ROUTE\n", op, op)
 		return exitUsage
@@ -207,7 +214,7 @@ func cmdKeysMany(op string, fs *flag.FlagSet, admin string, f listFilters, force
 	if op == "list" {
 		return cmdKeysList(base, fs.Arg(0), f, stdout, stderr)
 	}
-	return cmdKeysForgetMany(base, fs.Arg(0), f, force, yes, stdout, stderr)
+	return cmdKeysForgetMany(base, fs.Arg(0), f, bulk, stdout, stderr)
 }
 
 // adminBase returns the admin API's base URL from --admin, without a
