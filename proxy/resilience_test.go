@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -226,6 +227,58 @@ func TestFailOpenForwardsRecordedLater(t *testing.T) {
 				t.Errorf("upstream deliveries after the next copy: got %d, want %d", got, before)
 			}
 		})
+	}
+}
+
+// takenOverOnCommit is a store whose first Commit finds the key taken over:
+// another claim (another replica's delivery) took it, after the caller's
+// lease ran out, and processed it.
+type takenOverOnCommit struct {
+	dedup.Store
+	other dedup.Store // the same keys, as the other claim sees them
+	once  sync.Once
+}
+
+func (s *takenOverOnCommit) Commit(ctx context.Context, k dedup.Key, token string, o dedup.CommitOptions) error {
+	took := false
+	s.once.Do(func() {
+		took = true
+		if _, err := s.other.Forget(ctx, k, dedup.ForgetOptions{}); err != nil {
+			panic(err)
+		}
+		res, err := s.other.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+		if err != nil {
+			panic(err)
+		}
+		if err := s.other.Commit(ctx, k, res.Token, o); err != nil {
+			panic(err)
+		}
+	})
+	if err := s.Store.Commit(ctx, k, token, o); took && !errors.Is(err, dedup.ErrNotOwner) {
+		panic(fmt.Sprintf("commit after the takeover: got %v, want ErrNotOwner", err))
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+// A fail-open record whose claim was taken over before its commit landed
+// (ErrNotOwner) claims the key anew, and finds what the other claim made of
+// it, instead of sending the lost claim's commit until the window ends.
+func TestFailOpenRecordClaimsAgainAfterATakeover(t *testing.T) {
+	up := newUpstream(t, nil)
+	mem, fs := flakyMemstore(t)
+	_, srv, logs := observedGateway(t, &takenOverOnCommit{Store: fs, other: mem}, genericRoute("orders", "/hooks/orders", up.URL))
+	fs.down.Store(true)
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Header.Get(HeaderDedupStatus) != "store-error" {
+		t.Fatalf("during the outage: got %d %q, want store-error", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	fs.down.Store(false)
+	waitFor(t, "the record found processed by the other claim", func() bool {
+		return logs.FilterMessage("fail-open forward: the store already had the key once it answered (processed); left as it is").Len() == 1
+	})
+	if got := fs.claims(dedup.Key{Namespace: "orders", ID: "evt_1"}); got != 3 { // the delivery's, the recorder's, and its claim after the takeover
+		t.Errorf("claims of the key: got %d, want 3", got)
 	}
 }
 
