@@ -827,6 +827,42 @@ func TestStoreErrorLogsClipTheKey(t *testing.T) {
 	}
 }
 
+// failingGet is a store whose Get fails: a copy waiting for a delivery in
+// flight (on_in_flight: wait) cannot read the key.
+type failingGet struct{ dedup.Store }
+
+func (failingGet) Get(context.Context, dedup.Key) (dedup.Record, error) {
+	return dedup.Record{}, errStoreDown
+}
+
+// A copy waiting for a delivery in flight logs a failed read with the key
+// clipped too: the sender picks the key.
+func TestWaitLogsAFailedReadWithTheKeyClipped(t *testing.T) {
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	t.Cleanup(func() { _ = mem.Close() })
+	r := genericRoute("orders", "/hooks/orders", newUpstream(t, nil).URL)
+	r.OnInFlight = Wait
+	r.Lease = 300 * time.Millisecond
+	r.UpstreamTimeout = 100 * time.Millisecond
+	_, srv, logs := observedGateway(t, failingGet{mem}, r)
+	long := strings.Repeat("k", 60000)
+	if _, err := mem.Claim(context.Background(), dedup.Key{Namespace: "orders", ID: long}, dedup.ClaimOptions{Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if resp := post(t, srv, "/hooks/orders", `{}`, "Idempotency-Key: "+long); resp.Status != http.StatusConflict {
+		t.Fatalf("a copy waiting past its lease: got %d, want 409", resp.Status)
+	}
+	lines := logs.FilterMessage("store read while waiting failed").All()
+	if len(lines) == 0 {
+		t.Fatal("got no \"store read while waiting failed\" line")
+	}
+	for _, e := range lines {
+		if got := len(e.ContextMap()["error"].(string)); got > 2*maxLoggedKey {
+			t.Errorf("%q: got an error of %d bytes, want the key in it clipped", e.Message, got)
+		}
+	}
+}
+
 // TestWaitAcrossReplicas: two gateways share one store; a duplicate reaching
 // replica B while replica A forwards waits for A's result.
 func TestWaitAcrossReplicas(t *testing.T) {
