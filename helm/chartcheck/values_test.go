@@ -652,6 +652,13 @@ func TestReadinessPath(t *testing.T) {
 		{"standalone default, the route rejecting", []string{"--set-json", `routes=[{"name":"a","path":"/a","upstream":"http://a:3000","on_store_error":"reject"}]`}, "/readyz"},
 		{"standalone default, one route failing open", []string{"--set", "defaults.on_store_error=reject", "--set-json",
 			`routes=[{"name":"a","path":"/a","upstream":"http://a:3000"},{"name":"b","path":"/b","upstream":"http://b:3000","on_store_error":"forward"}]`}, "/healthz"},
+		// The gateway takes DEDUPGW_DEFAULTS_ON_STORE_ERROR over defaults.
+		{"standalone default, env fails routes open", []string{"--set", "defaults.on_store_error=reject", "--set-json",
+			`env=[{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","value":"forward"}]`}, "/healthz"},
+		{"standalone default, env makes routes reject", []string{"--set-json",
+			`env=[{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","value":"reject"}]`}, "/readyz"},
+		{"standalone default, env from a Secret", []string{"--set", "defaults.on_store_error=reject", "--set-json",
+			`env=[{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","valueFrom":{"secretKeyRef":{"name":"s","key":"k"}}}]`}, "/healthz"},
 		{"standalone process", []string{"--set", "readiness=process", "--set", "defaults.on_store_error=reject"}, "/healthz"},
 		{"standalone store", []string{"--set", "readiness=store"}, "/readyz"},
 	}

@@ -442,7 +442,9 @@ other quantity form.
 dedupgw.readinessPath is the readiness probe's path: /readyz ("the store is
 reachable") or /healthz ("the process serves"), per the readiness value. ""
 picks /readyz only standalone and when every route has on_store_error:
-reject (its own, or defaults'): a route that fails open needs its replicas
+reject (its own, or defaults', or an env entry
+DEDUPGW_DEFAULTS_ON_STORE_ERROR's, which the gateway takes over defaults;
+one from valueFrom counts as not reject): a route that fails open needs its replicas
 in the Service during a store outage, which takes every replica sharing
 Redis out at once. In sidecar mode the gateway's readiness is the whole
 pod's, and a store outage would take the app's own traffic out of its
@@ -454,6 +456,12 @@ Services: /healthz.
 {{- $r = "process" }}
 {{- if ne .Values.mode "sidecar" }}
 {{- $default := lower (toString (dig "on_store_error" "forward" (.Values.defaults | default dict))) }}
+{{- range .Values.env }}
+{{- if eq .name "DEDUPGW_DEFAULTS_ON_STORE_ERROR" }}
+{{- /* the gateway takes the variable over defaults; one from a valueFrom cannot be read here: not "reject" */}}
+{{- $default = lower (toString (.value | default "unknown")) }}
+{{- end }}
+{{- end }}
 {{- $allReject := true }}
 {{- range .Values.routes }}
 {{- if ne (lower (toString (dig "on_store_error" $default .))) "reject" }}
