@@ -208,6 +208,10 @@ type server struct {
 	// start-up is pinged until it does (see checkRedisWhenUp). Zero means
 	// defaultStoreCheckInterval.
 	storeCheckInterval time.Duration
+	// restartCheckInterval is how often a Redis store's masters are asked
+	// for their run (see watchRedisRestarts). Zero means
+	// defaultRestartCheckInterval.
+	restartCheckInterval time.Duration
 	// watch follows those files while run serves; nil before.
 	watch *fileWatch
 }
@@ -358,12 +362,8 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	}
 	s.watch = startFileWatch(interval, f.referencedFiles()) // stopped when the drain starts
 	stopCheck, checkDone := make(chan struct{}), make(chan struct{})
-	if checkLater {
-		every := s.storeCheckInterval
-		if every <= 0 {
-			every = defaultStoreCheckInterval
-		}
-		go s.checkRedisWhenUp(rs, f.Store.Redis, every, stopCheck, checkDone) // stopped when the drain starts
+	if isRedis {
+		go s.followRedis(rs, f.Store.Redis, checkLater, stopCheck, checkDone) // stopped when the drain starts
 	} else {
 		close(checkDone)
 	}
@@ -817,19 +817,35 @@ func (s *server) checkRedis(ctx context.Context, rs *redisstore.Store, cfg Redis
 // answer at start-up, to run checkRedis once it does.
 const defaultStoreCheckInterval = 5 * time.Second
 
-// checkRedisWhenUp runs checkRedis once rs answers a ping, every interval
-// until then, unless stop closes first; it closes done when it returns. A
-// Redis that was unreachable at start-up (the gateway started before it)
-// would otherwise never be checked. Refused credentials cannot end the
-// start-up any more: they are logged as an error.
-func (s *server) checkRedisWhenUp(rs *redisstore.Store, cfg Redis, interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
+// followRedis follows a Redis store while the gateway serves, until stop
+// closes; it closes done when it returns. When Redis did not answer at
+// start-up (checkLater) it runs the start-up checks once it does (see
+// checkRedisWhenUp); then it watches for a restart of Redis (see
+// watchRedisRestarts).
+func (s *server) followRedis(rs *redisstore.Store, cfg Redis, checkLater bool, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
+	if checkLater && !s.checkRedisWhenUp(rs, cfg, stop) {
+		return
+	}
+	s.watchRedisRestarts(rs, stop)
+}
+
+// checkRedisWhenUp runs checkRedis once rs answers a ping, every
+// storeCheckInterval until then, and reports true, or false when stop
+// closed first. A Redis that was unreachable at start-up (the gateway
+// started before it) would otherwise never be checked. Refused credentials
+// cannot end the start-up any more: they are logged as an error.
+func (s *server) checkRedisWhenUp(rs *redisstore.Store, cfg Redis, stop <-chan struct{}) bool {
+	interval := s.storeCheckInterval
+	if interval <= 0 {
+		interval = defaultStoreCheckInterval
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-stop:
-			return
+			return false
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), startupPingTimeout)
@@ -842,7 +858,71 @@ func (s *server) checkRedisWhenUp(rs *redisstore.Store, cfg Redis, interval time
 			s.log.Error("deliveries meet their routes' on_store_error policy until this is fixed", zap.Error(err))
 		}
 		cancel()
-		return
+		return true
+	}
+}
+
+// defaultRestartCheckInterval is how often serve asks Redis's masters for
+// their run (watchRedisRestarts): one INFO server per master.
+const defaultRestartCheckInterval = 30 * time.Second
+
+// restartSlack allows for INFO's whole seconds of uptime and the time the
+// reads take when telling a restart from a failover.
+const restartSlack = 5 * time.Second
+
+// watchRedisRestarts reads the masters' runs (run_id, uptime) every
+// restartCheckInterval until stop closes, and logs a master it has not
+// seen before: a warning when it started since the last answer (Redis
+// restarted and holds only the keys its persistence kept: every key, with
+// appendonly; none, without persistence), with the persistence check of
+// the start-up again, and an info line otherwise (a replica promoted by a
+// failover, a new Cluster master). A read that fails is skipped: store
+// errors are counted and logged where deliveries meet them.
+func (s *server) watchRedisRestarts(rs *redisstore.Store, stop <-chan struct{}) {
+	interval := s.restartCheckInterval
+	if interval <= 0 {
+		interval = defaultRestartCheckInterval
+	}
+	var (
+		known    map[string]bool // run_ids of the last answer
+		answered time.Time       // when the last answer came, by the monotonic clock
+	)
+	read := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), startupPingTimeout)
+		defer cancel()
+		runs, err := rs.MasterRuns(ctx)
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		for _, r := range runs {
+			switch {
+			case known == nil || known[r.RunID]:
+			case r.Uptime <= now.Sub(answered)+restartSlack:
+				s.log.Warn("Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again",
+					zap.String("run_id", r.RunID), zap.Duration("uptime", r.Uptime))
+				warnPersistence(ctx, rs, s.log)
+			default:
+				s.log.Info("a Redis master the gateway had not seen: a replica promoted by a failover, or a new Cluster master",
+					zap.String("run_id", r.RunID), zap.Duration("uptime", r.Uptime))
+			}
+		}
+		known = make(map[string]bool, len(runs))
+		for _, r := range runs {
+			known[r.RunID] = true
+		}
+		answered = now
+	}
+	read()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			read()
+		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -461,6 +462,7 @@ func TestRedisUnreachableAtStartUpIsCheckedOnceItAnswers(t *testing.T) {
 	srv.Stop()
 	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}), func(s *server) {
 		s.storeCheckInterval = 50 * time.Millisecond
+		s.restartCheckInterval = 50 * time.Millisecond
 	})
 	if got := p.logs.FilterMessage("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers").Len(); got != 1 {
 		t.Fatalf("start-up: got %d \"store unreachable\" lines, want 1", got)
@@ -471,9 +473,71 @@ func TestRedisUnreachableAtStartUpIsCheckedOnceItAnswers(t *testing.T) {
 	srv.Start()
 	p.waitLog("Redis answers now: running the start-up checks", 1)
 	p.waitLog(warning, 1)
+	// From then on a restart is watched for, as when Redis answered at once.
+	srv.Restart()
+	p.waitLog("Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again", 1)
 	if err := p.stop(); err != nil {
 		t.Errorf("run: got %v, want nil", err)
 	}
+}
+
+// A Redis that restarts while the gateway serves is named in the log,
+// with how it kept its keys: without persistence it forgot every one (an
+// on-call trial saw only "ready again").
+func TestRedisRestartIsWarnedAbout(t *testing.T) {
+	const (
+		restarted = "Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again"
+		forgot    = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
+	)
+	srv := redistest.Start(t)
+	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}), func(s *server) {
+		s.restartCheckInterval = 50 * time.Millisecond
+	})
+	p.waitLog(forgot, 1) // the start-up check
+	if got := p.logs.FilterMessage(restarted).Len(); got != 0 {
+		t.Fatalf("before a restart: got %d restart warnings, want 0", got)
+	}
+	srv.Restart()
+	p.waitLog(restarted, 1)
+	p.waitLog(forgot, 2)
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
+// A Sentinel failover gives the store a master the gateway had not seen:
+// a replica that ran all along, which is no restart.
+func TestRedisFailoverIsNoRestart(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName}), func(s *server) {
+		s.restartCheckInterval = 50 * time.Millisecond
+	})
+	// The replica must have run longer than a check's slack, or a failover
+	// could not be told from a restart.
+	eventually(t, 2*restartSlack, func() bool {
+		info, err := st.Replica.Client().Info(context.Background(), "server").Result()
+		return err == nil && uptimeOver(info, restartSlack)
+	}, func() string { return "the replica's uptime past the slack" })
+	st.Failover()
+	p.waitLog("a Redis master the gateway had not seen: a replica promoted by a failover, or a new Cluster master", 1)
+	if got := p.logs.FilterMessage("Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again").Len(); got != 0 {
+		t.Errorf("after a failover: got %d restart warnings, want 0", got)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
+// uptimeOver reports whether an INFO server answer's uptime_in_seconds is
+// over d.
+func uptimeOver(info string, d time.Duration) bool {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(line, "uptime_in_seconds:"); ok {
+			secs, err := strconv.Atoi(strings.TrimSpace(v))
+			return err == nil && time.Duration(secs)*time.Second > d
+		}
+	}
+	return false
 }
 
 // One address of a Redis Cluster node, without store.redis.cluster, runs

@@ -616,6 +616,59 @@ func (s *Store) eachMaster(ctx context.Context, fn func(context.Context, redis.C
 	return fn(ctx, s.client)
 }
 
+// MasterRun is one run of a Redis master process, as INFO server reports
+// it.
+type MasterRun struct {
+	// RunID is the process's run_id: a restarted Redis has a new one.
+	RunID string
+	// Uptime is how long the process has run.
+	Uptime time.Duration
+}
+
+// MasterRuns reports the run of every master the Store writes to (every
+// Cluster master, else the one master), in no order. A run_id seen before
+// with a short uptime names a restart, after which the master holds only
+// what its persistence kept; a new run_id with a long one names a replica
+// promoted by a failover.
+func (s *Store) MasterRuns(ctx context.Context) ([]MasterRun, error) {
+	if s.closed.Load() {
+		return nil, dedup.ErrClosed
+	}
+	var (
+		mu   sync.Mutex // eachMaster calls fn concurrently
+		runs []MasterRun
+	)
+	err := s.eachMaster(ctx, func(ctx context.Context, c redis.Cmdable) error {
+		info, err := c.Info(ctx, "server").Result()
+		if err != nil {
+			return err
+		}
+		var run MasterRun
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(line, "run_id:"); ok {
+				run.RunID = strings.TrimSpace(v)
+			} else if v, ok := strings.CutPrefix(line, "uptime_in_seconds:"); ok {
+				secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					return fmt.Errorf("INFO server: uptime_in_seconds: %w", err)
+				}
+				run.Uptime = time.Duration(secs) * time.Second
+			}
+		}
+		if run.RunID == "" {
+			return errors.New("INFO server has no run_id")
+		}
+		mu.Lock()
+		runs = append(runs, run)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: master runs: %w", err)
+	}
+	return runs, nil
+}
+
 // SingleNodeInCluster reports whether the one node a single-node Store
 // talks to is a Redis Cluster node (INFO cluster: cluster_enabled:1): keys
 // on other nodes' slots then fail with MOVED, and Config.Cluster was

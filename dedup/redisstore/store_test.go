@@ -284,6 +284,37 @@ func TestMaxmemoryPolicy(t *testing.T) {
 // Persistence reports how Redis keeps the keys across its own restart, on a
 // Cluster the least durable master's: a Redis started with neither
 // appendonly nor snapshots forgets every key when it restarts.
+// MasterRuns names each master's run: a restart gives a new run_id and
+// a short uptime; a Cluster reports each of its masters.
+func TestMasterRuns(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	s := newStore(t, redisstore.Config{Addrs: []string{srv.Addr()}}, nil)
+	before, err := s.MasterRuns(ctx)
+	if err != nil || len(before) != 1 || len(before[0].RunID) != 40 {
+		t.Fatalf("a single node: got (%+v, %v), want one run with a 40-character run_id", before, err)
+	}
+	srv.Restart()
+	var after []redisstore.MasterRun
+	eventually(t, "the restarted Redis to answer", func() bool {
+		after, err = s.MasterRuns(ctx)
+		return err == nil
+	})
+	if len(after) != 1 || after[0].RunID == before[0].RunID || after[0].Uptime > 5*time.Second {
+		t.Errorf("after a restart: got (%+v, %v), want one run with a new run_id (not %s) and a short uptime", after, err, before[0].RunID)
+	}
+
+	cl := redistest.StartCluster(t, 3)
+	runs, err := newStore(t, redisstore.Config{Addrs: cl.Addrs()}, nil).MasterRuns(ctx)
+	ids := map[string]bool{}
+	for _, r := range runs {
+		ids[r.RunID] = true
+	}
+	if err != nil || len(ids) != 3 {
+		t.Errorf("a 3-master Cluster: got (%+v, %v), want 3 distinct runs", runs, err)
+	}
+}
+
 func TestPersistence(t *testing.T) {
 	ctx := context.Background()
 	cl := redistest.StartCluster(t, 3)
