@@ -114,8 +114,10 @@ type Record struct {
 	// timeout or by a shutdown, the connection lost mid-exchange): the
 	// application may have processed the event although the record is
 	// failed, so a replay may process it twice. Set by a Release with
-	// ReleaseOptions.MaybeProcessed; a Claim carries it to the new
-	// attempt's record, as it carries LastStatus; a Commit clears it.
+	// ReleaseOptions.MaybeProcessed, and by a Claim that takes over a
+	// lapsed lease (that attempt ended unseen: its owner crashed, hung or
+	// could not settle it); a Claim carries it to the new attempt's
+	// record, as it carries LastStatus; a Commit clears it.
 	MaybeProcessed bool `json:"maybe_processed,omitempty"`
 	// Response is the stored upstream response (duplicate_response: replay).
 	Response *Response `json:"-"`
@@ -225,12 +227,17 @@ type ForgetOptions struct {
 	// expired), and forgetting it would let the next copy through beside
 	// it.
 	KeepInFlight bool
+	// KeepMaybeProcessed keeps a record marked MaybeProcessed: an
+	// operator replaying the failed keys a listing showed unmarked does
+	// not forget one that a retry's cut forward marked since.
+	KeepMaybeProcessed bool
 }
 
-// Forgets reports whether a Forget with o deletes a live record in state
-// st.
-func (o ForgetOptions) Forgets(st State) bool {
-	return (o.State == "" || o.State == st) && !(o.KeepInFlight && st == StateProcessing)
+// Forgets reports whether a Forget with o deletes the live record r.
+func (o ForgetOptions) Forgets(r Record) bool {
+	return (o.State == "" || o.State == r.State) &&
+		!(o.KeepInFlight && r.State == StateProcessing) &&
+		!(o.KeepMaybeProcessed && r.MaybeProcessed)
 }
 
 // Store is the contract every backend implements. All methods are safe for

@@ -664,7 +664,9 @@ func (s *Store) decideClaim(rk []byte, now time.Time, opts dedup.ClaimOptions, g
 			return dedup.ClaimResult{Outcome: dedup.InFlight, Record: l.record()}, nil, nil
 		}
 		next.firstSeen, next.attempts = l.firstSeen, l.attempts+1
-		next.lastStatus, next.lastError, next.maybeDone = l.lastStatus, l.lastError, l.maybeDone
+		// The lapsed attempt ended unseen (its owner hung, or could not
+		// settle it): the application may have processed it.
+		next.lastStatus, next.lastError, next.maybeDone = l.lastStatus, l.lastError, true
 		return dedup.ClaimResult{}, next, nil
 	}
 	// Read again under the lock: a commit may have landed since the fast
@@ -927,7 +929,7 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key, opts dedup.ForgetOpti
 		// fails, so no delivery of it can be in flight.
 		return dedup.Record{}, fmt.Errorf("boltstore: forget: %w", err)
 	}
-	if found && !opts.Forgets(rec.State) {
+	if found && !opts.Forgets(rec) {
 		return rec, dedup.ErrKept
 	}
 	if l != nil {

@@ -159,7 +159,9 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		next.Attempts = r.Attempts + 1
 		next.LastStatus = r.LastStatus
 		next.LastError = r.LastError
-		next.MaybeProcessed = r.MaybeProcessed
+		// A lapsed lease's attempt ended unseen (its owner crashed, hung
+		// or could not settle it): the application may have processed it.
+		next.MaybeProcessed = r.MaybeProcessed || r.State == dedup.StateProcessing
 	}
 	s.records[key] = next
 	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.Owner, Record: export(next)}, nil
@@ -252,7 +254,7 @@ func (s *Store) Forget(ctx context.Context, key dedup.Key, opts dedup.ForgetOpti
 		delete(s.records, key)
 		return dedup.Record{}, dedup.ErrNotFound
 	}
-	if !opts.Forgets(r.State) {
+	if !opts.Forgets(*r) {
 		return export(r), dedup.ErrKept
 	}
 	delete(s.records, key)

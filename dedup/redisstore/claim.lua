@@ -28,6 +28,19 @@
 -- (a client retry after a lost reply) returns {0, record} again, so a retry
 -- never turns a claim into in-flight.
 
+-- uvarint reads the unsigned varint at s[i]; it returns the value and
+-- the index after it.
+local function uvarint(s, i)
+  local n, shift = 0, 1
+  repeat
+    local b = string.byte(s, i)
+    i = i + 1
+    n = n + (b % 128) * shift
+    shift = shift * 128
+  until b < 128
+  return n, i
+end
+
 -- fingerprint returns the fingerprint field of a claim part: what follows
 -- the body field (tag 0 empty, 1 + 32 bytes, 2 + uvarint length + bytes).
 local function fingerprint(claim)
@@ -35,16 +48,28 @@ local function fingerprint(claim)
   if tag == 1 then
     i = 34
   elseif tag == 2 then
-    local n, shift = 0, 1
-    repeat
-      local b = string.byte(claim, i)
-      i = i + 1
-      n = n + (b % 128) * shift
-      shift = shift * 128
-    until b < 128
+    local n
+    n, i = uvarint(claim, 2)
     i = i + n
   end
   return string.sub(claim, i)
+end
+
+-- marked returns a processing record's result part (empty, or last_status,
+-- last_error and the maybe-processed tag 0x02; never a response) with the
+-- tag: the attempt whose lease lapsed ended unseen, and the application
+-- may have processed it.
+local function marked(result)
+  if result == '' then
+    return '\0\0\2'
+  end
+  local _, i = uvarint(result, 1)
+  local n
+  n, i = uvarint(result, i)
+  if string.byte(result, i + n) == 2 then
+    return result
+  end
+  return string.sub(result, 1, i + n - 1) .. '\2' .. string.sub(result, i + n)
 end
 
 local rec = redis.call('GET', KEYS[1])
@@ -77,10 +102,14 @@ if rec then
   if lapsed or (st == 'f' and live) then
     -- A lapsed lease (a crashed or stuck attempt) or a retained failure:
     -- claimable, and the receipt's history (first_seen, attempts, last
-    -- status and error) carries over. An expired processed or failed
+    -- status and error, the maybe-processed mark) carries over; a lapsed
+    -- lease sets the mark. An expired processed or failed
     -- record is absent: the key starts over.
     first, attempts = fs, tonumber(att)
     result = string.sub(rec, pos + tonumber(clen))
+    if lapsed then
+      result = marked(result)
+    end
   end
 end
 local new = 'p,' .. first .. ',' .. ARGV[3] .. ',' .. (attempts + 1) .. ',' ..

@@ -3,6 +3,7 @@
 -- ARGV[1] now, ms, decimal
 -- ARGV[2] the state letter the record must be in, or "" for any state
 -- ARGV[3] "1" keeps a processing record (a delivery in flight), else "0"
+-- ARGV[4] "1" keeps a record marked maybe processed, else "0"
 --
 -- Returns {0} when the key was absent or its record had already expired by
 -- the caller's clock (it is deleted anyway), {1, record} when the record was
@@ -10,6 +11,39 @@
 -- conditions. A record this script cannot parse is deleted unless ARGV[2]
 -- names a state (the way to repair a key), else kept: ARGV[3] does not keep
 -- it, since claim.lua refuses such a record, so no delivery holds the key.
+-- uvarint reads the unsigned varint at s[i]; it returns the value and
+-- the index after it, or nil past the end of s.
+local function uvarint(s, i)
+  local n, shift = 0, 1
+  repeat
+    local b = string.byte(s, i)
+    if not b then
+      return nil
+    end
+    i = i + 1
+    n = n + (b % 128) * shift
+    shift = shift * 128
+  until b < 128
+  return n, i
+end
+
+-- maybeProcessed reports whether the result part of rec (see record.go:
+-- uvarint last_status, uvarint length, last_error, then 0x02 when marked)
+-- carries the maybe-processed mark.
+local function maybeProcessed(rec)
+  local clen, pos = string.match(rec, '^%a,%w+,%w+,%d+,%w*,(%d+),()')
+  if not clen then
+    return false
+  end
+  local _, i = uvarint(rec, pos + tonumber(clen))
+  if not i then
+    return false
+  end
+  local n
+  n, i = uvarint(rec, i)
+  return n ~= nil and string.byte(rec, i + n) == 2
+end
+
 local rec = redis.call('GET', KEYS[1])
 if not rec then
   return {0}
@@ -19,7 +53,8 @@ if exp and tonumber(exp, 36) < tonumber(ARGV[1]) then
   redis.call('DEL', KEYS[1])
   return {0}
 end
-if (ARGV[2] ~= '' and state ~= ARGV[2]) or (ARGV[3] == '1' and state == 'p') then
+if (ARGV[2] ~= '' and state ~= ARGV[2]) or (ARGV[3] == '1' and state == 'p') or
+    (ARGV[4] == '1' and maybeProcessed(rec)) then
   return {2, rec}
 end
 redis.call('DEL', KEYS[1])

@@ -509,13 +509,16 @@ func (onceCmd) NoRetry() bool { return true }
 // an error instead: the caller may look and forget again. NOSCRIPT falls
 // back to EVAL, as Script.Run does.
 func (s *Store) forgetOnce(ctx context.Context, rk string, now int64, opts dedup.ForgetOptions) *redis.Cmd {
-	keep := "0"
+	keep, keepMaybe := "0", "0"
 	if opts.KeepInFlight {
 		keep = "1"
 	}
+	if opts.KeepMaybeProcessed {
+		keepMaybe = "1"
+	}
 	state := stateLetter(opts.State)
 	send := func(name, body string) *redis.Cmd {
-		cmd := redis.NewCmd(ctx, name, body, 1, rk, now, state, keep)
+		cmd := redis.NewCmd(ctx, name, body, 1, rk, now, state, keep, keepMaybe)
 		_ = s.client.Process(ctx, onceCmd{cmd}) // the error is cmd's
 		return cmd
 	}

@@ -21,7 +21,8 @@
 //     tests the exact boundary instant;
 //   - a processing record whose lease expired reads as absent (Get returns
 //     ErrNotFound), but the next Claim keeps its FirstSeen and increments
-//     Attempts, as a Claim of a failed record does. A background sweeper must
+//     Attempts, as a Claim of a failed record does, and marks the record
+//     MaybeProcessed. A background sweeper must
 //     therefore not run during the suite (give the store a long sweep
 //     interval in the Harness);
 //   - a processed record past its window, a failed record past its retention,
@@ -602,9 +603,22 @@ func testLeaseExpiry(t *testing.T, e *env) {
 	now := e.clk.Advance(2 * time.Second)
 	mustAbsent(t, e.s, k)
 	res := mustClaim(t, e.s, k, dedup.Claimed)
-	want := dedup.Record{State: dedup.StateProcessing, FirstSeen: Epoch, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(lease), Attempts: 2}
+	// The lapsed attempt ended unseen (its owner crashed or hung): the
+	// application may have processed it.
+	want := dedup.Record{State: dedup.StateProcessing, FirstSeen: Epoch, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(lease), Attempts: 2, MaybeProcessed: true}
 	checkRecord(t, "claim after lease expiry", res.Record, want)
 	checkRecord(t, "Get", mustGet(t, e.s, k), want)
+
+	// A failed attempt's history stays beside the mark.
+	k2 := dedup.Key{Namespace: "stripe", ID: "evt_2"}
+	first := e.clk.Now()
+	mustRelease(t, e.s, k2, mustClaim(t, e.s, k2, dedup.Claimed).Token, dedup.ReleaseOptions{Retain: retain, Status: 502, Error: strings.Repeat("refused ", 20)})
+	mustClaim(t, e.s, k2, dedup.Claimed)
+	now = e.clk.Advance(lease + time.Second)
+	want = dedup.Record{State: dedup.StateProcessing, FirstSeen: first, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(lease), Attempts: 3,
+		LastStatus: 502, LastError: strings.Repeat("refused ", 20), MaybeProcessed: true}
+	checkRecord(t, "claim after a failure and a lapsed lease", mustClaim(t, e.s, k2, dedup.Claimed).Record, want)
+	checkRecord(t, "Get after a failure and a lapsed lease", mustGet(t, e.s, k2), want)
 }
 
 func testWindowExpiry(t *testing.T, e *env) {
@@ -837,40 +851,53 @@ func testForget(t *testing.T, e *env) {
 func testForgetIf(t *testing.T, e *env) {
 	ctx := context.Background()
 	setups := []struct {
-		state dedup.State
+		name  string
 		setup func(t *testing.T, k dedup.Key)
 	}{
-		{dedup.StateProcessing, func(t *testing.T, k dedup.Key) { mustClaim(t, e.s, k, dedup.Claimed) }},
-		{dedup.StateProcessed, func(t *testing.T, k dedup.Key) {
+		{"processing", func(t *testing.T, k dedup.Key) { mustClaim(t, e.s, k, dedup.Claimed) }},
+		{"processed", func(t *testing.T, k dedup.Key) {
 			mustCommit(t, e.s, k, mustClaim(t, e.s, k, dedup.Claimed).Token, testResponse)
 		}},
-		{dedup.StateFailed, func(t *testing.T, k dedup.Key) {
+		{"failed", func(t *testing.T, k dedup.Key) {
 			mustRelease(t, e.s, k, mustClaim(t, e.s, k, dedup.Claimed).Token, dedup.ReleaseOptions{Retain: retain, Status: 500})
+		}},
+		// A long last_error, so a backend that reads the mark past it
+		// meets a length of more than one byte.
+		{"failed, maybe processed", func(t *testing.T, k dedup.Key) {
+			mustRelease(t, e.s, k, mustClaim(t, e.s, k, dedup.Claimed).Token,
+				dedup.ReleaseOptions{Retain: retain, Error: strings.Repeat("cut ", 50), MaybeProcessed: true})
+		}},
+		{"processing, maybe processed", func(t *testing.T, k dedup.Key) {
+			mustRelease(t, e.s, k, mustClaim(t, e.s, k, dedup.Claimed).Token, dedup.ReleaseOptions{Retain: retain, Status: 504, MaybeProcessed: true})
+			mustClaim(t, e.s, k, dedup.Claimed)
 		}},
 	}
 	tests := []struct {
 		name    string
 		opts    dedup.ForgetOptions
-		forgets []dedup.State
+		forgets []string // the setups whose key it forgets
 	}{
-		{"state processing", dedup.ForgetOptions{State: dedup.StateProcessing}, []dedup.State{dedup.StateProcessing}},
-		{"state processed", dedup.ForgetOptions{State: dedup.StateProcessed}, []dedup.State{dedup.StateProcessed}},
-		{"state failed", dedup.ForgetOptions{State: dedup.StateFailed}, []dedup.State{dedup.StateFailed}},
+		{"state processing", dedup.ForgetOptions{State: dedup.StateProcessing}, []string{"processing", "processing, maybe processed"}},
+		{"state processed", dedup.ForgetOptions{State: dedup.StateProcessed}, []string{"processed"}},
+		{"state failed", dedup.ForgetOptions{State: dedup.StateFailed}, []string{"failed", "failed, maybe processed"}},
 		{"unknown state", dedup.ForgetOptions{State: "bogus"}, nil},
-		{"keep in flight", dedup.ForgetOptions{KeepInFlight: true}, []dedup.State{dedup.StateProcessed, dedup.StateFailed}},
-		{"failed, keep in flight", dedup.ForgetOptions{State: dedup.StateFailed, KeepInFlight: true}, []dedup.State{dedup.StateFailed}},
+		{"keep in flight", dedup.ForgetOptions{KeepInFlight: true}, []string{"processed", "failed", "failed, maybe processed"}},
+		{"failed, keep in flight", dedup.ForgetOptions{State: dedup.StateFailed, KeepInFlight: true}, []string{"failed", "failed, maybe processed"}},
 		{"processing, keep in flight", dedup.ForgetOptions{State: dedup.StateProcessing, KeepInFlight: true}, nil},
+		{"keep maybe processed", dedup.ForgetOptions{KeepMaybeProcessed: true}, []string{"processing", "processed", "failed"}},
+		{"failed, keep maybe processed", dedup.ForgetOptions{State: dedup.StateFailed, KeepMaybeProcessed: true}, []string{"failed"}},
+		{"keep in flight and maybe processed", dedup.ForgetOptions{KeepInFlight: true, KeepMaybeProcessed: true}, []string{"processed", "failed"}},
 	}
 	n := 0
 	for _, tt := range tests {
 		for _, st := range setups {
 			n++
 			k := dedup.Key{Namespace: "forget-if", ID: fmt.Sprintf("k%d", n)}
-			what := fmt.Sprintf("%s: Forget(%+v) of a %s key", tt.name, tt.opts, st.state)
+			what := fmt.Sprintf("%s: Forget(%+v) of a %s key", tt.name, tt.opts, st.name)
 			st.setup(t, k)
 			before := mustGet(t, e.s, k)
 			rec, err := e.s.Forget(ctx, k, tt.opts)
-			if slices.Contains(tt.forgets, st.state) {
+			if slices.Contains(tt.forgets, st.name) {
 				if err != nil {
 					t.Errorf("%s: got error %v, want nil", what, err)
 				}
