@@ -65,8 +65,10 @@ type keyRecord struct {
 //	DELETE /v1/keys/{route}/{key...} forget the key (204); 404 if absent; 409 in-flight (with
 //	                                 Retry-After) while a delivery holds a live lease on it,
 //	                                 unless ?force=true (a force that is not a boolean: 400);
-//	                                 with ?state=S only if the key is in state S, else 409
-//	                                 state-changed; the store checks and forgets atomically
+//	                                 with ?state=S only if the key is in state S, and with
+//	                                 ?keep_maybe_processed=true only if it is not marked
+//	                                 maybe_processed, else 409 state-changed; the store
+//	                                 checks and forgets atomically
 //
 // GET paths serve HEAD too; another method gets 405 with Allow, another
 // path 404, and a path with an empty, "." or ".." segment 400, all as
@@ -291,18 +293,37 @@ func (a *admin) getKey(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// boolParam reads the boolean query parameter name of r, false when
+// absent; a value that is not a boolean is answered 400 and reported as
+// not ok.
+func boolParam(w http.ResponseWriter, r *http.Request, rt *route, name string) (v, ok bool) {
+	s := r.URL.Query().Get(name)
+	if s == "" {
+		return false, true
+	}
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		writeProblem(w, probBadQuery.with(rt.Name, fmt.Sprintf("%s=%s: want true or false (or 1, 0)", name, clipForLog(s))), 0)
+		return false, false
+	}
+	return v, true
+}
+
 func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 	rt, key, ok := a.key(w, r)
 	if !ok {
 		return
 	}
-	force := false
-	if v := r.URL.Query().Get("force"); v != "" {
-		var err error
-		if force, err = strconv.ParseBool(v); err != nil {
-			writeProblem(w, probBadQuery.with(rt.Name, fmt.Sprintf("force=%s: want true or false (or 1, 0)", clipForLog(v))), 0)
-			return
-		}
+	force, ok := boolParam(w, r, rt, "force")
+	if !ok {
+		return
+	}
+	// ?keep_maybe_processed=true keeps a key marked maybe_processed: a
+	// bulk forget sends it for keys it listed unmarked, so one a retry's
+	// cut forward marked since is left alone.
+	keepMaybe, ok := boolParam(w, r, rt, "keep_maybe_processed")
+	if !ok {
+		return
 	}
 	// ?state= forgets the key only in that state: a bulk forget names the
 	// state it listed, so a key settled otherwise since is left alone.
@@ -316,12 +337,14 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, probBadQuery.with(rt.Name, fmt.Sprintf("state=%s: want processing, processed or failed", clipForLog(string(want)))), 0)
 		return
 	}
-	rec, err := a.store.Forget(r.Context(), key, dedup.ForgetOptions{State: want, KeepInFlight: !force})
+	rec, err := a.store.Forget(r.Context(), key, dedup.ForgetOptions{State: want, KeepInFlight: !force, KeepMaybeProcessed: keepMaybe})
 	switch {
 	case errors.Is(err, dedup.ErrNotFound):
 		writeProblem(w, probKeyNotFound.with(rt.Name, notFoundDetail(rt, key.ID)), 0)
 	case errors.Is(err, dedup.ErrKept) && want != "" && rec.State != want:
 		writeProblem(w, probStateChanged.with(rt.Name, fmt.Sprintf("the key is %s, not %s: nothing was forgotten", rec.State, want)), 0)
+	case errors.Is(err, dedup.ErrKept) && (force || rec.State != dedup.StateProcessing):
+		writeProblem(w, probStateChanged.with(rt.Name, "the key is marked maybe_processed: its application may have processed it; nothing was forgotten"), 0)
 	case errors.Is(err, dedup.ErrKept):
 		writeProblem(w, probInFlight.with(rt.Name, "a delivery of this key is being forwarded now; forgetting it would let a copy through beside it. Retry once it finished, or add ?force=true"),
 			retryAfterSeconds(a.g.now(), rec.LeaseUntil, rt.Lease))

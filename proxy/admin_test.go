@@ -366,6 +366,51 @@ func TestAdminKeysAPI(t *testing.T) {
 		}
 	})
 
+	// ?keep_maybe_processed=true forgets the key only while it is not
+	// marked maybe_processed, so a bulk forget leaves a key a retry's cut
+	// forward marked after its listing; in flight stays "in-flight".
+	t.Run("forget unless maybe processed", func(t *testing.T) {
+		ctx := context.Background()
+		k := dedup.Key{Namespace: "orders", ID: "evt_maybe"}
+		c, err := a.store.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.store.Release(ctx, k, c.Token, dedup.ReleaseOptions{Retain: time.Hour, Error: "timeout", MaybeProcessed: true}); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			query    string
+			want     int
+			wantType string
+		}{
+			{"?keep_maybe_processed=perhaps", http.StatusBadRequest, "keep_maybe_processed=perhaps: want true or false"},
+			{"?state=failed&keep_maybe_processed=true", http.StatusConflict, "the key is marked maybe_processed"},
+			{"?keep_maybe_processed=1&force=true", http.StatusConflict, "state-changed"},
+		} {
+			got, _, body := a.call(http.MethodDelete, keyPath("evt_maybe")+tc.query, bearer)
+			if got != tc.want || !strings.Contains(string(body), tc.wantType) {
+				t.Errorf("DELETE %s of a maybe-processed key: got %d %s, want %d %s", tc.query, got, body, tc.want, tc.wantType)
+			}
+			if _, err := a.store.Get(ctx, k); err != nil {
+				t.Fatalf("after DELETE %s: got %v, want the key kept", tc.query, err)
+			}
+		}
+		busy, err := a.store.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}) // in flight, and marked
+		if err != nil || !busy.Record.MaybeProcessed {
+			t.Fatalf("claim of the marked key: got %+v, %v", busy, err)
+		}
+		if got, _, body := a.call(http.MethodDelete, keyPath("evt_maybe")+"?keep_maybe_processed=true", bearer); got != http.StatusConflict || !strings.Contains(string(body), "in-flight") {
+			t.Errorf("DELETE ?keep_maybe_processed=true of a marked key in flight: got %d %s, want 409 in-flight", got, body)
+		}
+		if err := a.store.Release(ctx, k, busy.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500}); err != nil { // unmarked now
+			t.Fatal(err)
+		}
+		if got, _, body := a.call(http.MethodDelete, keyPath("evt_maybe")+"?state=failed&keep_maybe_processed=true", bearer); got != http.StatusNoContent {
+			t.Errorf("DELETE ?keep_maybe_processed=true of an unmarked key: got %d %s, want 204", got, body)
+		}
+	})
+
 	t.Run("a raw path is never cleaned into another key", func(t *testing.T) {
 		ctx := context.Background()
 		for _, id := range []string{"x/y", "x//y"} {

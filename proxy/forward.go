@@ -517,7 +517,7 @@ func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	}
 	d.upstreamErr = text
 	d.maybeProcessed = d.maybeProcessed || mayHaveReached(err)
-	d.rt.log.Warn("upstream failed", keyField(d.clientKey), zap.String("reason", reason), zap.Error(err))
+	d.rt.log.Warn("upstream failed", keyField(d.clientKey), zap.String("reason", reason), zap.Bool("maybe_processed", d.maybeProcessed), zap.Error(err))
 	switch {
 	case d.token != "":
 		g.release(r.Context(), d, reason, 0, text)

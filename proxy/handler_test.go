@@ -986,6 +986,12 @@ func TestMaybeProcessed(t *testing.T) {
 					t.Fatalf("delivery %d: got %d %q, want forwarded", i+1, resp.Status, resp.Header.Get(HeaderDedupStatus))
 				}
 			}
+			// The log line of a forward without an answer says it too.
+			for _, l := range h.logs.FilterMessage("upstream failed").All() {
+				if got := l.ContextMap()["maybe_processed"]; sends == 1 && got != tt.wantMark {
+					t.Errorf("\"upstream failed\" line: got maybe_processed %v, want %v", got, tt.wantMark)
+				}
+			}
 			rec, err := h.record("orders", "evt_1")
 			if err != nil || rec.State != tt.want || rec.MaybeProcessed != tt.wantMark {
 				t.Errorf("record: got %s maybe_processed %v (last status %d, last error %q), %v; want %s maybe_processed %v",

@@ -192,8 +192,8 @@ func cmdKeysList(base, route string, f listFilters, stdout, stderr io.Writer) in
 }
 
 // cmdKeysForgetMany forgets every key of route that passes f: it lists
-// them first, and without bulk.yes only prints them (JSON Lines) and what
-// it would do. Keys in flight are skipped unless bulk.force, and keys
+// them first, and without bulk.yes only prints the keys it would forget
+// (JSON Lines) and what it would do. Keys in flight are skipped unless bulk.force, and keys
 // marked maybe_processed (the application may have processed them: a
 // replay would process them again) unless bulk.maybeProcessed; each key is
 // forgotten only in the state it was listed in. It exits 0 when every
@@ -208,56 +208,75 @@ func cmdKeysForgetMany(base, route string, f listFilters, bulk bulkForget, stdou
 	}); code != exitOK {
 		return code
 	}
+	// Why a listed key is left alone: "" when it is to be forgotten.
+	leave := func(k listedKey) string {
+		switch {
+		case k.State == "processing" && !force:
+			return "in flight"
+		case k.MaybeProcessed && !bulk.maybeProcessed:
+			return "maybe processed"
+		}
+		return ""
+	}
 	inFlight, maybe := 0, 0
 	for _, k := range keys {
-		switch {
-		case k.State == "processing":
+		switch leave(k) {
+		case "in flight":
 			inFlight++
-		case k.MaybeProcessed:
+		case "maybe processed":
 			maybe++
 		}
 	}
 	if !bulk.yes {
+		forced, marked := 0, 0
 		for _, k := range keys {
-			fmt.Fprintf(stdout, "%s\n", k.raw)
+			if leave(k) == "" {
+				fmt.Fprintf(stdout, "%s\n", k.raw) // what --yes would forget
+				if k.State == "processing" {
+					forced++
+				}
+				if k.MaybeProcessed {
+					marked++
+				}
+			}
 		}
-		forget := len(keys)
-		var plan string // what follows "would forget N"
-		switch {
-		case inFlight > 0 && force:
-			plan += fmt.Sprintf(", %d of them in flight (--force)", inFlight)
-		case inFlight > 0:
-			forget -= inFlight
+		plan := fmt.Sprintf("would forget %d", len(keys)-inFlight-maybe)
+		if forced > 0 {
+			plan += fmt.Sprintf(", %d of them in flight (--force)", forced)
+		}
+		if marked > 0 {
+			plan += fmt.Sprintf(", %d of them maybe processed (--include-maybe-processed)", marked)
+		}
+		if inFlight > 0 {
 			plan += fmt.Sprintf(" and skip %d in flight (add --force to forget those too)", inFlight)
 		}
-		switch {
-		case maybe > 0 && bulk.maybeProcessed:
-			plan += fmt.Sprintf(", %d of them maybe processed (--include-maybe-processed)", maybe)
-		case maybe > 0:
-			forget -= maybe
-			plan += fmt.Sprintf(" and keep %d maybe processed: the application may have processed them, check them there (add --include-maybe-processed to forget those too)", maybe)
+		if maybe > 0 {
+			plan += fmt.Sprintf(" and keep %d maybe processed: the application may have processed them, check them there (keys list … | jq 'select(.maybe_processed)'; add --include-maybe-processed to forget those too)", maybe)
 		}
-		fmt.Fprintf(stderr, "dedupgw keys forget: listed %d key(s) of route %s: would forget %d%s. Nothing was forgotten: run again with --yes.\n",
-			len(keys), route, forget, plan)
+		fmt.Fprintf(stderr, "dedupgw keys forget: listed %d key(s) of route %s: %s. Nothing was forgotten: run again with --yes.\n", len(keys), route, plan)
 		return exitOK
 	}
-	var forgotten, skipped, kept, changed, gone, failed int
+	var forgotten, forcedForgotten, skipped, kept, changed, gone, failed int
 	for _, k := range keys {
-		if k.State == "processing" && !force {
+		switch leave(k) {
+		case "in flight":
 			skipped++
 			fmt.Fprintf(stdout, "skipped %s/%s: in flight (use --force)\n", route, k.Key)
 			continue
-		}
-		if k.MaybeProcessed && k.State != "processing" && !bulk.maybeProcessed {
+		case "maybe processed":
 			kept++
 			fmt.Fprintf(stdout, "kept %s/%s: maybe processed (check it in the application; use --include-maybe-processed)\n", route, k.Key)
 			continue
 		}
 		// Forgotten only in the state listed: a key settled otherwise since
-		// (a failed one processed by its retry) is left alone.
+		// (a failed one processed by its retry) is left alone, and so is
+		// one a retry's cut forward marked maybe_processed since.
 		target := base + "/v1/keys/" + pathSegment(route) + "/" + pathSegment(k.Key) + "?state=" + url.QueryEscape(k.State)
 		if k.State == "processing" { // and --force: forced only as listed
 			target += "&force=true"
+		}
+		if !bulk.maybeProcessed {
+			target += "&keep_maybe_processed=true"
 		}
 		code, body, err := adminCall(http.MethodDelete, target, 1<<20)
 		switch {
@@ -266,6 +285,9 @@ func cmdKeysForgetMany(base, route string, f listFilters, bulk bulkForget, stdou
 			fmt.Fprintf(stderr, "dedupgw keys: %s/%s: %v\n", route, k.Key, err)
 		case code/100 == 2:
 			forgotten++
+			if k.State == "processing" {
+				forcedForgotten++
+			}
 			fmt.Fprintf(stdout, "forgot %s/%s\n", route, k.Key)
 		case code == http.StatusNotFound:
 			gone++
@@ -292,7 +314,7 @@ func cmdKeysForgetMany(base, route string, f listFilters, bulk bulkForget, stdou
 		summary += fmt.Sprintf(", failed %d", failed)
 	}
 	fmt.Fprintln(stdout, summary)
-	if force && forgotten > 0 && inFlight > 0 {
+	if forcedForgotten > 0 {
 		fmt.Fprintln(stdout, "(forced: a delivery in flight, if any, will not be recorded when it finishes; a copy of it will be forwarded again)")
 	}
 	if skipped > 0 || kept > 0 || changed > 0 || failed > 0 {

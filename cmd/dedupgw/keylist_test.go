@@ -163,7 +163,7 @@ func TestKeysForgetManyKeepsMaybeProcessed(t *testing.T) {
 		wantOut    string
 	}{
 		{"dry run", nil, nil, exitOK,
-			"would forget 1 and keep 1 maybe processed: the application may have processed them, check them there (add --include-maybe-processed to forget those too)"},
+			"would forget 1 and keep 1 maybe processed: the application may have processed them, check them there (keys list … | jq 'select(.maybe_processed)'; add --include-maybe-processed to forget those too)"},
 		{"dry run, included", []string{"--include-maybe-processed"}, nil, exitOK,
 			"would forget 2, 1 of them maybe processed (--include-maybe-processed)"},
 		{"--yes", []string{"--yes"}, []string{"plain"}, exitFail,
@@ -185,10 +185,47 @@ func TestKeysForgetManyKeepsMaybeProcessed(t *testing.T) {
 			if !slices.Equal(deleted, tt.wantDelete) {
 				t.Errorf("got DELETEs %q, want %q", deleted, tt.wantDelete)
 			}
+			// The store checks the mark again as it forgets: a key a cut
+			// forward marked after the listing is left.
+			for _, r := range a.requests() {
+				if got, want := r.URL.Query().Get("keep_maybe_processed"), map[bool]string{true: "", false: "true"}[slices.Contains(tt.flags, "--include-maybe-processed")]; r.Method == http.MethodDelete && got != want {
+					t.Errorf("DELETE %s: got keep_maybe_processed=%q, want %q", r.URL.Path, got, want)
+				}
+			}
+			if len(tt.flags) == 0 || tt.flags[0] != "--yes" { // a dry run prints the keys it would forget
+				if got, want := strings.Count(stdout.String(), `"key":"cut"`) == 1, slices.Contains(tt.flags, "--include-maybe-processed"); got != want {
+					t.Errorf("dry run: got the kept key printed %v, want %v (stdout %q)", got, want, stdout.String())
+				}
+			}
 			if code != tt.wantCode || !strings.Contains(stdout.String()+stderr.String(), tt.wantOut) {
 				t.Errorf("got exit %d, output %q\n%q; want %d and %q", code, stdout.String(), stderr.String(), tt.wantCode, tt.wantOut)
 			}
 		})
+	}
+}
+
+// --force forgets keys in flight, but one marked maybe_processed (an
+// earlier attempt was cut) still needs --include-maybe-processed.
+func TestKeysForgetManyForceKeepsMaybeProcessed(t *testing.T) {
+	for _, tt := range []struct {
+		flags      []string
+		wantDelete []string
+	}{
+		{[]string{"--force"}, []string{"busy"}},
+		{[]string{"--force", "--include-maybe-processed"}, []string{"busy", "busycut"}},
+	} {
+		a := newPagedAdmin(t, []map[string]string{{"key": "busy", "state": "processing"}, {"key": "busycut", "state": "processing", "maybe_processed": "true"}})
+		var stdout, stderr bytes.Buffer
+		run(append(append([]string{"keys", "forget", "--admin", a.URL, "--yes"}, tt.flags...), "--state", "processing", "orders"), &stdout, &stderr)
+		var deleted []string
+		for _, r := range a.requests() {
+			if r.Method == http.MethodDelete {
+				deleted = append(deleted, strings.TrimPrefix(r.URL.Path, "/v1/keys/orders/"))
+			}
+		}
+		if !slices.Equal(deleted, tt.wantDelete) {
+			t.Errorf("%v: got DELETEs %q, want %q", tt.flags, deleted, tt.wantDelete)
+		}
 	}
 }
 
