@@ -199,7 +199,7 @@ func TestClaimFastPath(t *testing.T) {
 			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
 				now := clk.Now()
 				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessing, FirstSeen: first, LeaseUntil: now.Add(lease),
-					ExpiresAt: now.Add(lease), Attempts: 2, Owner: res.Token})
+					ExpiresAt: now.Add(lease), Attempts: 2, MaybeProcessed: true, Owner: res.Token})
 			},
 		},
 		{
@@ -257,7 +257,7 @@ func TestClaimFastPath(t *testing.T) {
 			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
 				now := clk.Now()
 				wantRecord(t, res.Record, dedup.Record{State: dedup.StateProcessing, FirstSeen: first, LeaseUntil: now.Add(lease),
-					ExpiresAt: now.Add(lease), Attempts: 2, Owner: res.Token})
+					ExpiresAt: now.Add(lease), Attempts: 2, MaybeProcessed: true, Owner: res.Token})
 			},
 		},
 		{
