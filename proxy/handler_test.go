@@ -1001,6 +1001,29 @@ func TestMaybeProcessed(t *testing.T) {
 	}
 }
 
+// TestMaybeProcessedLastsThroughARefusedRetry: a key cut at
+// upstream_timeout stays marked when its retry cannot reach the
+// application at all (connection refused): the refused attempt proves
+// nothing about the first, which may still have been processed.
+func TestMaybeProcessedLastsThroughARefusedRetry(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ int) { <-r.Context().Done() })
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	r.UpstreamTimeout = 50 * time.Millisecond
+	r.Lease = time.Minute
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
+	if resp := h.send("/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusGatewayTimeout {
+		t.Fatalf("first delivery: got %d, want 504", resp.Status)
+	}
+	up.Close() // the application goes away: the retry is refused
+	if resp := h.send("/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusBadGateway {
+		t.Fatalf("retry: got %d, want 502", resp.Status)
+	}
+	rec, err := h.record("orders", "evt_1")
+	if err != nil || rec.State != dedup.StateFailed || rec.Attempts != 2 || rec.LastError != "connection refused" || !rec.MaybeProcessed {
+		t.Errorf("record = %+v, %v; want failed after 2 attempts, last_error connection refused, maybe processed", rec, err)
+	}
+}
+
 // TestSenderHangsUpMidForward: the sender goes away while the upstream works;
 // the forward is not cancelled and the 2xx is committed, so the provider's
 // retry is answered as a duplicate.
