@@ -1024,6 +1024,26 @@ func TestMaybeProcessedLastsThroughARefusedRetry(t *testing.T) {
 	}
 }
 
+// panicTransport aborts every forward the way a panic inside the
+// ReverseProxy would: neither ModifyResponse nor ErrorHandler runs.
+type panicTransport struct{}
+
+func (panicTransport) RoundTrip(*http.Request) (*http.Response, error) { panic(http.ErrAbortHandler) }
+
+// TestUnsettledForwardIsReleasedMaybeProcessed: the guard in forward that
+// releases a claim neither ModifyResponse nor ErrorHandler settled marks
+// the key maybe_processed, as nothing says the request was not sent.
+func TestUnsettledForwardIsReleasedMaybeProcessed(t *testing.T) {
+	h := newHarness(t, Config{Routes: []Route{genericRoute("orders", "/hooks/orders", "http://127.0.0.1:1")}}, harnessOpts{transport: panicTransport{}})
+	if _, err := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`); err == nil {
+		t.Fatal("aborted forward: got an answer, want the connection closed")
+	}
+	rec, err := h.record("orders", "evt_1")
+	if err != nil || rec.State != dedup.StateFailed || rec.LastError != "no answer" || !rec.MaybeProcessed {
+		t.Errorf("record = %+v, %v; want failed with last_error no answer, maybe processed", rec, err)
+	}
+}
+
 // TestSenderHangsUpMidForward: the sender goes away while the upstream works;
 // the forward is not cancelled and the 2xx is committed, so the provider's
 // retry is answered as a duplicate.
