@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -226,6 +228,58 @@ func TestKeysForgetManyForceKeepsMaybeProcessed(t *testing.T) {
 		if !slices.Equal(deleted, tt.wantDelete) {
 			t.Errorf("%v: got DELETEs %q, want %q", tt.flags, deleted, tt.wantDelete)
 		}
+	}
+}
+
+// A bulk forget's dry run counts what the same command with --yes
+// forgets, whatever mix of keys in flight and keys marked maybe_processed
+// it lists (a key in flight carries its earlier attempt's mark), and the
+// --yes summary counts the keys it kept.
+func TestKeysForgetManyDryRunCountsWhatYesForgets(t *testing.T) {
+	listed := []map[string]string{
+		{"key": "plain", "state": "failed"},
+		{"key": "cut", "state": "failed", "maybe_processed": "true"},
+		{"key": "busy", "state": "processing"},
+		{"key": "busycut", "state": "processing", "maybe_processed": "true"},
+	}
+	wouldForget := regexp.MustCompile(`would forget (\d+)`)
+	for _, flags := range [][]string{nil, {"--force"}, {"--include-maybe-processed"}, {"--force", "--include-maybe-processed"}} {
+		t.Run(strings.Join(append([]string{"flags"}, flags...), " "), func(t *testing.T) {
+			forget := func(extra ...string) (int, string, []string) {
+				a := newPagedAdmin(t, listed)
+				args := append(append([]string{"keys", "forget", "--admin", a.URL}, flags...), extra...)
+				var stdout, stderr bytes.Buffer
+				code := run(append(args, "--state", "failed,processing", "orders"), &stdout, &stderr)
+				var deleted []string
+				for _, r := range a.requests() {
+					if r.Method == http.MethodDelete {
+						deleted = append(deleted, strings.TrimPrefix(r.URL.Path, "/v1/keys/orders/"))
+					}
+				}
+				return code, stdout.String() + stderr.String(), deleted
+			}
+			code, out, deleted := forget()
+			m := wouldForget.FindStringSubmatch(out)
+			if code != exitOK || m == nil || len(deleted) != 0 {
+				t.Fatalf("dry run: got exit %d, DELETEs %q, output %q; want 0, none, and how many it would forget", code, deleted, out)
+			}
+			code, out, deleted = forget("--yes")
+			if n, _ := strconv.Atoi(m[1]); n != len(deleted) {
+				t.Errorf("dry run said it would forget %s; --yes forgot %d (%q)", m[1], len(deleted), deleted)
+			}
+			// Marked keys are kept, in flight too once --force lets those through.
+			wantKept := map[bool]string{false: "kept 1 (maybe processed)", true: "kept 2 (maybe processed)"}[slices.Contains(flags, "--force")]
+			if !slices.Contains(flags, "--include-maybe-processed") && !strings.Contains(out, wantKept) {
+				t.Errorf("--yes: got output %q, want the summary to say %q", out, wantKept)
+			}
+			wantCode := exitFail // a key skipped or kept
+			if len(deleted) == len(listed) {
+				wantCode = exitOK
+			}
+			if code != wantCode {
+				t.Errorf("--yes left %d of %d key(s): got exit %d, want %d", len(listed)-len(deleted), len(listed), code, wantCode)
+			}
+		})
 	}
 }
 
