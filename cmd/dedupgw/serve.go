@@ -212,6 +212,9 @@ type server struct {
 	// for their run (see watchRedisRestarts). Zero means
 	// defaultRestartCheckInterval.
 	restartCheckInterval time.Duration
+	// runsRead, when set (tests), is called after each read of the
+	// masters' runs that Redis answered.
+	runsRead func()
 	// watch follows those files while run serves; nil before.
 	watch *fileWatch
 }
@@ -912,6 +915,9 @@ func (s *server) watchRedisRestarts(rs *redisstore.Store, stop <-chan struct{}) 
 			known[r.RunID] = true
 		}
 		answered = now
+		if s.runsRead != nil {
+			s.runsRead()
+		}
 	}
 	read()
 	t := time.NewTicker(interval)

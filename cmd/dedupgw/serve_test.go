@@ -460,9 +460,11 @@ func TestRedisUnreachableAtStartUpIsCheckedOnceItAnswers(t *testing.T) {
 	const warning = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
 	srv := redistest.Start(t)
 	srv.Stop()
+	read := make(chan struct{}, 1)
 	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}), func(s *server) {
 		s.storeCheckInterval = 50 * time.Millisecond
 		s.restartCheckInterval = 50 * time.Millisecond
+		s.runsRead = notify(read)
 	})
 	if got := p.logs.FilterMessage("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers").Len(); got != 1 {
 		t.Fatalf("start-up: got %d \"store unreachable\" lines, want 1", got)
@@ -474,6 +476,7 @@ func TestRedisUnreachableAtStartUpIsCheckedOnceItAnswers(t *testing.T) {
 	p.waitLog("Redis answers now: running the start-up checks", 1)
 	p.waitLog(warning, 1)
 	// From then on a restart is watched for, as when Redis answered at once.
+	recvWithin(t, read, "the masters' runs read before the restart")
 	srv.Restart()
 	p.waitLog("Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again", 1)
 	if err := p.stop(); err != nil {
@@ -490,10 +493,13 @@ func TestRedisRestartIsWarnedAbout(t *testing.T) {
 		forgot    = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
 	)
 	srv := redistest.Start(t)
+	read := make(chan struct{}, 1)
 	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}), func(s *server) {
 		s.restartCheckInterval = 50 * time.Millisecond
+		s.runsRead = notify(read)
 	})
 	p.waitLog(forgot, 1) // the start-up check
+	recvWithin(t, read, "the masters' runs read before the restart")
 	if got := p.logs.FilterMessage(restarted).Len(); got != 0 {
 		t.Fatalf("before a restart: got %d restart warnings, want 0", got)
 	}
@@ -509,9 +515,12 @@ func TestRedisRestartIsWarnedAbout(t *testing.T) {
 // a replica that ran all along, which is no restart.
 func TestRedisFailoverIsNoRestart(t *testing.T) {
 	st := redistest.StartSentinel(t)
+	read := make(chan struct{}, 1)
 	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName}), func(s *server) {
 		s.restartCheckInterval = 50 * time.Millisecond
+		s.runsRead = notify(read)
 	})
+	recvWithin(t, read, "the masters' runs read before the failover")
 	// The replica must have run longer than a check's slack, or a failover
 	// could not be told from a restart.
 	eventually(t, 2*restartSlack, func() bool {
@@ -525,6 +534,26 @@ func TestRedisFailoverIsNoRestart(t *testing.T) {
 	}
 	if err := p.stop(); err != nil {
 		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
+// notify returns a func that sends on ch without blocking.
+func notify(ch chan<- struct{}) func() {
+	return func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// recvWithin receives from ch, failing t after 10 seconds.
+func recvWithin(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("waiting for %s: nothing after 10s", what)
 	}
 }
 
