@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -558,12 +560,29 @@ func upstreamErrorText(err error) string {
 // mayHaveReached reports whether a forward that failed with err may have
 // reached the upstream, which may then have processed the delivery: the
 // Transport gives no answer on whether it wrote the request, so anything
-// but a failed connection attempt (refused, DNS, no route, a connect
-// timeout: a dial error) counts. A timeout that struck while dialling
-// counts too, as the Transport reports it as the context's error.
+// counts but a failed connection attempt (refused, DNS, no route, a
+// connect timeout: a dial error) and a failed TLS handshake (a
+// certificate refused, an alert, not TLS at all, the handshake timeout),
+// which come before the request is written. A timeout that struck while
+// dialling counts, as the Transport reports it as the context's error.
 func mayHaveReached(err error) bool {
-	var op *net.OpError
-	return !errors.As(err, &op) || op.Op != "dial"
+	var (
+		op      *net.OpError
+		cert    *tls.CertificateVerificationError
+		alert   tls.AlertError
+		record  tls.RecordHeaderError
+		unknown x509.UnknownAuthorityError
+		host    x509.HostnameError
+		invalid x509.CertificateInvalidError
+	)
+	switch {
+	case errors.As(err, &op) && op.Op == "dial",
+		errors.As(err, &cert), errors.As(err, &alert), errors.As(err, &record),
+		errors.As(err, &unknown), errors.As(err, &host), errors.As(err, &invalid),
+		err.Error() == "net/http: TLS handshake timeout": // the Transport's own type is not exported
+		return false
+	}
+	return true
 }
 
 // replayableWithoutBody reports whether the Transport would resend r on a

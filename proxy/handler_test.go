@@ -14,6 +14,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"runtime"
 	"strconv"
@@ -959,6 +960,7 @@ func TestMaybeProcessed(t *testing.T) {
 		name     string
 		attempts []func(http.ResponseWriter, *http.Request) // one per delivery of the same event
 		refused  bool                                       // the upstream's port is closed
+		tls      bool                                       // the upstream's certificate is not trusted
 		want     dedup.State
 		wantMark bool
 	}{
@@ -967,18 +969,29 @@ func TestMaybeProcessed(t *testing.T) {
 		{name: "connection reset mid-exchange", attempts: []func(http.ResponseWriter, *http.Request){reset}, want: dedup.StateFailed, wantMark: true},
 		{name: "application answered 500", attempts: []func(http.ResponseWriter, *http.Request){answer(500)}, want: dedup.StateFailed},
 		{name: "connection refused", refused: true, want: dedup.StateFailed},
+		{name: "certificate refused", attempts: []func(http.ResponseWriter, *http.Request){answer(200)}, tls: true, want: dedup.StateFailed},
 		{name: "timeout, then 500", attempts: []func(http.ResponseWriter, *http.Request){hold, answer(500)}, want: dedup.StateFailed, wantMark: true},
 		{name: "timeout, then 500, then 200", attempts: []func(http.ResponseWriter, *http.Request){hold, answer(500), answer(200)}, want: dedup.StateProcessed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			target, sends := closedPortURL(t), 1
-			if !tt.refused {
+			switch {
+			case tt.tls:
+				up := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					t.Errorf("the upstream got %s %s through a TLS handshake the gateway must refuse", r.Method, r.URL)
+				}))
+				t.Cleanup(up.Close)
+				target = up.URL
+			case !tt.refused:
 				up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) { tt.attempts[n](w, r) })
 				target, sends = up.URL, len(tt.attempts)
 			}
 			r := genericRoute("orders", "/hooks/orders", target)
 			r.UpstreamTimeout = 50 * time.Millisecond
+			if tt.tls {
+				r.UpstreamTimeout = 10 * time.Second // the handshake must fail, not time out
+			}
 			r.Lease = time.Minute
 			h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
 			for i := range sends {
