@@ -193,14 +193,14 @@ func cmdKeysList(base, route string, f listFilters, stdout, stderr io.Writer) in
 
 // cmdKeysForgetMany forgets every key of route that passes f: it lists
 // them first, and without bulk.yes only prints the keys it would forget
-// (JSON Lines) and what it would do. Keys in flight are skipped unless bulk.force, and keys
-// marked maybe_processed (the application may have processed them: a
-// replay would process them again) unless bulk.maybeProcessed; each key is
-// forgotten only in the state it was listed in. It exits 0 when every
+// (JSON Lines) and what it would do. Keys in flight are skipped unless
+// bulk.force, and keys marked maybe_processed (the application may have
+// processed them: a replay would process them again) unless
+// bulk.maybeProcessed; each key is forgotten only in the state it was
+// listed in, and unmarked keys only while unmarked. It exits 0 when every
 // listed key was forgotten or had gone meanwhile, 1 when any was skipped,
 // kept, had changed state or failed.
 func cmdKeysForgetMany(base, route string, f listFilters, bulk bulkForget, stdout, stderr io.Writer) int {
-	force := bulk.force
 	var keys []listedKey
 	if code := listKeys(base, route, f, stderr, func(k listedKey) error {
 		keys = append(keys, k)
@@ -211,7 +211,7 @@ func cmdKeysForgetMany(base, route string, f listFilters, bulk bulkForget, stdou
 	// Why a listed key is left alone: "" when it is to be forgotten.
 	leave := func(k listedKey) string {
 		switch {
-		case k.State == "processing" && !force:
+		case k.State == "processing" && !bulk.force:
 			return "in flight"
 		case k.MaybeProcessed && !bulk.maybeProcessed:
 			return "maybe processed"
