@@ -1,4 +1,5 @@
 -- claim.lua: take KEYS[1] for one attempt, or report why not, in one round trip.
+-- It runs after result.lua (uvarint, markIndex), which store.go puts in front.
 --
 -- On Redis >= 7.0 most claims do not get here: the Store first sends
 -- SET KEYS[1] <new record> NX GET PX ARGV[4] (the fast path, claim.go), which
@@ -28,19 +29,6 @@
 -- (a client retry after a lost reply) returns {0, record} again, so a retry
 -- never turns a claim into in-flight.
 
--- uvarint reads the unsigned varint at s[i]; it returns the value and
--- the index after it.
-local function uvarint(s, i)
-  local n, shift = 0, 1
-  repeat
-    local b = string.byte(s, i)
-    i = i + 1
-    n = n + (b % 128) * shift
-    shift = shift * 128
-  until b < 128
-  return n, i
-end
-
 -- fingerprint returns the fingerprint field of a claim part: what follows
 -- the body field (tag 0 empty, 1 + 32 bytes, 2 + uvarint length + bytes).
 local function fingerprint(claim)
@@ -63,13 +51,11 @@ local function marked(result)
   if result == '' then
     return '\0\0\2'
   end
-  local _, i = uvarint(result, 1)
-  local n
-  n, i = uvarint(result, i)
-  if string.byte(result, i + n) == 2 then
+  local i = markIndex(result)
+  if not i or string.byte(result, i) == 2 then
     return result
   end
-  return string.sub(result, 1, i + n - 1) .. '\2' .. string.sub(result, i + n)
+  return string.sub(result, 1, i - 1) .. '\2' .. string.sub(result, i)
 end
 
 local rec = redis.call('GET', KEYS[1])

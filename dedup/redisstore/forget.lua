@@ -1,4 +1,5 @@
 -- forget.lua: delete KEYS[1] if its record meets the forget's conditions.
+-- It runs after result.lua (markIndex), which store.go puts in front.
 --
 -- ARGV[1] now, ms, decimal
 -- ARGV[2] the state letter the record must be in, or "" for any state
@@ -11,22 +12,6 @@
 -- conditions. A record this script cannot parse is deleted unless ARGV[2]
 -- names a state (the way to repair a key), else kept: ARGV[3] does not keep
 -- it, since claim.lua refuses such a record, so no delivery holds the key.
--- uvarint reads the unsigned varint at s[i]; it returns the value and
--- the index after it, or nil past the end of s.
-local function uvarint(s, i)
-  local n, shift = 0, 1
-  repeat
-    local b = string.byte(s, i)
-    if not b then
-      return nil
-    end
-    i = i + 1
-    n = n + (b % 128) * shift
-    shift = shift * 128
-  until b < 128
-  return n, i
-end
-
 -- maybeProcessed reports whether the result part of rec (see record.go:
 -- uvarint last_status, uvarint length, last_error, then 0x02 when marked)
 -- carries the maybe-processed mark.
@@ -35,13 +20,9 @@ local function maybeProcessed(rec)
   if not clen then
     return false
   end
-  local _, i = uvarint(rec, pos + tonumber(clen))
-  if not i then
-    return false
-  end
-  local n
-  n, i = uvarint(rec, i)
-  return n ~= nil and string.byte(rec, i + n) == 2
+  local result = string.sub(rec, pos + tonumber(clen))
+  local i = markIndex(result)
+  return i ~= nil and string.byte(result, i) == 2
 end
 
 local rec = redis.call('GET', KEYS[1])

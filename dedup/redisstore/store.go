@@ -50,14 +50,21 @@ import (
 )
 
 var (
+	//go:embed result.lua
+	resultLua string
 	//go:embed claim.lua
-	claimSrc string
+	claimLua string
 	//go:embed commit.lua
 	commitSrc string
 	//go:embed release.lua
 	releaseSrc string
 	//go:embed forget.lua
-	forgetSrc string
+	forgetLua string
+
+	// The scripts that read a record's result part start with result.lua's
+	// helpers: a script cannot call another.
+	claimSrc  = resultLua + claimLua
+	forgetSrc = resultLua + forgetLua
 
 	// The scripts run with EVALSHA; the pipeliner falls back to EVAL (which
 	// also caches the script again) for each command the server answers
