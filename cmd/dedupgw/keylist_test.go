@@ -56,6 +56,17 @@ func newPagedAdmin(t *testing.T, pages ...[]map[string]string) *pagedAdmin {
 	return a
 }
 
+// deleted returns the keys a DELETE was sent for, in order.
+func (a *pagedAdmin) deleted() []string {
+	var keys []string
+	for _, r := range a.requests() {
+		if r.Method == http.MethodDelete {
+			keys = append(keys, strings.TrimPrefix(r.URL.Path, "/v1/keys/orders/"))
+		}
+	}
+	return keys
+}
+
 func (a *pagedAdmin) requests() []*http.Request {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -178,12 +189,7 @@ func TestKeysForgetManyKeepsMaybeProcessed(t *testing.T) {
 			args := append([]string{"keys", "forget", "--admin", a.URL}, tt.flags...)
 			var stdout, stderr bytes.Buffer
 			code := run(append(args, "--state", "failed", "orders"), &stdout, &stderr)
-			var deleted []string
-			for _, r := range a.requests() {
-				if r.Method == http.MethodDelete {
-					deleted = append(deleted, strings.TrimPrefix(r.URL.Path, "/v1/keys/orders/"))
-				}
-			}
+			deleted := a.deleted()
 			if !slices.Equal(deleted, tt.wantDelete) {
 				t.Errorf("got DELETEs %q, want %q", deleted, tt.wantDelete)
 			}
@@ -219,12 +225,7 @@ func TestKeysForgetManyForceKeepsMaybeProcessed(t *testing.T) {
 		a := newPagedAdmin(t, []map[string]string{{"key": "busy", "state": "processing"}, {"key": "busycut", "state": "processing", "maybe_processed": "true"}})
 		var stdout, stderr bytes.Buffer
 		run(append(append([]string{"keys", "forget", "--admin", a.URL, "--yes"}, tt.flags...), "--state", "processing", "orders"), &stdout, &stderr)
-		var deleted []string
-		for _, r := range a.requests() {
-			if r.Method == http.MethodDelete {
-				deleted = append(deleted, strings.TrimPrefix(r.URL.Path, "/v1/keys/orders/"))
-			}
-		}
+		deleted := a.deleted()
 		if !slices.Equal(deleted, tt.wantDelete) {
 			t.Errorf("%v: got DELETEs %q, want %q", tt.flags, deleted, tt.wantDelete)
 		}
@@ -250,12 +251,7 @@ func TestKeysForgetManyDryRunCountsWhatYesForgets(t *testing.T) {
 				args := append(append([]string{"keys", "forget", "--admin", a.URL}, flags...), extra...)
 				var stdout, stderr bytes.Buffer
 				code := run(append(args, "--state", "failed,processing", "orders"), &stdout, &stderr)
-				var deleted []string
-				for _, r := range a.requests() {
-					if r.Method == http.MethodDelete {
-						deleted = append(deleted, strings.TrimPrefix(r.URL.Path, "/v1/keys/orders/"))
-					}
-				}
+				deleted := a.deleted()
 				return code, stdout.String() + stderr.String(), deleted
 			}
 			code, out, deleted := forget()
