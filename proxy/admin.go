@@ -352,7 +352,7 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 		a.log.Warn("keys API: forget failed", zap.String("route", rt.Name), zap.Error(err))
 		writeProblem(w, probStoreError.with(rt.Name, "the dedup store did not answer"), retryLaterSeconds)
 	default:
-		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), keyField(key.ID), zap.Bool("force", force))
+		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), keyField(key.ID), zap.Bool("force", force), zap.Bool("maybe_processed", rec.MaybeProcessed))
 		w.WriteHeader(http.StatusNoContent)
 	}
 }

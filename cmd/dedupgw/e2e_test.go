@@ -648,6 +648,7 @@ routes:
 		{"keys forget --yes after the route", []string{"keys", "forget", "orders", "--yes"}, 2, nil, []string{"flags go before ROUTE and KEY"}, []string{"--yes: not found"}},
 		{"keys forget filters after the route", []string{"keys", "forget", "orders", "--state", "failed"}, 2, nil, []string{"flags go before ROUTE"}, []string{"want ROUTE and KEY"}},
 		{"keys forget -force=true after the route", []string{"keys", "forget", "orders", "-force=true"}, 2, nil, []string{"flags go before ROUTE"}, nil},
+		{"keys forget of one key with --include-maybe-processed", []string{"keys", "forget", "--include-maybe-processed", "orders", "evt_1"}, 2, nil, []string{"--include-maybe-processed applies to a forget by filters"}, nil},
 		// After --, a key that looks like a flag is a key.
 		{"keys forget -- a key named --yes", []string{"keys", "forget", "--admin", "http://127.0.0.1:1", "--", "orders", "--yes"}, 1, nil, []string{"/v1/keys/orders/--yes"}, []string{"flags go before"}},
 	}

@@ -218,11 +218,14 @@ func cmdKeysForgetMany(base, route string, f listFilters, bulk bulkForget, stdou
 		}
 		return ""
 	}
-	inFlight, maybe := 0, 0
+	inFlight, inFlightMarked, maybe := 0, 0, 0
 	for _, k := range keys {
 		switch leave(k) {
 		case "in flight":
 			inFlight++
+			if k.MaybeProcessed && !bulk.maybeProcessed {
+				inFlightMarked++
+			}
 		case "maybe processed":
 			maybe++
 		}
@@ -247,7 +250,10 @@ func cmdKeysForgetMany(base, route string, f listFilters, bulk bulkForget, stdou
 		if marked > 0 {
 			plan += fmt.Sprintf(", %d of them maybe processed (--include-maybe-processed)", marked)
 		}
-		if inFlight > 0 {
+		switch {
+		case inFlightMarked > 0:
+			plan += fmt.Sprintf(" and skip %d in flight (add --force to forget those too; %d of them are marked maybe_processed and need --include-maybe-processed as well)", inFlight, inFlightMarked)
+		case inFlight > 0:
 			plan += fmt.Sprintf(" and skip %d in flight (add --force to forget those too)", inFlight)
 		}
 		if maybe > 0 {
@@ -261,7 +267,11 @@ func cmdKeysForgetMany(base, route string, f listFilters, bulk bulkForget, stdou
 		switch leave(k) {
 		case "in flight":
 			skipped++
-			fmt.Fprintf(stdout, "skipped %s/%s: in flight (use --force)\n", route, k.Key)
+			hint := "use --force"
+			if k.MaybeProcessed && !bulk.maybeProcessed {
+				hint = "use --force; it is marked maybe_processed too: --include-maybe-processed"
+			}
+			fmt.Fprintf(stdout, "skipped %s/%s: in flight (%s)\n", route, k.Key, hint)
 			continue
 		case "maybe processed":
 			kept++

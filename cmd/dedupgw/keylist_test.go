@@ -219,6 +219,7 @@ func TestKeysForgetManyForceKeepsMaybeProcessed(t *testing.T) {
 		flags      []string
 		wantDelete []string
 	}{
+		{nil, nil},
 		{[]string{"--force"}, []string{"busy"}},
 		{[]string{"--force", "--include-maybe-processed"}, []string{"busy", "busycut"}},
 	} {
@@ -228,6 +229,10 @@ func TestKeysForgetManyForceKeepsMaybeProcessed(t *testing.T) {
 		deleted := a.deleted()
 		if !slices.Equal(deleted, tt.wantDelete) {
 			t.Errorf("%v: got DELETEs %q, want %q", tt.flags, deleted, tt.wantDelete)
+		}
+		// Told what it takes: --force alone would not forget the marked one.
+		if want := "skipped orders/busycut: in flight (use --force; it is marked maybe_processed too: --include-maybe-processed)"; tt.flags == nil && !strings.Contains(stdout.String(), want) {
+			t.Errorf("without flags: got %q, want it to contain %q", stdout.String(), want)
 		}
 	}
 }

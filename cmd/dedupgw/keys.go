@@ -96,6 +96,11 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	if op == "list" || (op == "forget" && f.any()) {
 		return cmdKeysMany(op, fs, *admin, f, bulk, stdout, stderr)
 	}
+	if bulk.maybeProcessed {
+		// A single forget forgets the key named, marked or not.
+		fmt.Fprintf(stderr, "dedupgw keys forget: --include-maybe-processed applies to a forget by filters (--state, --since, --until); ROUTE KEY forgets that key whatever its mark\n")
+		return exitUsage
+	}
 	if (fs.NArg() > 2 && strings.HasPrefix(fs.Arg(2), "-")) || (misplacedFlag(fs) && !slices.Contains(args, "--")) {
 		// Go's flag package stops at the first argument: --admin after
 		// the key would otherwise be an unexplained usage error, and
