@@ -605,7 +605,7 @@ func replayableWithoutBody(r *http.Request) bool {
 // commit marks d's key processed. It runs under its own timeout on a context
 // the sender cannot cancel (nor the forward's deadline, nor Close). When the
 // store fails it, the commit is tried again in the background (see
-// commitLater) while the sender gets the upstream's answer.
+// settleLater) while the sender gets the upstream's answer.
 func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored *dedup.Response) {
 	d.settled = true
 	now, wall := g.clock()
@@ -618,7 +618,10 @@ func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored
 		return
 	}
 	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
-	if !commitFailed(d.rt, fields, err) || g.commitLater(d, opts, fields, err) {
+	key, token, rt := d.key, d.token, d.rt
+	try := func(ctx context.Context) error { return g.store.Commit(ctx, key, token, opts) }
+	again := func(err error) bool { return commitFailed(rt, fields, err) }
+	if !again(err) || g.settleLater(d, commitOp, try, again, fields, err) {
 		return
 	}
 	d.rt.log.Error("commit failed after the upstream's 2xx: the key stays processing until its lease ends, then a retry is forwarded again",
@@ -646,79 +649,106 @@ func commitFailed(rt *route, fields []zap.Field, err error) (again bool) {
 	return false
 }
 
-// Commit retries in the background.
+// Commits and releases retry in the background.
 //
 // A commit the store failed (a Redis failover outlasting the store's own
 // retries, a full disk) leaves the key processing although the application
 // answered 2xx: its copies get 409 until the lease ends, and the first after
-// it is forwarded again. So the gateway goes on trying after the sender got
-// its answer, commitRetryFirst after the failure, then twice as long each
-// time, at most commitRetryMax apart, each try under the store timeout,
-// until the commit lands, the store answers that the claim is no longer the
-// delivery's, or the lease ends (by the gateway's clock). The retries belong
-// to the Gateway: Close stops them, and waits for a try under way. Each
-// failed try counts in dedupgw_store_errors_total{op="commit"}; the first
-// failure, the outcome and a give-up are logged. A store that fails claims
-// as well (the usual outage) leaves only the deliveries already forwarded to
-// retry; still, at most maxCommitRetries deliveries retry at once, so that a
-// store failing commits alone cannot pile up a goroutine per delivery.
+// it is forwarded again. A release the store failed leaves the key
+// processing too: its copies get 409 until the lease ends, and the claim
+// that then takes the key over marks it maybe_processed, as it cannot tell
+// a 500 from a crash. So the gateway goes on trying after the sender got
+// its answer, settleRetryFirst after the failure, then twice as long each
+// time, at most settleRetryMax apart, each try under the store timeout,
+// until the commit or release lands, the store answers that the claim is no
+// longer the delivery's, or the lease ends (by the gateway's clock). The
+// retries belong to the Gateway: Close stops them, and waits for a try
+// under way. Each failed try counts in dedupgw_store_errors_total{op=…};
+// the first failure, the outcome and a give-up are logged. A store that
+// fails claims as well (the usual outage) leaves only the deliveries
+// already forwarded to retry; still, at most maxSettleRetries deliveries
+// retry at once, so that a store failing commits alone cannot pile up a
+// goroutine per delivery.
 const (
-	commitRetryFirst = 250 * time.Millisecond
-	commitRetryMax   = 5 * time.Second
-	maxCommitRetries = 1024
+	settleRetryFirst = 250 * time.Millisecond
+	settleRetryMax   = 5 * time.Second
+	maxSettleRetries = 1024
 )
 
-// commitLater starts the background retries of d's commit with opts, which
-// failed with err, and reports whether it did: not once the lease ended or
-// the gateway is closed.
-func (g *Gateway) commitLater(d *delivery, opts dedup.CommitOptions, fields []zap.Field, err error) bool {
+// settleOp is a commit or a release as settleLater tries it again: its
+// name and its log lines.
+type settleOp struct {
+	name string
+	// failing is logged (warn) when the retries start; closing (error)
+	// when Close stops them; gaveUp (error) when the lease ended first.
+	failing, closing, gaveUp string
+}
+
+var (
+	commitOp = settleOp{
+		name:    "commit",
+		failing: "commit failed after the upstream's 2xx: trying again until the lease ends",
+		closing: "commit not tried again: the gateway is closing; the key stays processing until its lease ends, then a retry is forwarded again",
+		gaveUp:  "commit failed until the lease ended: a retry is forwarded again",
+	}
+	releaseOp = settleOp{
+		name:    "release",
+		failing: "release failed: trying again until the lease ends (until then the key stays processing, and its copies get 409)",
+		closing: "release not tried again: the gateway is closing; the key stays processing until its lease ends, then the next copy takes it over, marked maybe_processed",
+		gaveUp:  "release failed until the lease ended: the next copy takes the key over, marked maybe_processed",
+	}
+)
+
+// settleLater starts the background retries of d's commit or release (op),
+// which failed with err: try sends it again, and again reports whether an
+// error leaves another try any use (see commitFailed, releaseFailed). It
+// reports whether it started them: not once the lease ended, with
+// maxSettleRetries under way, or the gateway closed.
+func (g *Gateway) settleLater(d *delivery, op settleOp, try func(context.Context) error, again func(error) bool, fields []zap.Field, err error) bool {
 	if _, wall := g.clock(); d.leaseUntil.IsZero() || !wall.Before(d.leaseUntil) {
 		return false
 	}
-	if g.commitRetries.Add(1) > maxCommitRetries {
-		g.commitRetries.Add(-1)
+	if g.settleRetries.Add(1) > maxSettleRetries {
+		g.settleRetries.Add(-1)
 		return false
 	}
 	if !g.enter() {
-		g.commitRetries.Add(-1)
+		g.settleRetries.Add(-1)
 		return false
 	}
 	// What the retries read of d, copied: the delivery is finished without
 	// waiting for them.
-	rt, key, token, until, values := d.rt, d.key, d.token, d.leaseUntil, d.detached
-	rt.log.Warn("commit failed after the upstream's 2xx: trying again until the lease ends",
-		append(fields, zap.Time("lease_until", until), zap.Error(err))...)
+	rt, until, values := d.rt, d.leaseUntil, d.detached
+	rt.log.Warn(op.failing, append(fields, zap.Time("lease_until", until), zap.Error(err))...)
 	go func() {
 		defer g.active.Done()
-		defer g.commitRetries.Add(-1)
-		pause := commitRetryFirst
+		defer g.settleRetries.Add(-1)
+		pause := settleRetryFirst
 		timer := time.NewTimer(pause)
 		defer timer.Stop()
 		for tries := 2; ; tries++ {
 			select {
 			case <-g.ctx.Done():
-				rt.log.Error("commit not tried again: the gateway is closing; the key stays processing until its lease ends, then a retry is forwarded again",
-					fields...)
+				rt.log.Error(op.closing, fields...)
 				return
 			case <-timer.C:
 			}
 			now, wall := g.clock()
 			if !wall.Before(until) {
-				rt.log.Error("commit failed until the lease ended: a retry is forwarded again",
-					append(fields, zap.Int("tries", tries-1), zap.Error(err))...)
+				rt.log.Error(op.gaveUp, append(fields, zap.Int("tries", tries-1), zap.Error(err))...)
 				return
 			}
 			ctx := newOpContext(values, now, g.storeTimeout)
-			err = g.store.Commit(ctx, key, token, opts)
+			err = try(ctx)
 			ctx.stop()
 			if err == nil {
-				rt.log.Info("commit recorded on a later try", append(fields, zap.Int("tries", tries))...)
+				rt.log.Info(op.name+" recorded on a later try", append(fields, zap.Int("tries", tries))...)
 				return
 			}
-			if !commitFailed(rt, fields, err) {
+			if !again(err) {
 				return
 			}
-			pause = min(2*pause, commitRetryMax)
+			pause = min(2*pause, settleRetryMax)
 			timer.Reset(pause)
 		}
 	}()
@@ -734,17 +764,37 @@ func (g *Gateway) release(parent context.Context, d *delivery, reason string, st
 	ctx := newOpContext(d.detach(parent), now, g.storeTimeout)
 	defer ctx.stop()
 	g.warnLateFinish(d, "release", wall)
-	err := g.store.Release(ctx, d.key, d.token, dedup.ReleaseOptions{Retain: d.rt.FailedRetention, Status: status, Error: text, MaybeProcessed: d.maybeProcessed})
-	switch {
-	case err == nil:
-	case errors.Is(err, dedup.ErrNotOwner):
-		d.rt.metrics.lostRelease.Inc()
-		d.rt.log.Warn("lease lost before release: the claim is gone (its lease lapsed and another delivery took the key, it was forgotten, or the store lost it in a failover)",
-			keyField(d.clientKey), requestIDField(d.requestID))
-	default:
-		d.rt.log.Error("release failed: the key stays processing until its lease ends",
-			keyField(d.clientKey), requestIDField(d.requestID), zap.Error(err))
+	opts := dedup.ReleaseOptions{Retain: d.rt.FailedRetention, Status: status, Error: text, MaybeProcessed: d.maybeProcessed}
+	err := g.store.Release(ctx, d.key, d.token, opts)
+	if err == nil {
+		return
 	}
+	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
+	key, token, rt := d.key, d.token, d.rt
+	try := func(ctx context.Context) error { return g.store.Release(ctx, key, token, opts) }
+	again := func(err error) bool { return releaseFailed(rt, fields, err) }
+	if !again(err) || g.settleLater(d, releaseOp, try, again, fields, err) {
+		return
+	}
+	d.rt.log.Error("release failed: the key stays processing until its lease ends, then the next copy takes it over, marked maybe_processed",
+		append(fields, zap.Error(err))...)
+}
+
+// releaseFailed logs and counts the release error err (not nil) of a
+// delivery on rt, logged with fields, when trying again cannot settle the
+// key; it reports whether trying again may.
+func releaseFailed(rt *route, fields []zap.Field, err error) (again bool) {
+	switch {
+	case errors.Is(err, dedup.ErrNotOwner):
+		rt.metrics.lostRelease.Inc()
+		rt.log.Warn("lease lost before release: the claim is gone (its lease lapsed and another delivery took the key, it was forgotten, or the store lost it in a failover)",
+			fields...)
+	case errors.Is(err, dedup.ErrClosed):
+		rt.log.Error("release failed: the store is closed; the key stays processing until its lease ends", fields...)
+	default:
+		return true
+	}
+	return false
 }
 
 // warnLateFinish logs when a claim is settled after its lease ended (now,

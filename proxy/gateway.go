@@ -133,9 +133,9 @@ type Gateway struct {
 	// minute (see notReadyLogEvery).
 	unreadyLogged atomic.Int64
 	active        sync.WaitGroup // deliveries being served, and store writes tried again in the background
-	// commitRetries counts the commits being tried again in the background
-	// (see commitLater).
-	commitRetries atomic.Int64
+	// settleRetries counts the commits and releases being tried again in
+	// the background (see settleLater).
+	settleRetries atomic.Int64
 	// failOpen are the fail-open forwards waiting to be recorded (see
 	// recordLater).
 	failOpen failOpenQueue

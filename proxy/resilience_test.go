@@ -86,7 +86,8 @@ func TestSettleErrors(t *testing.T) {
 		{"commit refused by a closed store", 200, dedup.ErrClosed, nil, "commit failed after the upstream's 2xx: the store is closed", zapcore.ErrorLevel, ""},
 		{"commit finds the lease lost", 200, dedup.ErrNotOwner, nil, "lease lost before commit", zapcore.WarnLevel, "commit"},
 		{"commit not acknowledged by replicas", 200, fmt.Errorf("redisstore: commit: %w", dedup.ErrNotReplicated), nil, "commit recorded on the store's primary, but its replicas did not confirm it", zapcore.WarnLevel, ""},
-		{"release fails after 5xx", 500, nil, errBoom, "release failed", zapcore.ErrorLevel, ""},
+		{"release fails after 5xx", 500, nil, errBoom, "release failed: trying again until the lease ends", zapcore.WarnLevel, ""},
+		{"release refused by a closed store", 500, nil, dedup.ErrClosed, "release failed: the store is closed", zapcore.ErrorLevel, ""},
 		{"release finds the lease lost", 500, nil, dedup.ErrNotOwner, "lease lost before release", zapcore.WarnLevel, "release"},
 	}
 	for _, tc := range tests {
@@ -167,6 +168,38 @@ func TestCommitTriedAgainInTheBackground(t *testing.T) {
 	}
 	if got := logs.FilterMessage("commit recorded on a later try").Len(); got != 1 {
 		t.Errorf("got %d \"commit recorded on a later try\" lines, want 1", got)
+	}
+}
+
+// TestReleaseTriedAgainInTheBackground: a release the store fails after the
+// upstream's 5xx is tried again after the sender got its answer, so that
+// once the store is back the key is failed with the upstream's status, and
+// claimable at once, not left processing until its lease ends and then
+// taken over marked maybe_processed.
+func TestReleaseTriedAgainInTheBackground(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusInternalServerError) })
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	t.Cleanup(func() { mem.Close() })
+	ss := &settleStore{Store: mem}
+	down := error(errors.New("store down"))
+	ss.releaseErr.Store(&down)
+	_, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
+
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusInternalServerError || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+		t.Fatalf("first delivery: got %d %q, want 500 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	key := dedup.Key{Namespace: "orders", ID: "evt_1"}
+	if rec, _ := mem.Get(context.Background(), key); rec.State != dedup.StateProcessing {
+		t.Fatalf("while the store fails releases: got state %v, want processing", rec.State)
+	}
+	ss.releaseErr.Store(nil) // the store is back
+	waitFor(t, "the release tried again", func() bool { return logs.FilterMessage("release recorded on a later try").Len() == 1 })
+	rec, err := mem.Get(context.Background(), key)
+	if err != nil || rec.State != dedup.StateFailed || rec.LastStatus != http.StatusInternalServerError || rec.MaybeProcessed {
+		t.Errorf("record: got %s (last status %d, maybe_processed %v), %v; want failed 500, not maybe processed", rec.State, rec.LastStatus, rec.MaybeProcessed, err)
+	}
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+		t.Errorf("the event's next copy: got %d %q, want it forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
 	}
 }
 
@@ -577,14 +610,14 @@ func TestFailOpenRecordEndsOnClose(t *testing.T) {
 	}
 }
 
-// TestCommitRetriesAreBounded: with maxCommitRetries deliveries already
+// TestCommitRetriesAreBounded: with maxSettleRetries deliveries already
 // retrying their commits, a further failed commit is not retried: it is
 // logged as before, and the key stays processing until its lease ends.
 func TestCommitRetriesAreBounded(t *testing.T) {
 	up := newUpstream(t, nil)
 	_, ss := failingCommits(t, memstore.Options{SweepInterval: -1})
 	gw, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
-	gw.commitRetries.Store(maxCommitRetries)
+	gw.settleRetries.Store(maxSettleRetries)
 	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK {
 		t.Fatalf("first delivery: got %d, want 200", resp.Status)
 	}
@@ -594,8 +627,8 @@ func TestCommitRetriesAreBounded(t *testing.T) {
 	if got := logs.FilterMessageSnippet("trying again").Len(); got != 0 {
 		t.Errorf("got %d \"trying again\" lines, want 0", got)
 	}
-	if got := gw.commitRetries.Load(); got != maxCommitRetries {
-		t.Errorf("commit retries: got %d, want %d", got, maxCommitRetries)
+	if got := gw.settleRetries.Load(); got != maxSettleRetries {
+		t.Errorf("commit retries: got %d, want %d", got, maxSettleRetries)
 	}
 }
 
