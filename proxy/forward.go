@@ -258,8 +258,8 @@ func deleteLookalikes(h http.Header, dropped []string) {
 var lookalikeDashes = strings.NewReplacer("_", "-", ".", "-")
 
 // maxHeaderKey bounds the sender's key as sent verbatim in Dedup-Key; a
-// longer one is sent hashed (see dedupKeyHeader). It matches the longest key
-// an API idempotency route accepts.
+// longer one is sent hashed (see dedupKeyHeader). It is above the longest
+// key an API idempotency route accepts (255), so such keys go verbatim.
 const maxHeaderKey = 256
 
 // hashedKeyPrefix marks a key sent hashed in Dedup-Key.

@@ -87,8 +87,9 @@ type delivery struct {
 // on_missing_key: reject routes, scoped by client_identity when set), check
 // the request's fingerprint (on_fingerprint_mismatch: reject), claim the key,
 // and then forward, answer as a duplicate or in flight, or apply the route's
-// on_missing_key / on_store_error policy. See DESIGN.md "What each delivery
-// gets". Every answer on a matched route carries Dedup-Status.
+// on_missing_key / on_store_error policy. The README's "What each delivery
+// gets" lists every answer. Every answer on a matched route carries
+// Dedup-Status.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !canonicalPath(r.URL) {
 		g.unrouted(w, r, unroutedInvalidPath, probBadPath.with("", `the path has a "." or ".." segment, an empty segment, a backslash, a control character, an encoded slash, "?" or "#", or a double encoding; post to the path the route is configured with`))

@@ -7,7 +7,7 @@
 //	dedupgw keys list [--admin URL] [--state S] [--since T] [--until T] [--limit N] ROUTE
 //	                                         list a route's keys as JSON Lines
 //	dedupgw keys forget [--admin URL] [--force] ROUTE KEY  forget a key so its replay is forwarded
-//	dedupgw keys forget [--admin URL] [--force] [--yes] [--state S] [--since T] [--until T] ROUTE
+//	dedupgw keys forget [--admin URL] [--force] [--yes] [--include-maybe-processed] [--state S] [--since T] [--until T] ROUTE
 //	                                         forget every key the filters list (--yes to do it)
 //
 // serve reloads the configuration on SIGHUP and drains in-flight deliveries on
@@ -71,9 +71,10 @@ Usage:
                                            print a route's keys, one JSON object a line
   dedupgw keys forget [--admin URL] [--force] ROUTE KEY
                                            forget a key so its next delivery is forwarded
-  dedupgw keys forget [--admin URL] [--force] [--yes] [--state S] [--since T] [--until T] ROUTE
+  dedupgw keys forget [--admin URL] [--force] [--yes] [--include-maybe-processed] [--state S] [--since T] [--until T] ROUTE
                                            forget every key the filters list; without --yes
-                                           only print them (dedupgw keys --help says more)
+                                           only print them; keeps keys in flight and keys
+                                           marked maybe_processed (dedupgw keys --help says more)
 
 Environment:
   ${VAR} in config values is expanded, ${file:PATH} replaced by the file's content (a
