@@ -692,6 +692,174 @@ func TestCommitRetriesEnd(t *testing.T) {
 	}
 }
 
+// failingReleases returns a gateway whose route (lease one minute, upstream
+// answering 500) runs on clock, in front of a memstore on storeClock
+// behind a settleStore that fails every Release with a store error until
+// its releaseErr is cleared.
+func failingReleases(t *testing.T, clock, storeClock *manualClock, status func() int) (*Gateway, *httptest.Server, *memstore.Store, *settleStore, *observer.ObservedLogs) {
+	t.Helper()
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(status()) })
+	mem := memstore.New(memstore.Options{SweepInterval: -1, Now: storeClock.Now})
+	t.Cleanup(func() { mem.Close() })
+	ss := &settleStore{Store: mem}
+	down := error(errors.New("store down"))
+	ss.releaseErr.Store(&down)
+	core, logs := observer.New(zapcore.DebugLevel)
+	rt := genericRoute("orders", "/hooks/orders", up.URL)
+	rt.Lease = time.Minute
+	gw, err := New(Config{Routes: []Route{rt}}, ss, Options{Logger: zap.New(core), Registerer: prometheus.NewRegistry(), Backend: "memory", Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(func() { srv.Close(); gw.Close() })
+	return gw, srv, mem, ss, logs
+}
+
+// TestReleaseRetriesEnd: the background retries of a failed release stop
+// when the lease ends (by the gateway's clock), when the store answers that
+// the claim is no longer the delivery's, and when the gateway is closed;
+// each end is logged once, Close waits for them, and they no longer count
+// against maxSettleRetries.
+func TestReleaseRetriesEnd(t *testing.T) {
+	tests := []struct {
+		name    string
+		end     func(gw *Gateway, ss *settleStore, clock *manualClock)
+		wantLog string
+	}{
+		{"the lease ends", func(_ *Gateway, _ *settleStore, clock *manualClock) { clock.Advance(2 * time.Minute) },
+			"release failed until the lease ended: the next copy takes the key over, marked maybe_processed"},
+		{"the claim is gone", func(_ *Gateway, ss *settleStore, _ *manualClock) {
+			lost := dedup.ErrNotOwner
+			ss.releaseErr.Store(&lost)
+		}, "lease lost before release"},
+		{"the gateway closes", func(gw *Gateway, _ *settleStore, _ *manualClock) {
+			closed := make(chan struct{})
+			go func() { gw.Close(); close(closed) }()
+			recv(t, closed, "Close with a release being tried again")
+		}, "release not tried again: the gateway is closing"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newManualClock(time.Unix(1_700_000_000, 0))
+			gw, srv, mem, ss, logs := failingReleases(t, clock, clock, func() int { return http.StatusInternalServerError })
+			if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusInternalServerError {
+				t.Fatalf("first delivery: got %d, want 500", resp.Status)
+			}
+			waitFor(t, "a background try to fail", func() bool {
+				return testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "release")) >= 2
+			})
+			tc.end(gw, ss, clock)
+			waitFor(t, "the retries to end", func() bool { return logs.FilterMessageSnippet(tc.wantLog).Len() > 0 })
+			ended := testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "release"))
+			gw.Close() // waits for the retries, which have ended
+			if got := testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "release")); got != ended {
+				t.Errorf("release errors after the retries ended: got %v, want %v (no more tries)", got, ended)
+			}
+			if got := logs.FilterMessageSnippet(tc.wantLog).Len(); got != 1 {
+				t.Errorf("got %d lines containing %q, want 1", got, tc.wantLog)
+			}
+			if got := gw.settleRetries.Load(); got != 0 {
+				t.Errorf("settle retries under way after Close: got %d, want 0", got)
+			}
+			if rec, _ := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"}); rec.State == dedup.StateFailed {
+				t.Errorf("state: got failed, want the release never recorded")
+			}
+		})
+	}
+}
+
+// TestReleaseRetryAfterATakeover: a release still being tried when the
+// store's clock ran past the lease (the gateway's had not), and the next
+// copy took the key over, forwarded it and committed it, fails as not the
+// owner's once the store answers again: it leaves the new claim's record
+// alone, counts a lost lease, and is not tried again.
+func TestReleaseRetryAfterATakeover(t *testing.T) {
+	clock := newManualClock(time.Unix(1_700_000_000, 0))
+	storeClock := newManualClock(time.Unix(1_700_000_000, 0))
+	var status atomic.Int64
+	status.Store(http.StatusInternalServerError)
+	gw, srv, mem, ss, logs := failingReleases(t, clock, storeClock, func() int { return int(status.Load()) })
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusInternalServerError {
+		t.Fatalf("first delivery: got %d, want 500", resp.Status)
+	}
+	waitFor(t, "the release retries to start", func() bool { return gw.settleRetries.Load() == 1 })
+
+	storeClock.Advance(2 * time.Minute) // the store's lease lapsed; the gateway's has not
+	status.Store(http.StatusOK)
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+		t.Fatalf("the copy after the lapse: got %d %q, want 200 forwarded (taken over)", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	key := dedup.Key{Namespace: "orders", ID: "evt_1"}
+	if rec, err := mem.Get(context.Background(), key); err != nil || rec.State != dedup.StateProcessed {
+		t.Fatalf("after the takeover's commit: got %v, %v; want processed", rec.State, err)
+	}
+	ss.releaseErr.Store(nil) // the store is back
+	waitFor(t, "the old release tried again", func() bool { return logs.FilterMessageSnippet("lease lost before release").Len() > 0 })
+	gw.Close()
+	if rec, err := mem.Get(context.Background(), key); err != nil || rec.State != dedup.StateProcessed || rec.LastStatus != http.StatusOK {
+		t.Errorf("record: got %v (last status %d), %v; want the takeover's processed 200", rec.State, rec.LastStatus, err)
+	}
+	if got := logs.FilterMessageSnippet("lease lost before release").Len(); got != 1 {
+		t.Errorf("got %d \"lease lost before release\" lines, want 1", got)
+	}
+	if got := logs.FilterMessageSnippet("release not tried again").Len() + logs.FilterMessage("release recorded on a later try").Len(); got != 0 {
+		t.Errorf("got %d lines of the release going on or landing, want 0", got)
+	}
+	if got := testutil.ToFloat64(gw.metrics.leasesLost.WithLabelValues("orders", "release")); got != 1 {
+		t.Errorf("dedupgw_leases_lost_total{op=\"release\"}: got %v, want 1", got)
+	}
+}
+
+// TestReleaseRetryKeepsMaybeProcessed: the release of a delivery that took
+// over a lapsed claim (so marked maybe_processed), tried again in the
+// background, keeps the mark: the key's earlier attempt may still have been
+// processed.
+func TestReleaseRetryKeepsMaybeProcessed(t *testing.T) {
+	clock := newManualClock(time.Unix(1_700_000_000, 0))
+	gw, srv, mem, ss, logs := failingReleases(t, clock, clock, func() int { return http.StatusInternalServerError })
+	key := dedup.Key{Namespace: "orders", ID: "evt_1"}
+	if _, err := mem.Claim(context.Background(), key, dedup.ClaimOptions{Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Minute) // that claim's owner never settled it
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusInternalServerError || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+		t.Fatalf("the copy after the lapse: got %d %q, want 500 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+	waitFor(t, "the release retries to start", func() bool { return gw.settleRetries.Load() == 1 })
+	ss.releaseErr.Store(nil) // the store is back
+	waitFor(t, "the release tried again", func() bool { return logs.FilterMessage("release recorded on a later try").Len() == 1 })
+	rec, err := mem.Get(context.Background(), key)
+	if err != nil || rec.State != dedup.StateFailed || !rec.MaybeProcessed {
+		t.Errorf("record: got %v (maybe_processed %v), %v; want failed, maybe processed", rec.State, rec.MaybeProcessed, err)
+	}
+}
+
+// TestReleaseThatLandsIsNotTriedAgain: a release the store records at
+// once starts no background retries and logs nothing about it.
+func TestReleaseThatLandsIsNotTriedAgain(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusInternalServerError) })
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	t.Cleanup(func() { mem.Close() })
+	gw, srv, logs := observedGateway(t, mem, genericRoute("orders", "/hooks/orders", up.URL))
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusInternalServerError {
+		t.Fatalf("delivery: got %d, want 500", resp.Status)
+	}
+	if got := gw.settleRetries.Load(); got != 0 {
+		t.Errorf("settle retries: got %d, want 0", got)
+	}
+	gw.Close() // waits for any retry
+	if got := logs.FilterMessageSnippet("release").All(); len(got) != 0 {
+		t.Errorf("got log lines about the release %v, want none", got)
+	}
+	if got := testutil.ToFloat64(gw.metrics.leasesLost.WithLabelValues("orders", "release")); got != 0 {
+		t.Errorf("dedupgw_leases_lost_total{op=\"release\"}: got %v, want 0", got)
+	}
+	if rec, err := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"}); err != nil || rec.State != dedup.StateFailed {
+		t.Errorf("record: got %v, %v; want failed", rec.State, err)
+	}
+}
+
 // TestDeliveryLogLine: one info line per delivery with route, key, outcome,
 // status, duration and request ID; never the body or a secret.
 func TestDeliveryLogLine(t *testing.T) {

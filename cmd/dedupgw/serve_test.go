@@ -511,6 +511,40 @@ func TestRedisRestartIsWarnedAbout(t *testing.T) {
 	}
 }
 
+// A restart the watch sees only well after it (at the next read, 30 s
+// apart in production) is a restart all the same: the uptime is weighed
+// against the time since the last answer, not against the slack alone. And
+// the first read, at once, is the baseline: it names no master.
+func TestRedisRestartSeenLateIsWarnedAbout(t *testing.T) {
+	const (
+		restarted = "Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again"
+		unseen    = "a Redis master the gateway had not seen: a replica promoted by a failover, or a new Cluster master"
+		// Past the slack plus INFO's whole seconds, with room for the
+		// restart itself.
+		interval = restartSlack + 3*time.Second
+	)
+	srv := redistest.Start(t)
+	read := make(chan struct{}, 1)
+	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}), func(s *server) {
+		s.restartCheckInterval = interval
+		s.runsRead = notify(read)
+	})
+	recvWithin(t, read, "the first read of the masters' runs, at start-up")
+	srv.Restart()
+	recvWithin(t, read, "the read after the restart")
+	if got := p.logs.FilterMessage(restarted).All(); len(got) != 1 {
+		t.Errorf("got %d restart warnings, want 1 (%v)", len(got), got)
+	} else if up, ok := got[0].ContextMap()["uptime"].(time.Duration); !ok || up <= restartSlack {
+		t.Errorf("the restart was seen with an uptime of %v, want over the slack %v (the test's premise)", got[0].ContextMap()["uptime"], restartSlack)
+	}
+	if got := p.logs.FilterMessage(unseen).Len(); got != 0 {
+		t.Errorf("got %d \"master the gateway had not seen\" lines, want 0", got)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
 // A Sentinel failover gives the store a master the gateway had not seen:
 // a replica that ran all along, which is no restart.
 func TestRedisFailoverIsNoRestart(t *testing.T) {
