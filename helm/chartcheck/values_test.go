@@ -659,6 +659,19 @@ func TestReadinessPath(t *testing.T) {
 			`env=[{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","value":"reject"}]`}, "/readyz"},
 		{"standalone default, env from a Secret", []string{"--set", "defaults.on_store_error=reject", "--set-json",
 			`env=[{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","valueFrom":{"secretKeyRef":{"name":"s","key":"k"}}}]`}, "/healthz"},
+		// Kubernetes keeps the last of duplicate entries.
+		{"standalone default, env's last entry rejects", []string{"--set-json",
+			`env=[{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","value":"forward"},{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","value":"reject"}]`}, "/readyz"},
+		{"standalone default, env's last entry fails open", []string{"--set-json",
+			`env=[{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","value":"reject"},{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","value":"forward"}]`}, "/healthz"},
+		// The gateway ignores the variable set empty or blank (and warns):
+		// defaults' applies.
+		{"standalone default, env without a value", []string{"--set", "defaults.on_store_error=reject", "--set-json",
+			`env=[{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR"}]`}, "/readyz"},
+		{"standalone default, env blank", []string{"--set", "defaults.on_store_error=reject", "--set-json",
+			`env=[{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","value":" "}]`}, "/readyz"},
+		{"standalone default, env blank over forward", []string{"--set-json",
+			`env=[{"name":"DEDUPGW_DEFAULTS_ON_STORE_ERROR","value":""}]`}, "/healthz"},
 		{"standalone process", []string{"--set", "readiness=process", "--set", "defaults.on_store_error=reject"}, "/healthz"},
 		{"standalone store", []string{"--set", "readiness=store"}, "/readyz"},
 	}

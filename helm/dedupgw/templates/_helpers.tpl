@@ -456,11 +456,17 @@ Services: /healthz.
 {{- $r = "process" }}
 {{- if ne .Values.mode "sidecar" }}
 {{- $default := lower (toString (dig "on_store_error" "forward" (.Values.defaults | default dict))) }}
+{{- /* the gateway takes the variable over defaults (Kubernetes keeps the
+last of duplicate entries); one from a valueFrom cannot be read here: not
+"reject"; an empty or blank one the gateway ignores: defaults' applies */}}
+{{- $envEntry := dict }}
 {{- range .Values.env }}
-{{- if eq .name "DEDUPGW_DEFAULTS_ON_STORE_ERROR" }}
-{{- /* the gateway takes the variable over defaults; one from a valueFrom cannot be read here: not "reject" */}}
-{{- $default = lower (toString (.value | default "unknown")) }}
+{{- if eq .name "DEDUPGW_DEFAULTS_ON_STORE_ERROR" }}{{ $envEntry = . }}{{ end }}
 {{- end }}
+{{- if hasKey $envEntry "valueFrom" }}
+{{- $default = "unknown" }}
+{{- else if trim (toString (get $envEntry "value" | default "")) }}
+{{- $default = lower (toString (get $envEntry "value")) }}
 {{- end }}
 {{- $allReject := true }}
 {{- range .Values.routes }}
