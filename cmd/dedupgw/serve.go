@@ -364,9 +364,11 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		interval = defaultWatchInterval
 	}
 	s.watch = startFileWatch(interval, f.referencedFiles()) // stopped when the drain starts
-	stopCheck, checkDone := make(chan struct{}), make(chan struct{})
+	checkCtx, stopCheck := context.WithCancel(context.Background())
+	defer stopCheck()
+	checkDone := make(chan struct{})
 	if isRedis {
-		go s.followRedis(rs, f.Store.Redis, checkLater, stopCheck, checkDone) // stopped when the drain starts
+		go s.followRedis(checkCtx, rs, f.Store.Redis, checkLater, checkDone) // stopped when the drain starts
 	} else {
 		close(checkDone)
 	}
@@ -403,7 +405,7 @@ loop:
 	// or release), then close the gateway, which cancels and releases
 	// whatever is left. A file changing now reloads nothing.
 	s.watch.Stop()
-	close(stopCheck)
+	stopCheck() // also cuts a Redis read under way: the drain does not wait for a hung Redis
 	<-checkDone
 	gw.Drain()
 	drain := s.drainTimeout()
@@ -820,25 +822,26 @@ func (s *server) checkRedis(ctx context.Context, rs *redisstore.Store, cfg Redis
 // answer at start-up, to run checkRedis once it does.
 const defaultStoreCheckInterval = 5 * time.Second
 
-// followRedis follows a Redis store while the gateway serves, until stop
-// closes; it closes done when it returns. When Redis did not answer at
+// followRedis follows a Redis store while the gateway serves, until ctx
+// is done, which also cuts a read under way; it closes done when it
+// returns. When Redis did not answer at
 // start-up (checkLater) it runs the start-up checks once it does (see
 // checkRedisWhenUp); then it watches for a restart of Redis (see
 // watchRedisRestarts).
-func (s *server) followRedis(rs *redisstore.Store, cfg Redis, checkLater bool, stop <-chan struct{}, done chan<- struct{}) {
+func (s *server) followRedis(ctx context.Context, rs *redisstore.Store, cfg Redis, checkLater bool, done chan<- struct{}) {
 	defer close(done)
-	if checkLater && !s.checkRedisWhenUp(rs, cfg, stop) {
+	if checkLater && !s.checkRedisWhenUp(ctx, rs, cfg) {
 		return
 	}
-	s.watchRedisRestarts(rs, stop)
+	s.watchRedisRestarts(ctx, rs)
 }
 
 // checkRedisWhenUp runs checkRedis once rs answers a ping, every
-// storeCheckInterval until then, and reports true, or false when stop
-// closed first. A Redis that was unreachable at start-up (the gateway
+// storeCheckInterval until then, and reports true, or false when ctx was
+// done first. A Redis that was unreachable at start-up (the gateway
 // started before it) would otherwise never be checked. Refused credentials
 // cannot end the start-up any more: they are logged as an error.
-func (s *server) checkRedisWhenUp(rs *redisstore.Store, cfg Redis, stop <-chan struct{}) bool {
+func (s *server) checkRedisWhenUp(ctx context.Context, rs *redisstore.Store, cfg Redis) bool {
 	interval := s.storeCheckInterval
 	if interval <= 0 {
 		interval = defaultStoreCheckInterval
@@ -847,17 +850,17 @@ func (s *server) checkRedisWhenUp(rs *redisstore.Store, cfg Redis, stop <-chan s
 	defer t.Stop()
 	for {
 		select {
-		case <-stop:
+		case <-ctx.Done():
 			return false
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), startupPingTimeout)
-		if rs.Ping(ctx) != nil {
+		pingCtx, cancel := context.WithTimeout(ctx, startupPingTimeout)
+		if rs.Ping(pingCtx) != nil {
 			cancel()
 			continue
 		}
 		s.log.Info("Redis answers now: running the start-up checks")
-		if err := s.checkRedis(ctx, rs, cfg); err != nil {
+		if err := s.checkRedis(pingCtx, rs, cfg); err != nil {
 			s.log.Error("deliveries meet their routes' on_store_error policy until this is fixed", zap.Error(err))
 		}
 		cancel()
@@ -866,22 +869,24 @@ func (s *server) checkRedisWhenUp(rs *redisstore.Store, cfg Redis, stop <-chan s
 }
 
 // defaultRestartCheckInterval is how often serve asks Redis's masters for
-// their run (watchRedisRestarts): one INFO server per master.
+// their run (watchRedisRestarts): one INFO server and replication per
+// master.
 const defaultRestartCheckInterval = 30 * time.Second
 
 // restartSlack allows for INFO's whole seconds of uptime and the time the
 // reads take when telling a restart from a failover.
 const restartSlack = 5 * time.Second
 
-// watchRedisRestarts reads the masters' runs (run_id, uptime) every
-// restartCheckInterval until stop closes, and logs a master it has not
-// seen before: a warning when it started since the last answer (Redis
+// watchRedisRestarts reads the masters' runs (run_id, uptime, promoted)
+// every restartCheckInterval until ctx is done, and logs a master it has
+// not seen before: a warning when it started since the last answer and no
+// failover promoted it (Redis
 // restarted and holds only the keys its persistence kept: every key, with
 // appendonly; none, without persistence), with the persistence check of
 // the start-up again, and an info line otherwise (a replica promoted by a
 // failover, a new Cluster master). A read that fails is skipped: store
 // errors are counted and logged where deliveries meet them.
-func (s *server) watchRedisRestarts(rs *redisstore.Store, stop <-chan struct{}) {
+func (s *server) watchRedisRestarts(ctx context.Context, rs *redisstore.Store) {
 	interval := s.restartCheckInterval
 	if interval <= 0 {
 		interval = defaultRestartCheckInterval
@@ -891,9 +896,9 @@ func (s *server) watchRedisRestarts(rs *redisstore.Store, stop <-chan struct{}) 
 		answered time.Time       // when the last answer came, by the monotonic clock
 	)
 	read := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), startupPingTimeout)
+		readCtx, cancel := context.WithTimeout(ctx, startupPingTimeout)
 		defer cancel()
-		runs, err := rs.MasterRuns(ctx)
+		runs, err := rs.MasterRuns(readCtx)
 		if err != nil {
 			return
 		}
@@ -901,10 +906,10 @@ func (s *server) watchRedisRestarts(rs *redisstore.Store, stop <-chan struct{}) 
 		for _, r := range runs {
 			switch {
 			case known == nil || known[r.RunID]:
-			case r.Uptime <= now.Sub(answered)+restartSlack:
+			case !r.Promoted && r.Uptime <= now.Sub(answered)+restartSlack:
 				s.log.Warn("Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again",
 					zap.String("run_id", r.RunID), zap.Duration("uptime", r.Uptime))
-				warnPersistence(ctx, rs, s.log)
+				warnPersistence(readCtx, rs, s.log)
 			default:
 				s.log.Info("a Redis master the gateway had not seen: a replica promoted by a failover, or a new Cluster master",
 					zap.String("run_id", r.RunID), zap.Duration("uptime", r.Uptime))
@@ -924,7 +929,7 @@ func (s *server) watchRedisRestarts(rs *redisstore.Store, stop <-chan struct{}) 
 	defer t.Stop()
 	for {
 		select {
-		case <-stop:
+		case <-ctx.Done():
 			return
 		case <-t.C:
 			read()

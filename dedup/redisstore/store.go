@@ -633,13 +633,19 @@ type MasterRun struct {
 	RunID string
 	// Uptime is how long the process has run.
 	Uptime time.Duration
+	// Promoted is set when the master was a replica that a failover
+	// promoted (INFO replication: second_repl_offset is not -1): it holds
+	// what it replicated, however recently it started. A master that
+	// restarted as one has -1, whatever its persistence loaded.
+	Promoted bool
 }
 
 // MasterRuns reports the run of every master the Store writes to (every
-// Cluster master, else the one master), in no order. A run_id seen before
-// with a short uptime names a restart, after which the master holds only
-// what its persistence kept; a new run_id with a long one names a replica
-// promoted by a failover.
+// Cluster master, else the one master), in no order, from INFO server and
+// INFO replication. A run_id not seen before, with a short uptime and not
+// Promoted, names a restart, after which the master holds only what its
+// persistence kept; a Promoted one, or one with a long uptime, names a
+// replica promoted by a failover.
 func (s *Store) MasterRuns(ctx context.Context) ([]MasterRun, error) {
 	if s.closed.Load() {
 		return nil, dedup.ErrClosed
@@ -649,7 +655,7 @@ func (s *Store) MasterRuns(ctx context.Context) ([]MasterRun, error) {
 		runs []MasterRun
 	)
 	err := s.eachMaster(ctx, func(ctx context.Context, c redis.Cmdable) error {
-		info, err := c.Info(ctx, "server").Result()
+		info, err := c.Info(ctx, "server", "replication").Result()
 		if err != nil {
 			return err
 		}
@@ -657,6 +663,8 @@ func (s *Store) MasterRuns(ctx context.Context) ([]MasterRun, error) {
 		for line := range strings.Lines(info) {
 			if v, ok := strings.CutPrefix(line, "run_id:"); ok {
 				run.RunID = strings.TrimSpace(v)
+			} else if v, ok := strings.CutPrefix(line, "second_repl_offset:"); ok {
+				run.Promoted = strings.TrimSpace(v) != "-1"
 			} else if v, ok := strings.CutPrefix(line, "uptime_in_seconds:"); ok {
 				secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 				if err != nil {

@@ -281,11 +281,10 @@ func TestMaxmemoryPolicy(t *testing.T) {
 	}
 }
 
-// Persistence reports how Redis keeps the keys across its own restart, on a
-// Cluster the least durable master's: a Redis started with neither
-// appendonly nor snapshots forgets every key when it restarts.
 // MasterRuns names each master's run: a restart gives a new run_id and
-// a short uptime; a Cluster reports each of its masters.
+// a short uptime, not promoted; a replica promoted by a failover is
+// Promoted however recently it started; a Cluster reports each of its
+// masters.
 func TestMasterRuns(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
@@ -300,8 +299,21 @@ func TestMasterRuns(t *testing.T) {
 		after, err = s.MasterRuns(ctx)
 		return err == nil
 	})
-	if len(after) != 1 || after[0].RunID == before[0].RunID || after[0].Uptime > 5*time.Second {
+	if len(after) != 1 || after[0].RunID == before[0].RunID || after[0].Uptime > 5*time.Second || after[0].Promoted || before[0].Promoted {
 		t.Errorf("after a restart: got (%+v, %v), want one run with a new run_id (not %s) and a short uptime", after, err, before[0].RunID)
+	}
+
+	// A replica promoted: it holds what it replicated.
+	master, replica := redistest.StartReplicated(t)
+	if err := replica.Client().Do(ctx, "replicaof", "no", "one").Err(); err != nil {
+		t.Fatal(err)
+	}
+	promoted, err := newStore(t, redisstore.Config{Addrs: []string{replica.Addr()}}, nil).MasterRuns(ctx)
+	if err != nil || len(promoted) != 1 || !promoted[0].Promoted {
+		t.Errorf("a promoted replica: got (%+v, %v), want one Promoted run", promoted, err)
+	}
+	if runs, err := newStore(t, redisstore.Config{Addrs: []string{master.Addr()}}, nil).MasterRuns(ctx); err != nil || len(runs) != 1 || runs[0].Promoted {
+		t.Errorf("the master it left: got (%+v, %v), want one run, not Promoted", runs, err)
 	}
 
 	cl := redistest.StartCluster(t, 3)
@@ -315,6 +327,9 @@ func TestMasterRuns(t *testing.T) {
 	}
 }
 
+// Persistence reports how Redis keeps the keys across its own restart, on a
+// Cluster the least durable master's: a Redis started with neither
+// appendonly nor snapshots forgets every key when it restarts.
 func TestPersistence(t *testing.T) {
 	ctx := context.Background()
 	cl := redistest.StartCluster(t, 3)
