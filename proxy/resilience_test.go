@@ -35,6 +35,14 @@ type settleStore struct {
 	commitErr, releaseErr atomic.Pointer[error]
 }
 
+// errOf is the error op ("commit" or "release") fails with while set.
+func (s *settleStore) errOf(op string) *atomic.Pointer[error] {
+	if op == "commit" {
+		return &s.commitErr
+	}
+	return &s.releaseErr
+}
+
 func (s *settleStore) Commit(ctx context.Context, k dedup.Key, tok string, o dedup.CommitOptions) error {
 	if err := s.commitErr.Load(); err != nil {
 		return *err
@@ -632,78 +640,18 @@ func TestCommitRetriesAreBounded(t *testing.T) {
 	}
 }
 
-// TestCommitRetriesEnd: the background retries of a failed commit stop when
-// the lease ends (by the gateway's clock), when the store answers that the
-// claim is no longer the delivery's, and when the gateway is closed; each
-// end is logged once, and Close waits for them.
-func TestCommitRetriesEnd(t *testing.T) {
-	tests := []struct {
-		name    string
-		end     func(gw *Gateway, ss *settleStore, clock *manualClock)
-		wantLog string
-	}{
-		{"the lease ends", func(_ *Gateway, _ *settleStore, clock *manualClock) { clock.Advance(2 * time.Minute) },
-			"commit failed until the lease ended: a retry is forwarded again"},
-		{"the claim is gone", func(_ *Gateway, ss *settleStore, _ *manualClock) {
-			lost := dedup.ErrNotOwner
-			ss.commitErr.Store(&lost)
-		}, "lease lost before commit"},
-		{"the gateway closes", func(gw *Gateway, _ *settleStore, _ *manualClock) {
-			closed := make(chan struct{})
-			go func() { gw.Close(); close(closed) }()
-			recv(t, closed, "Close with a commit being tried again")
-		}, "commit not tried again: the gateway is closing"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			up := newUpstream(t, nil)
-			clock := newManualClock(time.Unix(1_700_000_000, 0))
-			mem, ss := failingCommits(t, memstore.Options{SweepInterval: -1, Now: clock.Now})
-			core, logs := observer.New(zapcore.DebugLevel)
-			rt := genericRoute("orders", "/hooks/orders", up.URL)
-			rt.Lease = time.Minute
-			gw, err := New(Config{Routes: []Route{rt}}, ss, Options{Logger: zap.New(core), Registerer: prometheus.NewRegistry(), Backend: "memory", Now: clock.Now})
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := httptest.NewServer(gw)
-			defer func() { srv.Close(); gw.Close() }()
-
-			if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK {
-				t.Fatalf("first delivery: got %d, want 200", resp.Status)
-			}
-			waitFor(t, "a background try to fail", func() bool {
-				return testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "commit")) >= 2
-			})
-			tc.end(gw, ss, clock)
-			waitFor(t, "the retries to end", func() bool { return logs.FilterMessageSnippet(tc.wantLog).Len() > 0 })
-			ended := testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "commit"))
-			gw.Close() // waits for the retries, which have ended
-			if got := testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "commit")); got != ended {
-				t.Errorf("commit errors after the retries ended: got %v, want %v (no more tries)", got, ended)
-			}
-			if got := logs.FilterMessageSnippet(tc.wantLog).Len(); got != 1 {
-				t.Errorf("got %d lines containing %q, want 1", got, tc.wantLog)
-			}
-			if rec, _ := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"}); rec.State == dedup.StateProcessed {
-				t.Errorf("state: got processed, want the commit never recorded")
-			}
-		})
-	}
-}
-
-// failingReleases returns a gateway whose route (lease one minute, upstream
-// answering 500) runs on clock, in front of a memstore on storeClock
-// behind a settleStore that fails every Release with a store error until
-// its releaseErr is cleared.
-func failingReleases(t *testing.T, clock, storeClock *manualClock, status func() int) (*Gateway, *httptest.Server, *memstore.Store, *settleStore, *observer.ObservedLogs) {
+// failingSettles returns a gateway whose route (lease one minute, upstream
+// answering status()) runs on clock, in front of a memstore on storeClock
+// behind a settleStore that fails every op ("commit" or "release") with a
+// store error until the op's error is cleared.
+func failingSettles(t *testing.T, op string, clock, storeClock *manualClock, status func() int) (*Gateway, *httptest.Server, *memstore.Store, *settleStore, *observer.ObservedLogs) {
 	t.Helper()
 	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(status()) })
 	mem := memstore.New(memstore.Options{SweepInterval: -1, Now: storeClock.Now})
 	t.Cleanup(func() { mem.Close() })
 	ss := &settleStore{Store: mem}
 	down := error(errors.New("store down"))
-	ss.releaseErr.Store(&down)
+	ss.errOf(op).Store(&down)
 	core, logs := observer.New(zapcore.DebugLevel)
 	rt := genericRoute("orders", "/hooks/orders", up.URL)
 	rt.Lease = time.Minute
@@ -716,56 +664,66 @@ func failingReleases(t *testing.T, clock, storeClock *manualClock, status func()
 	return gw, srv, mem, ss, logs
 }
 
-// TestReleaseRetriesEnd: the background retries of a failed release stop
-// when the lease ends (by the gateway's clock), when the store answers that
-// the claim is no longer the delivery's, and when the gateway is closed;
-// each end is logged once, Close waits for them, and they no longer count
-// against maxSettleRetries.
-func TestReleaseRetriesEnd(t *testing.T) {
-	tests := []struct {
-		name    string
-		end     func(gw *Gateway, ss *settleStore, clock *manualClock)
-		wantLog string
+// TestSettleRetriesEnd: the background retries of a failed commit or
+// release stop when the lease ends (by the gateway's clock), when the store
+// answers that the claim is no longer the delivery's, and when the gateway
+// is closed; each end is logged once, Close waits for them, and they no
+// longer count against maxSettleRetries.
+func TestSettleRetriesEnd(t *testing.T) {
+	for _, op := range []struct {
+		name   string
+		status int         // the upstream's, which the op settles
+		never  dedup.State // the state the op would have recorded
+		ends   [3]string   // what is logged when the lease ends, the claim is gone, the gateway closes
 	}{
-		{"the lease ends", func(_ *Gateway, _ *settleStore, clock *manualClock) { clock.Advance(2 * time.Minute) },
-			"release failed until the lease ended: the next copy takes the key over, marked maybe_processed"},
-		{"the claim is gone", func(_ *Gateway, ss *settleStore, _ *manualClock) {
-			lost := dedup.ErrNotOwner
-			ss.releaseErr.Store(&lost)
-		}, "lease lost before release"},
-		{"the gateway closes", func(gw *Gateway, _ *settleStore, _ *manualClock) {
-			closed := make(chan struct{})
-			go func() { gw.Close(); close(closed) }()
-			recv(t, closed, "Close with a release being tried again")
-		}, "release not tried again: the gateway is closing"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			clock := newManualClock(time.Unix(1_700_000_000, 0))
-			gw, srv, mem, ss, logs := failingReleases(t, clock, clock, func() int { return http.StatusInternalServerError })
-			if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusInternalServerError {
-				t.Fatalf("first delivery: got %d, want 500", resp.Status)
-			}
-			waitFor(t, "a background try to fail", func() bool {
-				return testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "release")) >= 2
+		{"commit", http.StatusOK, dedup.StateProcessed, [3]string{
+			"commit failed until the lease ended: a retry is forwarded again", "lease lost before commit", "commit not tried again: the gateway is closing"}},
+		{"release", http.StatusInternalServerError, dedup.StateFailed, [3]string{
+			"release failed until the lease ended: the next copy takes the key over, marked maybe_processed", "lease lost before release", "release not tried again: the gateway is closing"}},
+	} {
+		ends := []struct {
+			name string
+			end  func(gw *Gateway, ss *settleStore, clock *manualClock)
+		}{
+			{"the lease ends", func(_ *Gateway, _ *settleStore, clock *manualClock) { clock.Advance(2 * time.Minute) }},
+			{"the claim is gone", func(_ *Gateway, ss *settleStore, _ *manualClock) {
+				lost := dedup.ErrNotOwner
+				ss.errOf(op.name).Store(&lost)
+			}},
+			{"the gateway closes", func(gw *Gateway, _ *settleStore, _ *manualClock) {
+				closed := make(chan struct{})
+				go func() { gw.Close(); close(closed) }()
+				recv(t, closed, "Close with a "+op.name+" being tried again")
+			}},
+		}
+		for i, tc := range ends {
+			t.Run(op.name+", "+tc.name, func(t *testing.T) {
+				clock := newManualClock(time.Unix(1_700_000_000, 0))
+				gw, srv, mem, ss, logs := failingSettles(t, op.name, clock, clock, func() int { return op.status })
+				if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != op.status {
+					t.Fatalf("first delivery: got %d, want %d", resp.Status, op.status)
+				}
+				errs := gw.metrics.storeErrors.WithLabelValues("memory", op.name)
+				waitFor(t, "a background try to fail", func() bool { return testutil.ToFloat64(errs) >= 2 })
+				tc.end(gw, ss, clock)
+				wantLog := op.ends[i]
+				waitFor(t, "the retries to end", func() bool { return logs.FilterMessageSnippet(wantLog).Len() > 0 })
+				ended := testutil.ToFloat64(errs)
+				gw.Close() // waits for the retries, which have ended
+				if got := testutil.ToFloat64(errs); got != ended {
+					t.Errorf("%s errors after the retries ended: got %v, want %v (no more tries)", op.name, got, ended)
+				}
+				if got := logs.FilterMessageSnippet(wantLog).Len(); got != 1 {
+					t.Errorf("got %d lines containing %q, want 1", got, wantLog)
+				}
+				if got := gw.settleRetries.Load(); got != 0 {
+					t.Errorf("settle retries under way after Close: got %d, want 0", got)
+				}
+				if rec, _ := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"}); rec.State == op.never {
+					t.Errorf("state: got %s, want the %s never recorded", rec.State, op.name)
+				}
 			})
-			tc.end(gw, ss, clock)
-			waitFor(t, "the retries to end", func() bool { return logs.FilterMessageSnippet(tc.wantLog).Len() > 0 })
-			ended := testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "release"))
-			gw.Close() // waits for the retries, which have ended
-			if got := testutil.ToFloat64(gw.metrics.storeErrors.WithLabelValues("memory", "release")); got != ended {
-				t.Errorf("release errors after the retries ended: got %v, want %v (no more tries)", got, ended)
-			}
-			if got := logs.FilterMessageSnippet(tc.wantLog).Len(); got != 1 {
-				t.Errorf("got %d lines containing %q, want 1", got, tc.wantLog)
-			}
-			if got := gw.settleRetries.Load(); got != 0 {
-				t.Errorf("settle retries under way after Close: got %d, want 0", got)
-			}
-			if rec, _ := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"}); rec.State == dedup.StateFailed {
-				t.Errorf("state: got failed, want the release never recorded")
-			}
-		})
+		}
 	}
 }
 
@@ -779,7 +737,7 @@ func TestReleaseRetryAfterATakeover(t *testing.T) {
 	storeClock := newManualClock(time.Unix(1_700_000_000, 0))
 	var status atomic.Int64
 	status.Store(http.StatusInternalServerError)
-	gw, srv, mem, ss, logs := failingReleases(t, clock, storeClock, func() int { return int(status.Load()) })
+	gw, srv, mem, ss, logs := failingSettles(t, "release", clock, storeClock, func() int { return int(status.Load()) })
 	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusInternalServerError {
 		t.Fatalf("first delivery: got %d, want 500", resp.Status)
 	}
@@ -817,7 +775,7 @@ func TestReleaseRetryAfterATakeover(t *testing.T) {
 // processed.
 func TestReleaseRetryKeepsMaybeProcessed(t *testing.T) {
 	clock := newManualClock(time.Unix(1_700_000_000, 0))
-	gw, srv, mem, ss, logs := failingReleases(t, clock, clock, func() int { return http.StatusInternalServerError })
+	gw, srv, mem, ss, logs := failingSettles(t, "release", clock, clock, func() int { return http.StatusInternalServerError })
 	key := dedup.Key{Namespace: "orders", ID: "evt_1"}
 	if _, err := mem.Claim(context.Background(), key, dedup.ClaimOptions{Lease: time.Minute}); err != nil {
 		t.Fatal(err)
