@@ -613,19 +613,11 @@ func (g *Gateway) commit(parent context.Context, d *delivery, status int, stored
 	defer ctx.stop()
 	g.warnLateFinish(d, "commit", wall)
 	opts := dedup.CommitOptions{Window: d.rt.Window, Status: status, Response: stored}
-	err := g.store.Commit(ctx, d.key, d.token, opts)
-	if err == nil {
-		return
+	if err := g.store.Commit(ctx, d.key, d.token, opts); err != nil {
+		g.settleLater(d, commitOp, func(ctx context.Context, key dedup.Key, token string) error {
+			return g.store.Commit(ctx, key, token, opts)
+		}, err)
 	}
-	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
-	key, token, rt := d.key, d.token, d.rt
-	try := func(ctx context.Context) error { return g.store.Commit(ctx, key, token, opts) }
-	again := func(err error) bool { return commitFailed(rt, fields, err) }
-	if !again(err) || g.settleLater(d, commitOp, try, again, fields, err) {
-		return
-	}
-	d.rt.log.Error("commit failed after the upstream's 2xx: the key stays processing until its lease ends, then a retry is forwarded again",
-		append(fields, zap.Error(err))...)
 }
 
 // commitFailed logs and counts the commit error err (not nil) of a delivery
@@ -679,46 +671,52 @@ const (
 // name and its log lines.
 type settleOp struct {
 	name string
-	// failing is logged (warn) when the retries start; closing (error)
-	// when Close stops them; gaveUp (error) when the lease ended first.
-	failing, closing, gaveUp string
+	// failed logs and counts an error of the op on rt that leaves another
+	// try no use, and reports whether one may help (commitFailed,
+	// releaseFailed).
+	failed func(rt *route, fields []zap.Field, err error) (again bool)
+	// failing is logged (warn) when the retries start; unsettled (error)
+	// when they cannot; closing (error) when Close stops them; gaveUp
+	// (error) when the lease ended first.
+	failing, unsettled, closing, gaveUp string
 }
 
 var (
 	commitOp = settleOp{
-		name:    "commit",
-		failing: "commit failed after the upstream's 2xx: trying again until the lease ends",
-		closing: "commit not tried again: the gateway is closing; the key stays processing until its lease ends, then a retry is forwarded again",
-		gaveUp:  "commit failed until the lease ended: a retry is forwarded again",
+		name:      "commit",
+		failed:    commitFailed,
+		failing:   "commit failed after the upstream's 2xx: trying again until the lease ends",
+		unsettled: "commit failed after the upstream's 2xx: the key stays processing until its lease ends, then a retry is forwarded again",
+		closing:   "commit not tried again: the gateway is closing; the key stays processing until its lease ends, then a retry is forwarded again",
+		gaveUp:    "commit failed until the lease ended: a retry is forwarded again",
 	}
 	releaseOp = settleOp{
-		name:    "release",
-		failing: "release failed: trying again until the lease ends (until then the key stays processing, and its copies get 409)",
-		closing: "release not tried again: the gateway is closing; the key stays processing until its lease ends, then the next copy takes it over, marked maybe_processed",
-		gaveUp:  "release failed until the lease ended: the next copy takes the key over, marked maybe_processed",
+		name:      "release",
+		failed:    releaseFailed,
+		failing:   "release failed: trying again until the lease ends (until then the key stays processing, and its copies get 409)",
+		unsettled: "release failed: the key stays processing until its lease ends, then the next copy takes it over, marked maybe_processed",
+		closing:   "release not tried again: the gateway is closing; the key stays processing until its lease ends, then the next copy takes it over, marked maybe_processed",
+		gaveUp:    "release failed until the lease ended: the next copy takes the key over, marked maybe_processed",
 	}
 )
 
-// settleLater starts the background retries of d's commit or release (op),
-// which failed with err: try sends it again, and again reports whether an
-// error leaves another try any use (see commitFailed, releaseFailed). It
-// reports whether it started them: not once the lease ended, with
-// maxSettleRetries under way, or the gateway closed.
-func (g *Gateway) settleLater(d *delivery, op settleOp, try func(context.Context) error, again func(error) bool, fields []zap.Field, err error) bool {
-	if _, wall := g.clock(); d.leaseUntil.IsZero() || !wall.Before(d.leaseUntil) {
-		return false
-	}
-	if g.settleRetries.Add(1) > maxSettleRetries {
-		g.settleRetries.Add(-1)
-		return false
-	}
-	if !g.enter() {
-		g.settleRetries.Add(-1)
-		return false
-	}
+// settleLater handles d's commit or release (op), which the store failed
+// with err: unless op.failed says another try is no use, it starts the
+// background retries, each sending it again with send, or logs
+// op.unsettled when it cannot (the lease ended, maxSettleRetries under
+// way, or the gateway closed).
+func (g *Gateway) settleLater(d *delivery, op settleOp, send func(ctx context.Context, key dedup.Key, token string) error, err error) {
 	// What the retries read of d, copied: the delivery is finished without
 	// waiting for them.
-	rt, until, values := d.rt, d.leaseUntil, d.detached
+	rt, key, token, until, values := d.rt, d.key, d.token, d.leaseUntil, d.detached
+	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
+	if !op.failed(rt, fields, err) {
+		return
+	}
+	if !g.startSettleRetry(until) {
+		rt.log.Error(op.unsettled, append(fields, zap.Error(err))...)
+		return
+	}
 	rt.log.Warn(op.failing, append(fields, zap.Time("lease_until", until), zap.Error(err))...)
 	go func() {
 		defer g.active.Done()
@@ -739,19 +737,37 @@ func (g *Gateway) settleLater(d *delivery, op settleOp, try func(context.Context
 				return
 			}
 			ctx := newOpContext(values, now, g.storeTimeout)
-			err = try(ctx)
+			err = send(ctx, key, token)
 			ctx.stop()
 			if err == nil {
 				rt.log.Info(op.name+" recorded on a later try", append(fields, zap.Int("tries", tries))...)
 				return
 			}
-			if !again(err) {
+			if !op.failed(rt, fields, err) {
 				return
 			}
 			pause = min(2*pause, settleRetryMax)
 			timer.Reset(pause)
 		}
 	}()
+}
+
+// startSettleRetry reports whether a retry of a claim whose lease ends at
+// until may start, and counts it (g.settleRetries, g.active) when it may:
+// not once the lease ended, with maxSettleRetries under way, or the
+// gateway closed.
+func (g *Gateway) startSettleRetry(until time.Time) bool {
+	if _, wall := g.clock(); until.IsZero() || !wall.Before(until) {
+		return false
+	}
+	if g.settleRetries.Add(1) > maxSettleRetries {
+		g.settleRetries.Add(-1)
+		return false
+	}
+	if !g.enter() {
+		g.settleRetries.Add(-1)
+		return false
+	}
 	return true
 }
 
@@ -765,19 +781,11 @@ func (g *Gateway) release(parent context.Context, d *delivery, reason string, st
 	defer ctx.stop()
 	g.warnLateFinish(d, "release", wall)
 	opts := dedup.ReleaseOptions{Retain: d.rt.FailedRetention, Status: status, Error: text, MaybeProcessed: d.maybeProcessed}
-	err := g.store.Release(ctx, d.key, d.token, opts)
-	if err == nil {
-		return
+	if err := g.store.Release(ctx, d.key, d.token, opts); err != nil {
+		g.settleLater(d, releaseOp, func(ctx context.Context, key dedup.Key, token string) error {
+			return g.store.Release(ctx, key, token, opts)
+		}, err)
 	}
-	fields := []zap.Field{keyField(d.clientKey), requestIDField(d.requestID)}
-	key, token, rt := d.key, d.token, d.rt
-	try := func(ctx context.Context) error { return g.store.Release(ctx, key, token, opts) }
-	again := func(err error) bool { return releaseFailed(rt, fields, err) }
-	if !again(err) || g.settleLater(d, releaseOp, try, again, fields, err) {
-		return
-	}
-	d.rt.log.Error("release failed: the key stays processing until its lease ends, then the next copy takes it over, marked maybe_processed",
-		append(fields, zap.Error(err))...)
 }
 
 // releaseFailed logs and counts the release error err (not nil) of a
