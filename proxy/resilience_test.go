@@ -132,16 +132,16 @@ func TestSettleErrors(t *testing.T) {
 	}
 }
 
-// failingCommits returns a memstore made with opts and, in front of it, a
-// settleStore that fails every Commit with a store error until its
-// commitErr is cleared (the store is back).
-func failingCommits(t *testing.T, opts memstore.Options) (*memstore.Store, *settleStore) {
+// failingOps returns a memstore made with opts and, in front of it, a
+// settleStore that fails every op ("commit" or "release") with a store
+// error until the op's error is cleared (the store is back).
+func failingOps(t *testing.T, op string, opts memstore.Options) (*memstore.Store, *settleStore) {
 	t.Helper()
 	mem := memstore.New(opts)
 	t.Cleanup(func() { mem.Close() })
 	ss := &settleStore{Store: mem}
 	down := error(errors.New("store down"))
-	ss.commitErr.Store(&down)
+	ss.errOf(op).Store(&down)
 	return mem, ss
 }
 
@@ -151,7 +151,7 @@ func failingCommits(t *testing.T, opts memstore.Options) (*memstore.Store, *sett
 // its next copy answered as a duplicate instead of forwarded again.
 func TestCommitTriedAgainInTheBackground(t *testing.T) {
 	up := newUpstream(t, nil)
-	mem, ss := failingCommits(t, memstore.Options{SweepInterval: -1})
+	mem, ss := failingOps(t, "commit", memstore.Options{SweepInterval: -1})
 	_, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
 
 	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
@@ -186,11 +186,7 @@ func TestCommitTriedAgainInTheBackground(t *testing.T) {
 // taken over marked maybe_processed.
 func TestReleaseTriedAgainInTheBackground(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusInternalServerError) })
-	mem := memstore.New(memstore.Options{SweepInterval: -1})
-	t.Cleanup(func() { mem.Close() })
-	ss := &settleStore{Store: mem}
-	down := error(errors.New("store down"))
-	ss.releaseErr.Store(&down)
+	mem, ss := failingOps(t, "release", memstore.Options{SweepInterval: -1})
 	_, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
 
 	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusInternalServerError || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
@@ -623,7 +619,7 @@ func TestFailOpenRecordEndsOnClose(t *testing.T) {
 // logged as before, and the key stays processing until its lease ends.
 func TestCommitRetriesAreBounded(t *testing.T) {
 	up := newUpstream(t, nil)
-	_, ss := failingCommits(t, memstore.Options{SweepInterval: -1})
+	_, ss := failingOps(t, "commit", memstore.Options{SweepInterval: -1})
 	gw, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
 	gw.settleRetries.Store(maxSettleRetries)
 	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK {
@@ -647,11 +643,7 @@ func TestCommitRetriesAreBounded(t *testing.T) {
 func failingSettles(t *testing.T, op string, clock, storeClock *manualClock, status func() int) (*Gateway, *httptest.Server, *memstore.Store, *settleStore, *observer.ObservedLogs) {
 	t.Helper()
 	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(status()) })
-	mem := memstore.New(memstore.Options{SweepInterval: -1, Now: storeClock.Now})
-	t.Cleanup(func() { mem.Close() })
-	ss := &settleStore{Store: mem}
-	down := error(errors.New("store down"))
-	ss.errOf(op).Store(&down)
+	mem, ss := failingOps(t, op, memstore.Options{SweepInterval: -1, Now: storeClock.Now})
 	core, logs := observer.New(zapcore.DebugLevel)
 	rt := genericRoute("orders", "/hooks/orders", up.URL)
 	rt.Lease = time.Minute
