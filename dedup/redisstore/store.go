@@ -609,10 +609,8 @@ func clusterServes(ctx context.Context, c redis.Cmdable) error {
 		}
 		return err
 	}
-	for line := range strings.Lines(info) {
-		if state, ok := strings.CutPrefix(strings.TrimSpace(line), "cluster_state:"); ok && state != "ok" {
-			return fmt.Errorf("cluster_state is %s: the Cluster refuses commands (CLUSTERDOWN)", state)
-		}
+	if state, ok := infoField(info, "cluster_state"); ok && state != "ok" {
+		return fmt.Errorf("cluster_state is %s: the Cluster refuses commands (CLUSTERDOWN)", state)
 	}
 	return nil
 }
@@ -660,18 +658,16 @@ func (s *Store) MasterRuns(ctx context.Context) ([]MasterRun, error) {
 			return err
 		}
 		var run MasterRun
-		for line := range strings.Lines(info) {
-			if v, ok := strings.CutPrefix(line, "run_id:"); ok {
-				run.RunID = strings.TrimSpace(v)
-			} else if v, ok := strings.CutPrefix(line, "second_repl_offset:"); ok {
-				run.Promoted = strings.TrimSpace(v) != "-1"
-			} else if v, ok := strings.CutPrefix(line, "uptime_in_seconds:"); ok {
-				secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				if err != nil {
-					return fmt.Errorf("INFO server: uptime_in_seconds: %w", err)
-				}
-				run.Uptime = time.Duration(secs) * time.Second
+		run.RunID, _ = infoField(info, "run_id")
+		if v, ok := infoField(info, "second_repl_offset"); ok {
+			run.Promoted = v != "-1"
+		}
+		if v, ok := infoField(info, "uptime_in_seconds"); ok {
+			secs, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return fmt.Errorf("INFO server: uptime_in_seconds: %w", err)
 			}
+			run.Uptime = time.Duration(secs) * time.Second
 		}
 		if run.RunID == "" {
 			return errors.New("INFO server has no run_id")
@@ -685,6 +681,17 @@ func (s *Store) MasterRuns(ctx context.Context) ([]MasterRun, error) {
 		return nil, fmt.Errorf("redisstore: master runs: %w", err)
 	}
 	return runs, nil
+}
+
+// infoField returns the value of the field name in an INFO answer (its
+// "name:value" line), and whether the answer has it.
+func infoField(info, name string) (string, bool) {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			return strings.TrimSpace(v), true
+		}
+	}
+	return "", false
 }
 
 // SingleNodeInCluster reports whether the one node a single-node Store
@@ -716,10 +723,8 @@ func (s *Store) MaxmemoryPolicy(ctx context.Context) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		for line := range strings.Lines(info) {
-			if v, ok := strings.CutPrefix(line, "maxmemory_policy:"); ok {
-				return strings.TrimSpace(v), nil
-			}
+		if v, ok := infoField(info, "maxmemory_policy"); ok {
+			return v, nil
 		}
 		return "", errors.New("INFO memory has no maxmemory_policy")
 	}, evictionRank)
@@ -744,10 +749,8 @@ func (s *Store) Persistence(ctx context.Context) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		for line := range strings.Lines(info) {
-			if v, ok := strings.CutPrefix(line, "aof_enabled:"); ok && strings.TrimSpace(v) == "1" {
-				return PersistenceAOF, nil
-			}
+		if v, _ := infoField(info, "aof_enabled"); v == "1" {
+			return PersistenceAOF, nil
 		}
 		save, err := c.ConfigGet(ctx, "save").Result()
 		if err != nil {
