@@ -824,10 +824,9 @@ const defaultStoreCheckInterval = 5 * time.Second
 
 // followRedis follows a Redis store while the gateway serves, until ctx
 // is done, which also cuts a read under way; it closes done when it
-// returns. When Redis did not answer at
-// start-up (checkLater) it runs the start-up checks once it does (see
-// checkRedisWhenUp); then it watches for a restart of Redis (see
-// watchRedisRestarts).
+// returns. When Redis did not answer at start-up (checkLater) it runs the
+// start-up checks once it does (see checkRedisWhenUp); then it watches for
+// a restart of Redis (see watchRedisRestarts).
 func (s *server) followRedis(ctx context.Context, rs *redisstore.Store, cfg Redis, checkLater bool, done chan<- struct{}) {
 	defer close(done)
 	if checkLater && !s.checkRedisWhenUp(ctx, rs, cfg) {
@@ -880,12 +879,12 @@ const restartSlack = 5 * time.Second
 // watchRedisRestarts reads the masters' runs (run_id, uptime, promoted)
 // every restartCheckInterval until ctx is done, and logs a master it has
 // not seen before: a warning when it started since the last answer and no
-// failover promoted it (Redis
-// restarted and holds only the keys its persistence kept: every key, with
-// appendonly; none, without persistence), with the persistence check of
-// the start-up again, and an info line otherwise (a replica promoted by a
-// failover, a new Cluster master). A read that fails is skipped: store
-// errors are counted and logged where deliveries meet them.
+// failover promoted it (Redis restarted and holds only the keys its
+// persistence kept: every key, with appendonly; none, without
+// persistence), then the persistence check of the start-up again, once
+// per read; an info line otherwise (a replica promoted by a failover, a
+// new Cluster master). A read that fails is skipped: store errors are
+// counted and logged where deliveries meet them.
 func (s *server) watchRedisRestarts(ctx context.Context, rs *redisstore.Store) {
 	interval := s.restartCheckInterval
 	if interval <= 0 {
@@ -903,17 +902,21 @@ func (s *server) watchRedisRestarts(ctx context.Context, rs *redisstore.Store) {
 			return
 		}
 		now := time.Now()
+		restarted := false
 		for _, r := range runs {
 			switch {
 			case known == nil || known[r.RunID]:
 			case !r.Promoted && r.Uptime <= now.Sub(answered)+restartSlack:
 				s.log.Warn("Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again",
 					zap.String("run_id", r.RunID), zap.Duration("uptime", r.Uptime))
-				warnPersistence(readCtx, rs, s.log)
+				restarted = true
 			default:
 				s.log.Info("a Redis master the gateway had not seen: a replica promoted by a failover, or a new Cluster master",
 					zap.String("run_id", r.RunID), zap.Duration("uptime", r.Uptime))
 			}
+		}
+		if restarted { // Persistence reads every master: once for all that restarted
+			warnPersistence(readCtx, rs, s.log)
 		}
 		known = make(map[string]bool, len(runs))
 		for _, r := range runs {
