@@ -39,11 +39,11 @@ duration meaning that long before the command started (1h); a processed
 or failed key is placed by when it completed, one in flight by when it was
 first seen. Since is inclusive, until exclusive. --limit 0 (the default) lists every key.
 
-A failed key marked "maybe_processed": true had a forward cut without an
-answer (upstream_timeout, a shutdown, a lost connection): the application
-may have processed it, and a replay would process it again. A bulk forget
-keeps such keys unless --include-maybe-processed; check them in the
-application first.
+A key marked "maybe_processed": true had an attempt that ended without an
+answer (cut at upstream_timeout, a shutdown, a lost connection, a gateway
+that stopped mid-forward): the application may have processed it, and a
+replay would process it again. A bulk forget keeps such keys, in flight
+too, unless --include-maybe-processed; check them in the application first.
 
 The admin token is read from DEDUPGW_ADMIN_TOKEN. --admin defaults to
 DEDUPGW_ADMIN_URL, else ` + defaultAdminURL + `.
@@ -80,7 +80,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	if op == "forget" {
 		fs.BoolVar(&bulk.force, "force", false, "forget the key even while a delivery of it is in flight")
 		fs.BoolVar(&bulk.yes, "yes", false, "with filters: forget the keys listed (without it they are only printed)")
-		fs.BoolVar(&bulk.maybeProcessed, "include-maybe-processed", false, "with filters: forget failed keys marked maybe_processed too (the application may have processed them)")
+		fs.BoolVar(&bulk.maybeProcessed, "include-maybe-processed", false, "with filters: forget keys marked maybe_processed too (the application may have processed them)")
 	}
 	if op != "get" {
 		fs.StringVar(&f.state, "state", "", "only keys in this state: processing, processed or failed (comma-separated for several)")
