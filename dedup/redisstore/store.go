@@ -501,6 +501,14 @@ func stateLetter(st dedup.State) string {
 	return "?"
 }
 
+// scriptFlag is b as a script argument: "1" or "0".
+func scriptFlag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
 // onceCmd is a command go-redis must not send again after a network error
 // (a lost reply): its NoRetry reports true.
 type onceCmd struct{ *redis.Cmd }
@@ -516,14 +524,8 @@ func (onceCmd) NoRetry() bool { return true }
 // an error instead: the caller may look and forget again. NOSCRIPT falls
 // back to EVAL, as Script.Run does.
 func (s *Store) forgetOnce(ctx context.Context, rk string, now int64, opts dedup.ForgetOptions) *redis.Cmd {
-	keep, keepMaybe := "0", "0"
-	if opts.KeepInFlight {
-		keep = "1"
-	}
-	if opts.KeepMaybeProcessed {
-		keepMaybe = "1"
-	}
 	state := stateLetter(opts.State)
+	keep, keepMaybe := scriptFlag(opts.KeepInFlight), scriptFlag(opts.KeepMaybeProcessed)
 	send := func(name, body string) *redis.Cmd {
 		cmd := redis.NewCmd(ctx, name, body, 1, rk, now, state, keep, keepMaybe)
 		_ = s.client.Process(ctx, onceCmd{cmd}) // the error is cmd's
