@@ -144,15 +144,15 @@ type Options struct {
 
 // lease is an in-flight claim, held in memory only.
 type lease struct {
-	token       string
-	until       time.Time
-	firstSeen   time.Time
-	attempts    int
-	lastStatus  int
-	lastError   string
-	maybeDone   bool // the record's MaybeProcessed, carried over
-	bodySHA256  string
-	fingerprint string
+	token          string
+	until          time.Time
+	firstSeen      time.Time
+	attempts       int
+	lastStatus     int
+	lastError      string
+	maybeProcessed bool // the record's MaybeProcessed, carried over
+	bodySHA256     string
+	fingerprint    string
 	// finishing is non-nil while the owner's Commit or Release is being
 	// written, and closed when that write ends. A finishing lease cannot be
 	// taken over even if it runs out meanwhile.
@@ -168,7 +168,7 @@ func (l *lease) record() dedup.Record {
 		Attempts:       l.attempts,
 		LastStatus:     l.lastStatus,
 		LastError:      l.lastError,
-		MaybeProcessed: l.maybeDone,
+		MaybeProcessed: l.maybeProcessed,
 		BodySHA256:     l.bodySHA256,
 		Fingerprint:    l.fingerprint,
 	}
@@ -666,7 +666,7 @@ func (s *Store) decideClaim(rk []byte, now time.Time, opts dedup.ClaimOptions, g
 		next.firstSeen, next.attempts = l.firstSeen, l.attempts+1
 		// The lapsed attempt ended unseen (its owner hung, or could not
 		// settle it): the application may have processed it.
-		next.lastStatus, next.lastError, next.maybeDone = l.lastStatus, l.lastError, true
+		next.lastStatus, next.lastError, next.maybeProcessed = l.lastStatus, l.lastError, true
 		return dedup.ClaimResult{}, next, nil
 	}
 	// Read again under the lock: a commit may have landed since the fast
@@ -692,7 +692,7 @@ func (s *Store) decideClaim(rk []byte, now time.Time, opts dedup.ClaimOptions, g
 			return dedup.ClaimResult{Outcome: dedup.Duplicate, Record: *disk}, nil, nil
 		}
 		next.firstSeen, next.attempts = disk.FirstSeen, disk.Attempts+1
-		next.lastStatus, next.lastError, next.maybeDone = disk.LastStatus, disk.LastError, disk.MaybeProcessed
+		next.lastStatus, next.lastError, next.maybeProcessed = disk.LastStatus, disk.LastError, disk.MaybeProcessed
 	}
 	return dedup.ClaimResult{}, next, nil
 }
