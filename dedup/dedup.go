@@ -186,6 +186,13 @@ type ClaimResult struct {
 	// Claimed, the existing one for Duplicate, InFlight and Conflict (Response
 	// set when one was stored).
 	Record Record
+	// TookOver reports a Claimed result that took the key over from a lapsed
+	// lease: an earlier attempt held it and ended unseen (its owner crashed,
+	// hung, or could not commit or release it), so Record is MaybeProcessed.
+	// A store reports it when it sees the lease lapse: a bolt or memory
+	// store loses its leases with its process, and a claim after a restart
+	// finds no lease to take over.
+	TookOver bool
 }
 
 // CommitOptions parameterise a Commit.

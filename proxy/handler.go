@@ -270,6 +270,11 @@ func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (de
 	if err != nil {
 		return res, fmt.Errorf("claim %s: %w", keyForError(d.key), err)
 	}
+	if res.TookOver {
+		d.rt.metrics.takeovers.Inc()
+		d.rt.log.Warn("lease lapsed: this delivery takes over a key whose earlier attempt ended unseen (its gateway crashed or hung, or could not commit or release it); the application may have processed that attempt, so the key is marked maybe_processed",
+			keyField(d.clientKey), requestIDField(d.requestID), zap.Int("attempts", res.Record.Attempts))
+	}
 	if res.Outcome == dedup.Claimed {
 		d.token = res.Token
 		d.leaseUntil = res.Record.LeaseUntil

@@ -91,6 +91,7 @@ type metrics struct {
 	reloads        *prometheus.CounterVec
 	replayTooLarge *prometheus.CounterVec
 	leasesLost     *prometheus.CounterVec
+	takeovers      *prometheus.CounterVec
 	unrouted       *prometheus.CounterVec
 }
 
@@ -163,6 +164,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name:      "leases_lost_total",
 			Help:      "Forwards whose claim was gone when they settled it (op commit: the event was processed but is not recorded, so its next copy is forwarded again): the lease lapsed and another delivery took the key, an operator forgot it, or the store lost it in a failover.",
 		}, []string{"route", "op"}),
+		takeovers: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dedupgw",
+			Name:      "lease_takeovers_total",
+			Help:      "Claims that took a key over from a lapsed lease: an earlier attempt held it and ended unseen (its gateway crashed or hung, or its commit or release never landed), so the application may have processed it; the key is marked maybe_processed. A bolt store loses its leases with its process, so a claim after a restart is not counted.",
+		}, []string{"route"}),
 		unrouted: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dedupgw",
 			Name:      "unrouted_requests_total",
@@ -201,6 +207,7 @@ func (m *metrics) deleteRoute(name string) {
 	m.bodyBytes.DeletePartialMatch(l)
 	m.replayTooLarge.DeletePartialMatch(l)
 	m.leasesLost.DeletePartialMatch(l)
+	m.takeovers.DeletePartialMatch(l)
 }
 
 // routeMetrics are one route's series, resolved when the route is built (New,
@@ -218,6 +225,7 @@ type routeMetrics struct {
 	replayTooLarge prometheus.Counter
 	// lostCommit and lostRelease count dedupgw_leases_lost_total.
 	lostCommit, lostRelease prometheus.Counter
+	takeovers               prometheus.Counter
 }
 
 // initRoute creates every series of the route named name so it exists at 0,
@@ -234,6 +242,7 @@ func (m *metrics) initRoute(name string) *routeMetrics {
 		replayTooLarge: m.replayTooLarge.WithLabelValues(name),
 		lostCommit:     m.leasesLost.WithLabelValues(name, opCommit),
 		lostRelease:    m.leasesLost.WithLabelValues(name, opRelease),
+		takeovers:      m.takeovers.WithLabelValues(name),
 	}
 	for _, o := range outcomes {
 		rm.deliveries[o] = m.deliveries.WithLabelValues(name, o)

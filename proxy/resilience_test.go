@@ -1203,3 +1203,47 @@ func TestAnswersWithoutBodyDoNotWait(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeoverIsLoggedAndCounted: a delivery that takes a key over from a
+// lapsed lease (its earlier attempt's gateway crashed or hung) says so in
+// a warning and in dedupgw_lease_takeovers_total; a first delivery and
+// the retry of a failed key do not.
+func TestTakeoverIsLoggedAndCounted(t *testing.T) {
+	clock := newManualClock(time.Unix(1_700_000_000, 0))
+	mem := memstore.New(memstore.Options{Now: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { mem.Close() })
+	status := atomic.Int32{}
+	status.Store(http.StatusInternalServerError)
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(int(status.Load())) })
+	gw, srv, logs := observedGateway(t, mem, genericRoute("orders", "/hooks/orders", up.URL))
+	const msg = "lease lapsed: this delivery takes over a key whose earlier attempt ended unseen (its gateway crashed or hung, or could not commit or release it); the application may have processed that attempt, so the key is marked maybe_processed"
+
+	// A first delivery, then the retry of the failed key: no takeover.
+	for i := range 2 {
+		if resp := post(t, srv, "/hooks/orders", `{"id":"evt_failed"}`); resp.Status != http.StatusInternalServerError {
+			t.Fatalf("delivery %d of evt_failed: got %d, want 500", i+1, resp.Status)
+		}
+	}
+	// Another gateway claimed evt_1 and never settled it.
+	key := dedup.Key{Namespace: "orders", ID: "evt_1"}
+	if _, err := mem.Claim(context.Background(), key, dedup.ClaimOptions{Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Minute)
+	status.Store(http.StatusOK)
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+		t.Fatalf("the copy after the lapse: got %d %q, want 200 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	}
+
+	lines := logs.FilterMessage(msg).All()
+	if len(lines) != 1 {
+		t.Fatalf("got %d takeover lines, want 1 (for evt_1)", len(lines))
+	}
+	fields := lines[0].ContextMap()
+	if fields["key"] != "evt_1" || fields["attempts"] != int64(2) || lines[0].Level != zapcore.WarnLevel {
+		t.Errorf("takeover line: got level %v, fields %v; want warn, key evt_1, attempts 2", lines[0].Level, fields)
+	}
+	if got := counterValue(t, gw.metrics.takeovers, "orders"); got != 1 {
+		t.Errorf("dedupgw_lease_takeovers_total{route=\"orders\"}: got %v, want 1", got)
+	}
+}

@@ -637,7 +637,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		return res, err
 	}
 	s.leases[string(rk)] = next
-	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.token, Record: next.record()}, nil
+	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.token, Record: next.record(), TookOver: res.TookOver}, nil
 }
 
 // errJournalTight is the error of claims and pings while journalTight is
@@ -645,7 +645,8 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 var errJournalTight = errors.New("the disk has no room for another journal file and the current one is over half full: new claims wait until the checkpoints can write the database again")
 
 // decideClaim answers a claim of rk under s.mu: the result when it is not
-// granted, or the lease to grant (not yet stored). disk is the record the
+// granted, or the lease to grant (not yet stored) with a result that says
+// only whether it takes over a lapsed lease (TookOver). disk is the record the
 // fast path read at checkpoint generation gen.
 func (s *Store) decideClaim(rk []byte, now time.Time, opts dedup.ClaimOptions, gen uint64, disk *dedup.Record) (dedup.ClaimResult, *lease, error) {
 	next := &lease{
@@ -667,7 +668,7 @@ func (s *Store) decideClaim(rk []byte, now time.Time, opts dedup.ClaimOptions, g
 		// The lapsed attempt ended unseen (its owner hung, or could not
 		// settle it): the application may have processed it.
 		next.lastStatus, next.lastError, next.maybeProcessed = l.lastStatus, l.lastError, true
-		return dedup.ClaimResult{}, next, nil
+		return dedup.ClaimResult{TookOver: true}, next, nil
 	}
 	// Read again under the lock: a commit may have landed since the fast
 	// path (a commit drops its lease only once its write is in the

@@ -164,7 +164,8 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		next.MaybeProcessed = r.MaybeProcessed || r.State == dedup.StateProcessing
 	}
 	s.records[key] = next
-	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.Owner, Record: export(next)}, nil
+	return dedup.ClaimResult{Outcome: dedup.Claimed, Token: next.Owner, Record: export(next),
+		TookOver: r != nil && r.State == dedup.StateProcessing}, nil
 }
 
 // owned returns key's record if token owns it. A lease that ran out but was

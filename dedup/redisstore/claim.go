@@ -373,6 +373,8 @@ func claimResult(code int64, value, token string) (dedup.ClaimResult, error) {
 	switch code {
 	case claimClaimed:
 		res.Outcome, res.Token = dedup.Claimed, token
+	case claimTookOver:
+		res.Outcome, res.Token, res.TookOver = dedup.Claimed, token, true
 	case claimDuplicate:
 		res.Outcome = dedup.Duplicate
 	case claimInFlight:

@@ -22,7 +22,8 @@
 -- ARGV[7] the fingerprint field of ARGV[6] to bind the key to, or empty
 --
 -- Record: state,first_seen,expires_at,attempts,aux,claim_len,<claim><result>
--- (see record.go). Returns {0, new record} when claimed, {1, record} for a
+-- (see record.go). Returns {0, new record} when claimed, {4, new record}
+-- when claimed by taking over a lapsed lease, {1, record} for a
 -- processed key inside its window, {2, record} for a held lease, {3, record}
 -- when ARGV[7] is set and the live record is bound to another non-empty
 -- fingerprint (nothing changes). A call repeated with the same owner token
@@ -60,7 +61,7 @@ end
 
 local rec = redis.call('GET', KEYS[1])
 local now = tonumber(ARGV[1])
-local first, attempts, result = ARGV[2], 0, ''
+local first, attempts, result, code = ARGV[2], 0, '', 0
 if rec then
   local st, fs, exp, att, aux, clen, pos =
     string.match(rec, '^(%a),(%w+),(%w+),(%d+),(%w*),(%d+),()')
@@ -94,11 +95,11 @@ if rec then
     first, attempts = fs, tonumber(att)
     result = string.sub(rec, pos + tonumber(clen))
     if lapsed then
-      result = marked(result)
+      result, code = marked(result), 4
     end
   end
 end
 local new = 'p,' .. first .. ',' .. ARGV[3] .. ',' .. (attempts + 1) .. ',' ..
   ARGV[5] .. ',' .. #ARGV[6] .. ',' .. ARGV[6] .. result
 redis.call('SET', KEYS[1], new, 'PX', ARGV[4])
-return {0, new}
+return {code, new}

@@ -87,6 +87,8 @@ const (
 	claimDuplicate = 1
 	claimInFlight  = 2
 	claimConflict  = 3
+	// claimTookOver: claimed by taking over a lapsed lease (claim.lua only).
+	claimTookOver = 4
 )
 
 var _ dedup.Store = (*Store)(nil)

@@ -160,6 +160,15 @@ func mustClaim(t *testing.T, s dedup.Store, k dedup.Key, want dedup.Outcome) ded
 	return res
 }
 
+// checkTookOver checks a Claimed result's TookOver: whether it took the key
+// over from a lapsed lease.
+func checkTookOver(t *testing.T, what string, res dedup.ClaimResult, want bool) {
+	t.Helper()
+	if res.TookOver != want {
+		t.Errorf("%s: got TookOver %v, want %v", what, res.TookOver, want)
+	}
+}
+
 func mustCommit(t *testing.T, s dedup.Store, k dedup.Key, token string, resp *dedup.Response) {
 	t.Helper()
 	status := 200
@@ -597,12 +606,13 @@ func testLateFinisherNoTakeover(t *testing.T, e *env) {
 
 func testLeaseExpiry(t *testing.T, e *env) {
 	k := dedup.Key{Namespace: "stripe", ID: "evt_1"}
-	mustClaim(t, e.s, k, dedup.Claimed)
+	checkTookOver(t, "first claim", mustClaim(t, e.s, k, dedup.Claimed), false)
 	e.clk.Advance(lease - time.Second)
 	mustClaim(t, e.s, k, dedup.InFlight)
 	now := e.clk.Advance(2 * time.Second)
 	mustAbsent(t, e.s, k)
 	res := mustClaim(t, e.s, k, dedup.Claimed)
+	checkTookOver(t, "claim after lease expiry", res, true)
 	// The lapsed attempt ended unseen (its owner crashed or hung): the
 	// application may have processed it.
 	want := dedup.Record{State: dedup.StateProcessing, FirstSeen: Epoch, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(lease), Attempts: 2, MaybeProcessed: true}
@@ -613,11 +623,13 @@ func testLeaseExpiry(t *testing.T, e *env) {
 	k2 := dedup.Key{Namespace: "stripe", ID: "evt_2"}
 	first := e.clk.Now()
 	mustRelease(t, e.s, k2, mustClaim(t, e.s, k2, dedup.Claimed).Token, dedup.ReleaseOptions{Retain: retain, Status: 502, Error: strings.Repeat("refused ", 20)})
-	mustClaim(t, e.s, k2, dedup.Claimed)
+	checkTookOver(t, "claim of a failed key", mustClaim(t, e.s, k2, dedup.Claimed), false)
 	now = e.clk.Advance(lease + time.Second)
 	want = dedup.Record{State: dedup.StateProcessing, FirstSeen: first, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(lease), Attempts: 3,
 		LastStatus: 502, LastError: strings.Repeat("refused ", 20), MaybeProcessed: true}
-	checkRecord(t, "claim after a failure and a lapsed lease", mustClaim(t, e.s, k2, dedup.Claimed).Record, want)
+	res = mustClaim(t, e.s, k2, dedup.Claimed)
+	checkTookOver(t, "claim after a failure and a lapsed lease", res, true)
+	checkRecord(t, "claim after a failure and a lapsed lease", res.Record, want)
 	checkRecord(t, "Get after a failure and a lapsed lease", mustGet(t, e.s, k2), want)
 }
 
@@ -697,10 +709,12 @@ func testMaybeProcessed(t *testing.T, e *env) {
 	processing := dedup.Record{State: dedup.StateProcessing, FirstSeen: Epoch, LeaseUntil: t2.Add(lease), ExpiresAt: t2.Add(lease), Attempts: 2,
 		LastStatus: b.Record.LastStatus, LastError: b.Record.LastError, MaybeProcessed: true}
 	checkRecord(t, "claim of a maybe-processed key", b.Record, processing)
+	checkTookOver(t, "claim of a maybe-processed failed key", b, false)
 	checkRecord(t, "Get while in flight", mustGet(t, e.s, k), processing)
 
 	t3 := e.clk.Advance(lease + time.Second) // b's lease lapses: the next claim takes over
 	c := mustClaim(t, e.s, k, dedup.Claimed)
+	checkTookOver(t, "takeover of a lapsed claim", c, true)
 	checkRecord(t, "takeover of a lapsed claim", c.Record,
 		dedup.Record{State: dedup.StateProcessing, FirstSeen: Epoch, LeaseUntil: t3.Add(lease), ExpiresAt: t3.Add(lease), Attempts: 3,
 			LastStatus: c.Record.LastStatus, LastError: c.Record.LastError, MaybeProcessed: true})
