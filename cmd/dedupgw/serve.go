@@ -877,14 +877,17 @@ const defaultRestartCheckInterval = 30 * time.Second
 const restartSlack = 5 * time.Second
 
 // watchRedisRestarts reads the masters' runs (run_id, uptime, promoted)
-// every restartCheckInterval until ctx is done, and logs a master it has
-// not seen before: a warning when it started since the last answer and no
-// failover promoted it (Redis restarted and holds only the keys its
-// persistence kept: every key, with appendonly; none, without
+// and persistence every restartCheckInterval until ctx is done, and logs a
+// master it has not seen before: a warning when it started since the last
+// answer and no failover promoted it (Redis restarted and holds only the
+// keys its persistence kept: every key, with appendonly; none, without
 // persistence), then the persistence check of the start-up again, once
 // per read; an info line otherwise (a replica promoted by a failover, a
-// new Cluster master). A read that fails is skipped: store errors are
-// counted and logged where deliveries meet them.
+// new Cluster master). A persistence that changed since the last read
+// (CONFIG SET appendonly no, a master replaced by one configured
+// otherwise) is logged, then checked as at start-up. A read that fails is
+// skipped: store errors are counted and logged where deliveries meet
+// them, and a persistence the ACL forbids reading was logged at start-up.
 func (s *server) watchRedisRestarts(ctx context.Context, rs *redisstore.Store) {
 	interval := s.restartCheckInterval
 	if interval <= 0 {
@@ -893,6 +896,7 @@ func (s *server) watchRedisRestarts(ctx context.Context, rs *redisstore.Store) {
 	var (
 		known    map[string]bool // run_ids of the last answer
 		answered time.Time       // when the last answer came, by the monotonic clock
+		persists string          // the last persistence read, "" before one
 	)
 	read := func() {
 		readCtx, cancel := context.WithTimeout(ctx, startupPingTimeout)
@@ -915,8 +919,17 @@ func (s *server) watchRedisRestarts(ctx context.Context, rs *redisstore.Store) {
 					zap.String("run_id", r.RunID), zap.Duration("uptime", r.Uptime))
 			}
 		}
-		if restarted { // Persistence reads every master: once for all that restarted
-			warnPersistence(readCtx, rs, s.log)
+		// Persistence reads every master: once for all that restarted.
+		p, err := rs.Persistence(readCtx)
+		if err == nil && persists != "" && p != persists {
+			s.log.Info("Redis persists the dedup keys differently now (CONFIG SET, or a master configured otherwise)",
+				zap.String("was", persists), zap.String("now", p))
+		}
+		if restarted || (err == nil && persists != "" && p != persists) {
+			logPersistence(p, err, s.log)
+		}
+		if err == nil {
+			persists = p
 		}
 		known = make(map[string]bool, len(runs))
 		for _, r := range runs {
@@ -944,7 +957,13 @@ func (s *server) watchRedisRestarts(ctx context.Context, rs *redisstore.Store) {
 // restart of Redis then forgets every key, and the only trace in the
 // gateway's log is "ready again" (found by an on-call trial).
 func warnPersistence(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
-	switch p, err := rs.Persistence(ctx); {
+	p, err := rs.Persistence(ctx)
+	logPersistence(p, err, log)
+}
+
+// logPersistence logs what warnPersistence logs for Persistence's answer.
+func logPersistence(p string, err error, log *zap.Logger) {
+	switch {
 	case err != nil:
 		log.Info("could not read how Redis persists its keys (INFO persistence, CONFIG GET save); make sure appendonly is on", zap.Error(err))
 	case p == redisstore.PersistenceNone:

@@ -510,6 +510,48 @@ func TestRedisRestartIsWarnedAbout(t *testing.T) {
 	}
 }
 
+// A persistence changed on a running Redis (CONFIG SET) is noticed by the
+// same watch: turned off, the start-up warning comes again; turned on, an
+// info line says so. An unchanged one logs nothing on later reads.
+func TestRedisPersistenceChangeIsNoticed(t *testing.T) {
+	const (
+		changed = "Redis persists the dedup keys differently now (CONFIG SET, or a master configured otherwise)"
+		forgot  = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
+	)
+	srv := redistest.Start(t)
+	read := make(chan struct{}, 1)
+	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}), func(s *server) {
+		s.restartCheckInterval = 50 * time.Millisecond
+		s.runsRead = notify(read)
+	})
+	p.waitLog(forgot, 1) // the start-up check
+	recvWithin(t, read, "the first read")
+	recvWithin(t, read, "a read with nothing changed")
+	if got := p.logs.FilterMessage(changed).Len() + p.logs.FilterMessage(forgot).Len(); got != 1 {
+		t.Fatalf("before a change: got %d persistence lines, want only the start-up's", got)
+	}
+	set := func(appendonly string) {
+		t.Helper()
+		if err := srv.Client().ConfigSet(context.Background(), "appendonly", appendonly).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("yes")
+	p.waitLog(changed, 1)
+	set("no")
+	p.waitLog(changed, 2)
+	p.waitLog(forgot, 2)
+	lines := p.logs.FilterMessage(changed).All()
+	for i, want := range []map[string]any{{"was": "none", "now": "aof"}, {"was": "aof", "now": "none"}} {
+		if got := lines[i].ContextMap(); got["was"] != want["was"] || got["now"] != want["now"] {
+			t.Errorf("change %d: got %v, want %v", i+1, got, want)
+		}
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
 // A restart the watch sees only well after it (at the next read, 30 s
 // apart in production) is a restart all the same: the uptime is weighed
 // against the time since the last answer, not against the slack alone. And
