@@ -64,6 +64,10 @@ type File struct {
 	// files holds the state of every file a ${file:PATH} reference named,
 	// by absolute path (see referencedFiles).
 	files map[string]fileState
+	// source is the configuration file's own absolute path, and the state
+	// of the text this load read from it (see watchedFiles).
+	source     string
+	sourceRead fileState
 	// fromEnv maps a key path a DEDUPGW_* variable set to that variable, so
 	// a problem with its value names where the value came from.
 	fromEnv map[string]string
@@ -478,6 +482,9 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 		unset: map[string][]string{}, emptyFiles: map[string][]string{}, fileErrs: map[string][]string{},
 		fileContents: map[string][]string{}, files: map[string]fileState{},
 		fromEnv: map[string]string{}, undecoded: map[string]bool{},
+	}
+	if abs, err := filepath.Abs(path); err == nil {
+		f.source, f.sourceRead = abs, stateOf(text, nil)
 	}
 	var ps Problems
 	// viper matches keys case-insensitively: two spellings of one key in a

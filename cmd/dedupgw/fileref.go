@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -147,6 +148,25 @@ func bare(err error) error {
 func (f *File) referencedFiles() map[string]fileState {
 	return f.files
 }
+
+// watchedFiles returns what serve follows for f: the referenced files and
+// the configuration file itself (by absolute path, with the state of the
+// text this load read), so an edit of the file reloads as SIGHUP does: a
+// Kubernetes ConfigMap volume is updated in place, and nothing signals.
+func (f *File) watchedFiles() map[string]fileState {
+	out := maps.Clone(f.files)
+	if f.source != "" {
+		if out == nil {
+			out = map[string]fileState{}
+		}
+		out[f.source] = f.sourceRead
+	}
+	return out
+}
+
+// configStateOf reads the configuration file at path (absolute) as Load
+// does, whatever its size, and returns its state.
+func configStateOf(path string) fileState { return stateOf(os.ReadFile(path)) }
 
 // fileStateOf reads the file at path (absolute) as a reference would, and
 // returns its state.

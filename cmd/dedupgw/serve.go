@@ -356,14 +356,15 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		zap.Strings("routes", routes),
 	)
 
-	// Files read by ${file:PATH} change without anyone sending SIGHUP (a
-	// Kubernetes Secret volume is updated in place): follow them, and
-	// reload as SIGHUP does when one changes.
+	// The config file, and files read by ${file:PATH}, change without
+	// anyone sending SIGHUP (a Kubernetes ConfigMap or Secret volume is
+	// updated in place): follow them, and reload as SIGHUP does when one
+	// changes.
 	interval := s.watchInterval
 	if interval <= 0 {
 		interval = defaultWatchInterval
 	}
-	s.watch = startFileWatch(interval, f.referencedFiles()) // stopped when the drain starts
+	s.watch = startFileWatch(interval, f.watchedFiles(), f.source) // stopped when the drain starts
 	checkCtx, stopCheck := context.WithCancel(context.Background())
 	defer stopCheck()
 	checkDone := make(chan struct{})
@@ -389,7 +390,11 @@ loop:
 			if len(files) == 0 {
 				continue // a SIGHUP's reload read them already
 			}
-			s.log.Info("a file the config references changed: reloading", zap.Strings("files", files))
+			msg := "a file the config references changed: reloading"
+			if slices.Contains(files, s.file.source) {
+				msg = "the config file changed: reloading"
+			}
+			s.log.Info(msg, zap.Strings("files", files))
 			s.reload()
 		case err := <-serveErr:
 			if err == nil {
@@ -538,7 +543,7 @@ func (s *server) reload() {
 	if f != nil {
 		// What this load read of the files followed is tried now, and
 		// need not be tried again, whether or not the reload succeeds.
-		s.watch.Saw(f.referencedFiles())
+		s.watch.Saw(f.watchedFiles())
 	}
 	if err != nil {
 		s.gw.ReloadFailed()
@@ -607,7 +612,7 @@ func (s *server) reload() {
 	logWarnings(s.log, f)
 	warnKeyChanges(s.log, old, f)
 	s.file = f
-	s.watch.Follow(f.referencedFiles())
+	s.watch.Follow(f.watchedFiles())
 	fields := []zap.Field{zap.String("config", s.path), zap.Int("routes", len(f.Routes))}
 	if added, removed, changed := routeChanges(old, f); len(added)+len(removed)+len(changed) > 0 {
 		fields = append(fields, zap.Strings("routes_added", added), zap.Strings("routes_removed", removed), zap.Strings("routes_changed", changed))

@@ -62,7 +62,9 @@ func startInProcessWith(t *testing.T, cfgPath string, set func(*server)) *inProc
 		client: &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second},
 	}
 	p.level = zap.NewAtomicLevelAt(zap.InfoLevel)
-	s := &server{path: cfgPath, log: zap.New(core), level: p.level, file: f}
+	// The watcher does not tick unless a test sets its interval: a config
+	// file a test edits before a SIGHUP is then reloaded by the SIGHUP.
+	s := &server{path: cfgPath, log: zap.New(core), level: p.level, file: f, watchInterval: time.Hour}
 	set(s)
 	p.srv = s
 	go func() { p.done <- s.run(p.sigs) }()

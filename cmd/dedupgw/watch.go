@@ -7,15 +7,15 @@ import (
 	"time"
 )
 
-// defaultWatchInterval is how often serve reads the files that the running
-// configuration's ${file:PATH} references name. A Secret volume's update
+// defaultWatchInterval is how often serve reads the configuration file and
+// the files that the running configuration's ${file:PATH} references name. A Secret volume's update
 // reaches the pod within the kubelet's sync period (a minute or so); ten
 // seconds more is small beside it, and reading a few small files that
 // often costs nothing.
 const defaultWatchInterval = 10 * time.Second
 
-// fileWatch follows the files a configuration's ${file:PATH} references
-// named. Every interval it reads each of them and compares the content's
+// fileWatch follows a configuration file and the files its ${file:PATH}
+// references named. Every interval it reads each of them and compares the content's
 // hash (not the modification time: a Kubernetes Secret volume updates by
 // swapping a symlink, and a file may be replaced by one with an older
 // mtime) with the state last seen; a file that changed, or that became
@@ -24,6 +24,9 @@ const defaultWatchInterval = 10 * time.Second
 // tried once, not every interval. The goroutine runs until Stop.
 type fileWatch struct {
 	interval time.Duration
+	// config is the configuration file's path, read whole (configStateOf);
+	// the others are read as references are (fileStateOf).
+	config string
 
 	mu sync.Mutex
 	// seen is the state last seen of each file followed, by absolute path.
@@ -40,10 +43,12 @@ type fileWatch struct {
 }
 
 // startFileWatch starts following files (states by absolute path, as
-// File.referencedFiles gives them), reading them every interval.
-func startFileWatch(interval time.Duration, files map[string]fileState) *fileWatch {
+// File.watchedFiles gives them), reading them every interval; config is
+// the configuration file's path among them.
+func startFileWatch(interval time.Duration, files map[string]fileState, config string) *fileWatch {
 	w := &fileWatch{
 		interval: interval,
+		config:   config,
 		seen:     maps.Clone(files),
 		changed:  make(chan struct{}, 1),
 		done:     make(chan struct{}),
@@ -79,7 +84,11 @@ func (w *fileWatch) poll() {
 	}
 	now := make(map[string]fileState, len(paths))
 	for _, p := range paths {
-		now[p] = fileStateOf(p)
+		if p == w.config {
+			now[p] = configStateOf(p)
+		} else {
+			now[p] = fileStateOf(p)
+		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

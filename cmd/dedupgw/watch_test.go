@@ -88,6 +88,27 @@ func TestFileWatchPoll(t *testing.T) {
 	}
 }
 
+// TestFileWatchReadsTheConfigWhole: the config file is read whole, as Load
+// reads it, not cut at a reference's 64 KiB: a long one is not taken for
+// changed (unreadable) at every read, and a change past 64 KiB is seen.
+func TestFileWatchReadsTheConfigWhole(t *testing.T) {
+	dir := t.TempDir()
+	long := "routes: []\n" + strings.Repeat("# a comment line of a long config file\n", 2*maxFileRef/40)
+	cfg := writeFile(t, dir, "config.yaml", long)
+	f := &File{source: cfg, sourceRead: stateOf([]byte(long), nil)}
+	w := &fileWatch{changed: make(chan struct{}, 1), config: cfg}
+	w.Follow(f.watchedFiles())
+	w.poll()
+	if got := w.Take(); got != nil {
+		t.Errorf("a long config file, unchanged: got changed %q, want nothing", got)
+	}
+	writeFileAtomic(t, cfg, long+"# one more line\n")
+	w.poll()
+	if got := w.Take(); !slices.Equal(got, []string{cfg}) {
+		t.Errorf("a long config file changed at its end: got changed %q, want %q", got, []string{cfg})
+	}
+}
+
 // k8sSecretDir lays a Secret volume out as the kubelet does: each key a
 // symlink into ..data, itself a symlink to a timestamped directory, which
 // an update replaces by swapping ..data in one rename.
@@ -273,6 +294,109 @@ func TestFileChangeReloadsWithoutSIGHUP(t *testing.T) {
 				t.Errorf("run: got %v, want nil", err)
 			}
 			noSecretsLogged(t, p.logs, oldSecret, newSecret)
+		})
+	}
+}
+
+// TestConfigFileChangeReloadsWithoutSIGHUP: the config file itself,
+// replaced as Kubernetes updates a ConfigMap volume (a symlink swap) or as
+// an editor or deploy tool does (a rename over it), is reloaded without a
+// SIGHUP. An invalid edit is rejected once, as a SIGHUP's would be, and
+// the running config keeps serving; the next valid edit applies.
+func TestConfigFileChangeReloadsWithoutSIGHUP(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	tests := []struct {
+		name   string
+		layout func(t *testing.T, dir, text string) (path string, update func(string))
+	}{
+		{"Kubernetes ConfigMap symlink swap", func(t *testing.T, dir, text string) (string, func(string)) {
+			vol := filepath.Join(dir, "vol")
+			if err := os.MkdirAll(vol, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			k := newK8sSecretDir(t, vol, map[string]string{"config.yaml": text})
+			return filepath.Join(vol, "config.yaml"), func(s string) { k.update(map[string]string{"config.yaml": s}) }
+		}},
+		{"rename over the file", func(t *testing.T, dir, text string) (string, func(string)) {
+			path := filepath.Join(dir, "config.yaml")
+			writeFileAtomic(t, path, text)
+			return path, func(s string) { writeFileAtomic(t, path, s) }
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+			}))
+			defer up.Close()
+			dir := t.TempDir()
+			text := fmt.Sprintf(`listen: 127.0.0.1:0
+admin:
+  listen: 127.0.0.1:0
+store:
+  bolt:
+    path: %q
+routes:
+  - name: orders
+    path: /hooks/orders
+    upstream: %q
+    keys: ["header:Idempotency-Key"]
+`, filepath.Join(dir, "x.db"), up.URL)
+			cfg, update := tt.layout(t, dir, text)
+			p := startInProcessWith(t, cfg, func(s *server) { s.watchInterval = 5 * time.Millisecond })
+			deliver := func(path, key string) int {
+				t.Helper()
+				req, _ := http.NewRequest(http.MethodPost, "http://"+p.addr+path, strings.NewReader(`{}`))
+				req.Header.Set("Idempotency-Key", key)
+				resp, err := p.client.Do(req)
+				if err != nil {
+					t.Fatalf("POST %s: %v", path, err)
+				}
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			if got := deliver("/hooks/refunds", "r-0"); got != http.StatusNotFound {
+				t.Fatalf("a route the config does not have yet: got %d, want 404", got)
+			}
+
+			refunds := text + fmt.Sprintf(`  - name: refunds
+    path: /hooks/refunds
+    upstream: %q
+    keys: ["header:Idempotency-Key"]
+`, up.URL)
+			update(refunds)
+			p.waitLog("config reloaded", 1)
+			if got := deliver("/hooks/refunds", "r-1"); got != http.StatusOK {
+				t.Errorf("the route the edit added: got %d, want 200", got)
+			}
+			changed := p.logs.FilterMessage("the config file changed: reloading").All()
+			if len(changed) != 1 {
+				t.Fatalf("log: got %d lines saying the config file changed, want 1", len(changed))
+			}
+			abs, _ := filepath.Abs(cfg)
+			if got, want := fmt.Sprint(changed[0].ContextMap()["files"]), fmt.Sprint([]string{abs}); got != want {
+				t.Errorf("changed files: got %s, want %s", got, want)
+			}
+			if got := p.logs.FilterMessage("config reloaded").All()[0].ContextMap()["routes_added"]; fmt.Sprint(got) != "[refunds]" {
+				t.Errorf("config reloaded: got routes_added %v, want [refunds]", got)
+			}
+
+			update("routes: []\n")
+			p.waitLog("config reload rejected: keeping the running config", 1)
+			if got := deliver("/hooks/refunds", "r-2"); got != http.StatusOK {
+				t.Errorf("after a rejected edit: got %d, want 200 (the running config serving)", got)
+			}
+			update(text)
+			p.waitLog("config reloaded", 2)
+			if got := deliver("/hooks/refunds", "r-3"); got != http.StatusNotFound {
+				t.Errorf("the route the last edit removed: got %d, want 404", got)
+			}
+			if got, want := p.metric(`dedupgw_config_reloads_total{result="failure"}`), `dedupgw_config_reloads_total{result="failure"} 1`; got != want {
+				t.Errorf("metrics: got %q, want %q (the invalid edit tried once)", got, want)
+			}
+			if err := p.stop(); err != nil {
+				t.Errorf("run: got %v, want nil", err)
+			}
 		})
 	}
 }
