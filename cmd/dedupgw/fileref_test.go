@@ -343,3 +343,59 @@ func TestValidateNeverShowsFileContent(t *testing.T) {
 
 // mkfifo makes a named pipe at path.
 func mkfifo(path string) error { return syscall.Mkfifo(path, 0o600) }
+
+// TestVariableValueNotShown: the value of a ${VAR} is hidden in problems as
+// a ${file:PATH}'s content is. Secrets come from the environment as often
+// as from files ("${STRIPE_WEBHOOK_SECRET}"), and one put under the wrong
+// key must not reach the log that serve's start-up error or validate
+// writes.
+func TestVariableValueNotShown(t *testing.T) {
+	const content = "whsec_v4lue-n0t-sh0wn"
+	route := func(extra string) string {
+		return "routes:\n  - name: stripe\n    path: /s\n    upstream: http://127.0.0.1:3000\n    provider: stripe\n    secrets: [\"x\"]\n" + extra
+	}
+	tests := []struct {
+		name     string
+		text     string
+		env      map[string]string
+		problems []string
+	}{
+		{"a secret variable where a duration goes", route("    window: \"${STRIPE_SECRET}\"\n"), map[string]string{"STRIPE_SECRET": content}, []string{
+			`routes[0].window: invalid duration "<${STRIPE_SECRET}, not shown>" (want e.g. "300ms", "30s", "24h") (route "stripe")`,
+		}},
+		{"in part of a value", route("    on_store_error: \"x${MODE}\"\n"), map[string]string{"MODE": content}, []string{
+			`routes[0].on_store_error: invalid value "x<${MODE}, not shown>" (want forward or reject) (route "stripe")`,
+		}},
+		{"a quote in it", route("    window: \"${W}\"\n"), map[string]string{"W": `c0n"tent\n0t-sh0wn`}, []string{
+			`routes[0].window: invalid duration "<${W}, not shown>" (want e.g. "300ms", "30s", "24h") (route "stripe")`,
+		}},
+		{"found by Validate", "listen: \"${LISTEN}\"\n" + route(""), map[string]string{"LISTEN": content}, []string{
+			`listen: invalid address "<${LISTEN}, not shown>" (want host:port, e.g. ":8080")`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := loadConfig(writeConfig(t, tt.text), envMap(tt.env))
+			var got []string
+			if err != nil {
+				ps, ok := err.(Problems)
+				if !ok {
+					t.Fatalf("loadConfig: got %v, want Problems", err)
+				}
+				for _, p := range ps {
+					got = append(got, p.String())
+				}
+			}
+			if !slices.Equal(got, tt.problems) {
+				t.Errorf("problems:\ngot  %q\nwant %q", got, tt.problems)
+			}
+			for _, p := range got {
+				for _, v := range tt.env {
+					if strings.Contains(p, v) {
+						t.Errorf("problem %q shows the variable's value", p)
+					}
+				}
+			}
+		})
+	}
+}
