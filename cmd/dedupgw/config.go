@@ -57,10 +57,10 @@ type File struct {
 	// references named could not be read: its problems, in place of any
 	// other problem with the value.
 	fileErrs map[string][]string
-	// fileContents maps a value's key path to what its ${file:PATH}
-	// references read, so that no problem shows it (see
-	// hideFileContents): such files hold secrets.
-	fileContents map[string][]string
+	// fileContents maps a value's key path to what its ${file:PATH} and
+	// ${VAR} references read, so that no problem shows it (see
+	// hideFileContents): such files and variables hold secrets.
+	fileContents map[string][]hiddenText
 	// files holds the state of every file a ${file:PATH} reference named,
 	// by absolute path (see referencedFiles).
 	files map[string]fileState
@@ -480,7 +480,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 
 	f := &File{
 		unset: map[string][]string{}, emptyFiles: map[string][]string{}, fileErrs: map[string][]string{},
-		fileContents: map[string][]string{}, files: map[string]fileState{},
+		fileContents: map[string][]hiddenText{}, files: map[string]fileState{},
 		fromEnv: map[string]string{}, undecoded: map[string]bool{},
 	}
 	if abs, err := filepath.Abs(path); err == nil {
@@ -523,11 +523,16 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 		// The file's value, and any ${VAR} or ${file:PATH} it was built
 		// from, is gone: an unset or unreadable one must not be warned
 		// about or named in a problem.
-		for _, m := range []map[string][]string{f.unset, f.emptyFiles, f.fileErrs, f.fileContents} {
+		for _, m := range []map[string][]string{f.unset, f.emptyFiles, f.fileErrs} {
 			for k := range m {
 				if keyWithin(k, key) {
 					delete(m, k)
 				}
+			}
+		}
+		for k := range f.fileContents {
+			if keyWithin(k, key) {
+				delete(f.fileContents, k)
 			}
 		}
 	}
@@ -773,9 +778,17 @@ func (x *expander) expandValue(val any, path string, f *File) any {
 
 // expansion is what expand found besides the value: the variables env did
 // not set, the files that were empty (by the path they were read at), why
-// each file that could not be read could not, and what the others held.
+// each file that could not be read could not, and what the others, and
+// the variables that were set, held.
 type expansion struct {
-	unset, empty, errs, contents []string
+	unset, empty, errs []string
+	contents           []hiddenText
+}
+
+// hiddenText is what a ${file:PATH} or ${VAR} reference read, and what a
+// problem shows in its place (see hideFileContents).
+type hiddenText struct {
+	text, shownAs string
 }
 
 // expand replaces each ${NAME} in s by env(NAME), an unset variable by the
@@ -807,7 +820,7 @@ func (x *expander) expand(s string) (string, expansion) {
 			case val == "":
 				out.empty = append(out.empty, read)
 			default:
-				out.contents = append(out.contents, val)
+				out.contents = append(out.contents, hiddenText{text: val, shownAs: fileContentNotShown})
 			}
 			b.WriteString(val)
 			s = s[i+j+1:]
@@ -821,6 +834,9 @@ func (x *expander) expand(s string) (string, expansion) {
 		b.WriteString(s[:i])
 		if val, ok := x.env(name); ok {
 			b.WriteString(val)
+			if val != "" {
+				out.contents = append(out.contents, hiddenText{text: val, shownAs: "<${" + name + "}, not shown>"})
+			}
 		} else {
 			out.unset = append(out.unset, name)
 		}

@@ -209,9 +209,11 @@ const fileContentNotShown = "<read from a ${file:} reference, not shown>"
 const minHiddenContent = 4
 
 // hideFileContents returns ps with what the ${file:PATH} references of
-// each problem's value read replaced by fileContentNotShown, as written
-// and as %q quotes it: such files hold secrets, and a secret put under
-// the wrong key ("window: ${file:db-password}") must not reach a log.
+// each problem's value read replaced by fileContentNotShown, and what its
+// ${VAR} references read by "<${VAR}, not shown>", as written and as %q
+// quotes it: such files and variables hold secrets, and a secret put
+// under the wrong key ("window: ${file:db-password}", "window:
+// ${STRIPE_WEBHOOK_SECRET}") must not reach a log.
 func (f *File) hideFileContents(ps Problems) Problems {
 	if len(f.fileContents) == 0 {
 		return ps
@@ -222,12 +224,12 @@ func (f *File) hideFileContents(ps Problems) Problems {
 				continue
 			}
 			for _, c := range contents {
-				if len(c) < minHiddenContent {
+				if len(c.text) < minHiddenContent {
 					continue
 				}
-				quoted := strconv.Quote(c)
-				p.Msg = strings.ReplaceAll(p.Msg, quoted[1:len(quoted)-1], fileContentNotShown)
-				p.Msg = strings.ReplaceAll(p.Msg, c, fileContentNotShown)
+				quoted := strconv.Quote(c.text)
+				p.Msg = strings.ReplaceAll(p.Msg, quoted[1:len(quoted)-1], c.shownAs)
+				p.Msg = strings.ReplaceAll(p.Msg, c.text, c.shownAs)
 			}
 		}
 		ps[i] = p
