@@ -423,10 +423,28 @@ func TestRedisEvictionPolicyIsWarnedAtStartUp(t *testing.T) {
 	}
 }
 
+// The log lines of serve's Redis checks that several tests wait for.
+const (
+	logRedisInMemoryOnly = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
+	logRedisRestarted    = "Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again"
+)
+
+// watchRedis starts serve in-process on the Redis store at rs, reading
+// the masters every 50 ms; the channel receives after each read.
+func watchRedis(t *testing.T, rs redisStore) (*inProcess, chan struct{}) {
+	t.Helper()
+	read := make(chan struct{}, 1)
+	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", rs), func(s *server) {
+		s.restartCheckInterval = 50 * time.Millisecond
+		s.runsRead = notify(read)
+	})
+	return p, read
+}
+
 // A Redis that keeps the keys in memory only forgets them all when it
 // restarts: named at start-up, and snapshots without appendonly noted.
 func TestRedisWithoutPersistenceIsWarnedAtStartUp(t *testing.T) {
-	const warning = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
+	const warning = logRedisInMemoryOnly
 	const note = "Redis saves snapshots only (appendonly no): a Redis crash forgets the keys written since the last snapshot, and their events' next copies are forwarded again; appendonly yes avoids it"
 	for _, tt := range []struct {
 		name         string
@@ -458,7 +476,7 @@ func TestRedisWithoutPersistenceIsWarnedAtStartUp(t *testing.T) {
 // lack of persistence is warned about then. (Found by an on-call trial:
 // such a Redis was never checked.)
 func TestRedisUnreachableAtStartUpIsCheckedOnceItAnswers(t *testing.T) {
-	const warning = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
+	const warning = logRedisInMemoryOnly
 	srv := redistest.Start(t)
 	srv.Stop()
 	read := make(chan struct{}, 1)
@@ -479,7 +497,7 @@ func TestRedisUnreachableAtStartUpIsCheckedOnceItAnswers(t *testing.T) {
 	// From then on a restart is watched for, as when Redis answered at once.
 	recvWithin(t, read, "the masters' runs read before the restart")
 	srv.Restart()
-	p.waitLog("Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again", 1)
+	p.waitLog(logRedisRestarted, 1)
 	if err := p.stop(); err != nil {
 		t.Errorf("run: got %v, want nil", err)
 	}
@@ -489,16 +507,9 @@ func TestRedisUnreachableAtStartUpIsCheckedOnceItAnswers(t *testing.T) {
 // with how it kept its keys: without persistence it forgot every one (an
 // on-call trial saw only "ready again").
 func TestRedisRestartIsWarnedAbout(t *testing.T) {
-	const (
-		restarted = "Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again"
-		forgot    = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
-	)
+	const restarted, forgot = logRedisRestarted, logRedisInMemoryOnly
 	srv := redistest.Start(t)
-	read := make(chan struct{}, 1)
-	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}), func(s *server) {
-		s.restartCheckInterval = 50 * time.Millisecond
-		s.runsRead = notify(read)
-	})
+	p, read := watchRedis(t, redisStore{addrs: []string{srv.Addr()}})
 	p.waitLog(forgot, 1) // the start-up check
 	recvWithin(t, read, "the masters' runs read before the restart")
 	if got := p.logs.FilterMessage(restarted).Len(); got != 0 {
@@ -516,16 +527,9 @@ func TestRedisRestartIsWarnedAbout(t *testing.T) {
 // same watch: turned off, the start-up warning comes again; turned on, an
 // info line says so. An unchanged one logs nothing on later reads.
 func TestRedisPersistenceChangeIsNoticed(t *testing.T) {
-	const (
-		changed = "Redis persists the dedup keys differently now (CONFIG SET, or a master configured otherwise)"
-		forgot  = "Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes"
-	)
+	const changed, forgot = "Redis persists the dedup keys differently now (CONFIG SET, or a master configured otherwise)", logRedisInMemoryOnly
 	srv := redistest.Start(t)
-	read := make(chan struct{}, 1)
-	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}), func(s *server) {
-		s.restartCheckInterval = 50 * time.Millisecond
-		s.runsRead = notify(read)
-	})
+	p, read := watchRedis(t, redisStore{addrs: []string{srv.Addr()}})
 	p.waitLog(forgot, 1) // the start-up check
 	recvWithin(t, read, "the first read")
 	recvWithin(t, read, "a read with nothing changed")
@@ -560,7 +564,7 @@ func TestRedisPersistenceChangeIsNoticed(t *testing.T) {
 // the first read, at once, is the baseline: it names no master.
 func TestRedisRestartSeenLateIsWarnedAbout(t *testing.T) {
 	const (
-		restarted = "Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again"
+		restarted = logRedisRestarted
 		unseen    = "a Redis master the gateway had not seen: a replica promoted by a failover, or a new Cluster master"
 		// Past the slack plus INFO's whole seconds, with room for the
 		// restart itself.
@@ -600,11 +604,7 @@ func TestRedisRestartSeenLateIsWarnedAbout(t *testing.T) {
 // replicas first, then fails over to one).
 func TestRedisFailoverIsNoRestart(t *testing.T) {
 	st := redistest.StartSentinel(t)
-	read := make(chan struct{}, 1)
-	p := startInProcessWith(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName}), func(s *server) {
-		s.restartCheckInterval = 50 * time.Millisecond
-		s.runsRead = notify(read)
-	})
+	p, read := watchRedis(t, redisStore{addrs: []string{st.Sentinel.Addr()}, masterName: st.MasterName})
 	recvWithin(t, read, "the masters' runs read before the failover")
 	st.Replica.Restart()
 	ctx := context.Background()
@@ -632,7 +632,7 @@ func TestRedisFailoverIsNoRestart(t *testing.T) {
 	}, func() string { return "the restarted replica synced again, and seen healthy by the sentinel" })
 	st.Failover()
 	p.waitLog("a Redis master the gateway had not seen: a replica promoted by a failover, or a new Cluster master", 1)
-	if got := p.logs.FilterMessage("Redis restarted: a master has a new run_id and started since the gateway last asked; it holds only the keys its persistence kept, and the next copy of each event it forgot is forwarded again").Len(); got != 0 {
+	if got := p.logs.FilterMessage(logRedisRestarted).Len(); got != 0 {
 		t.Errorf("after a failover: got %d restart warnings, want 0", got)
 	}
 	if err := p.stop(); err != nil {

@@ -330,18 +330,7 @@ func TestConfigFileChangeReloadsWithoutSIGHUP(t *testing.T) {
 			}))
 			defer up.Close()
 			dir := t.TempDir()
-			text := fmt.Sprintf(`listen: 127.0.0.1:0
-admin:
-  listen: 127.0.0.1:0
-store:
-  bolt:
-    path: %q
-routes:
-  - name: orders
-    path: /hooks/orders
-    upstream: %q
-    keys: ["header:Idempotency-Key"]
-`, filepath.Join(dir, "x.db"), up.URL)
+			_, text := tokenConfig(t, dir, up.URL) // a route "orders", keyed by Idempotency-Key
 			cfg, update := tt.layout(t, dir, text)
 			p := startInProcessWith(t, cfg, func(s *server) { s.watchInterval = 5 * time.Millisecond })
 			deliver := func(path, key string) int {
