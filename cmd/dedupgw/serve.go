@@ -886,7 +886,7 @@ const restartSlack = 5 * time.Second
 // master it has not seen before: a warning when it started since the last
 // answer and no failover promoted it (Redis restarted and holds only the
 // keys its persistence kept: every key, with appendonly; none, without
-// persistence), then the persistence check of the start-up again, once
+// persistence), then the persistence and eviction checks of the start-up again, once
 // per read; an info line otherwise (a replica promoted by a failover, a
 // new Cluster master). A persistence that changed since the last read
 // (CONFIG SET appendonly no, a master replaced by one configured
@@ -935,6 +935,11 @@ func (s *server) watchRedisRestarts(ctx context.Context, rs *redisstore.Store) {
 		}
 		if err == nil {
 			persists = p
+		}
+		if restarted {
+			// A restarted Redis runs the configuration it started with,
+			// which need not be the one the start-up checks read.
+			warnEviction(readCtx, rs, s.log)
 		}
 		known = make(map[string]bool, len(runs))
 		for _, r := range runs {

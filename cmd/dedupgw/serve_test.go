@@ -558,6 +558,23 @@ func TestRedisPersistenceChangeIsNoticed(t *testing.T) {
 	}
 }
 
+// A restarted Redis runs the configuration it started with: one that may
+// evict keys is warned about again, as at start-up, not only its
+// persistence.
+func TestRedisRestartChecksEvictionAgain(t *testing.T) {
+	const evicts = "Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction"
+	srv := redistest.StartWith(t, "--maxmemory-policy", "allkeys-lru")
+	p, read := watchRedis(t, redisStore{addrs: []string{srv.Addr()}})
+	p.waitLog(evicts, 1) // the start-up check
+	recvWithin(t, read, "the masters' runs read before the restart")
+	srv.Restart()
+	p.waitLog(logRedisRestarted, 1)
+	p.waitLog(evicts, 2)
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
 // A restart the watch sees only well after it (at the next read, 30 s
 // apart in production) is a restart all the same: the uptime is weighed
 // against the time since the last answer, not against the slack alone. And
