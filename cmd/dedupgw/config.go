@@ -976,6 +976,33 @@ func UnknownEnv(environ []string) []string {
 	return slices.Compact(out)
 }
 
+// NearestEnv returns the DEDUPGW_* override closest to name, an unknown
+// variable UnknownEnv returned, when it is close enough to be a
+// misspelling (as nearestKey judges a key); else "".
+func NearestEnv(name string) string {
+	rest, ok := strings.CutPrefix(name, EnvPrefix)
+	if !ok {
+		return ""
+	}
+	known := map[string]reflect.Value{}
+	for _, o := range envOverrides() {
+		known[strings.TrimPrefix(o.env, EnvPrefix)] = reflect.Value{}
+	}
+	if near := nearestKey(rest, known); near != "" {
+		return EnvPrefix + near
+	}
+	return ""
+}
+
+// unknownEnvHint is what the warning about the unknown variable name adds:
+// the override it was likely meant to be, or a plain question.
+func unknownEnvHint(name string) string {
+	if near := NearestEnv(name); near != "" {
+		return fmt.Sprintf("did you mean %s?", near)
+	}
+	return "misspelt?"
+}
+
 func splitList(s string) []any {
 	var out []any
 	for _, e := range strings.Split(s, ",") {

@@ -932,6 +932,25 @@ func TestUnknownEnv(t *testing.T) {
 	}
 }
 
+// A misspelt override is named with the variable it was likely meant to
+// be; a name far from every override gets no guess.
+func TestNearestEnv(t *testing.T) {
+	tests := []struct{ name, want string }{
+		{"DEDUPGW_LOG_LEVLE", "DEDUPGW_LOG_LEVEL"},
+		{"DEDUPGW_STORE_REDIS_ADDR", "DEDUPGW_STORE_REDIS_ADDRS"},
+		{"DEDUPGW_DEFAULT_WINDOW", "DEDUPGW_DEFAULTS_WINDOW"},
+		{"DEDUPGW_ADMIN_TOKN", "DEDUPGW_ADMIN_TOKEN"},
+		{"DEDUPGW_SOMETHING_ELSE", ""},
+		{"DEDUPGW_X", ""},
+		{"LOG_LEVEL", ""},
+	}
+	for _, tt := range tests {
+		if got := NearestEnv(tt.name); got != tt.want {
+			t.Errorf("NearestEnv(%q): got %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
 // TestEnvKnobsAreKnown finds every DEDUPGW_* variable that the repository's
 // Go code, CI scripts and Dockerfile read, and wants none of them reported
 // by UnknownEnv: a developer running the suites with DEDUPGW_CHAOS_REPORT

@@ -688,7 +688,7 @@ func TestE2EValidateWarnsAboutTheEnvironmentOfAnInvalidFile(t *testing.T) {
 	}
 	for _, want := range []string{
 		"routes[0].windw: unknown key",
-		"warning: DEDUPGW_LOG_LEVLE overrides no configuration key",
+		"warning: DEDUPGW_LOG_LEVLE overrides no configuration key and is ignored (did you mean DEDUPGW_LOG_LEVEL?)",
 		"warning: admin.token: DEDUPGW_ADMIN_TOKEN is set but empty",
 	} {
 		if !strings.Contains(stderr, want) {

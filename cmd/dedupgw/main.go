@@ -243,7 +243,7 @@ func cmdValidate(args []string, stdout, stderr io.Writer) int {
 	// Warnings about the environment hold whatever the file says, and may
 	// explain a problem (a misspelt or empty DEDUPGW_ADMIN_TOKEN).
 	for _, name := range UnknownEnv(os.Environ()) {
-		fmt.Fprintf(stderr, "dedupgw validate: warning: %s overrides no configuration key and is ignored (misspelt?)\n", name)
+		fmt.Fprintf(stderr, "dedupgw validate: warning: %s overrides no configuration key and is ignored (%s)\n", name, unknownEnvHint(name))
 	}
 	var ws []Problem
 	switch {

@@ -73,7 +73,11 @@ func cmdServe(args []string, stderr io.Writer) int {
 	}
 	defer func() { _ = log.Sync() }()
 	for _, name := range UnknownEnv(os.Environ()) {
-		log.Warn("environment variable overrides no configuration key; ignored (misspelt?)", zap.String("variable", name))
+		fields := []zap.Field{zap.String("variable", name)}
+		if near := NearestEnv(name); near != "" {
+			fields = append(fields, zap.String("did_you_mean", near))
+		}
+		log.Warn("environment variable overrides no configuration key; ignored (misspelt?)", fields...)
 	}
 	logWarnings(log, f)
 	if v := os.Getenv("GOGC"); gogcUnreadable(v) {
