@@ -79,6 +79,9 @@ type delivery struct {
 
 	outcome string // metric outcome; empty when not counted
 	answer  int    // status the gateway wrote itself; 0 when the upstream's
+	// bodyDiffers is set on a duplicate whose body is not the one the key's
+	// first delivery forwarded (see answerDuplicate).
+	bodyDiffers bool
 }
 
 // ServeHTTP handles one delivery: refuse a path that is not canonical (see
@@ -480,6 +483,9 @@ func (g *Gateway) finish(d *delivery) {
 	if d.forwarded && d.upstreamErr != "" {
 		fields = append(fields, zap.String("upstream_error", d.upstreamErr))
 	}
+	if d.bodyDiffers {
+		fields = append(fields, zap.Bool("body_differs", true))
+	}
 	ce.Write(fields...)
 }
 
@@ -561,7 +567,18 @@ const bigReplay = 2 << 10 // net/http's bufferBeforeChunkingSize
 // over bigReplay is written under a deadline of the body timeout (a sender
 // gets as long to read it as to send a body), which Close cuts short: a
 // sender that stops reading it must not hold the handler, and so the drain.
+//
+// A duplicate whose body differs from the one the key's first delivery
+// forwarded (the record's BodySHA256) is counted and flagged on its log
+// line: a provider resends an event byte for byte, or nearly (one that
+// re-serialises it may change a count inside), so many such duplicates
+// mean the key names something other than the event (an object's ID, a
+// business key two events share), and events were dropped as duplicates.
 func (g *Gateway) answerDuplicate(w http.ResponseWriter, r *http.Request, d *delivery, rec dedup.Record) int {
+	if rec.BodySHA256 != "" && d.bodySHA != "" && rec.BodySHA256 != d.bodySHA {
+		d.bodyDiffers = true
+		d.rt.metrics.bodyDiffers.Inc()
+	}
 	if d.rt.DuplicateResponse == Replay && rec.Response != nil {
 		rec.Response = replayFor(rec.Response, r.Header.Values("Accept-Encoding"), d.rt.MaxReplayBytes)
 		if rec.Response != nil && len(rec.Response.Body) > bigReplay {

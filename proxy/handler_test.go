@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/memstore"
 	"github.com/dedupgw/dedupgw/providers"
 )
 
@@ -1622,5 +1623,43 @@ func TestClipForLog(t *testing.T) {
 		if got := clipForLog(tt.in); got != tt.want {
 			t.Errorf("%s: got %q, want %q", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestDuplicateWithAnotherBody: a duplicate whose body is not the one the
+// key's first delivery forwarded is still a duplicate (the key decides),
+// but it is counted and its log line says so: a key that names an object,
+// not an event, drops that object's later events this way. A copy with
+// the same body is not flagged.
+func TestDuplicateWithAnotherBody(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {})
+	mem := memstore.New(memstore.Options{SweepInterval: -1})
+	t.Cleanup(func() { mem.Close() })
+	gw, srv, logs := observedGateway(t, mem, genericRoute("orders", "/hooks/orders", up.URL)) // keyed by json:id
+	deliveries := []struct {
+		body        string
+		wantDedup   string
+		wantDiffers bool
+	}{
+		{`{"id":"o-1","type":"order.created"}`, "forwarded", false},
+		{`{"id":"o-1","type":"order.created"}`, "duplicate", false},
+		{`{"id":"o-1","type":"order.refunded"}`, "duplicate", true},
+	}
+	for i, dl := range deliveries {
+		resp := post(t, srv, "/hooks/orders", dl.body)
+		if got := resp.Header.Get(HeaderDedupStatus); resp.Status != http.StatusOK || got != dl.wantDedup {
+			t.Fatalf("delivery %d: got %d %q, want 200 %q", i+1, resp.Status, got, dl.wantDedup)
+		}
+		lines := logs.FilterMessage("delivery").All()
+		differs, ok := lines[len(lines)-1].ContextMap()["body_differs"]
+		if got := ok && differs == true; got != dl.wantDiffers {
+			t.Errorf("delivery %d: got body_differs %v on its line, want %v", i+1, differs, dl.wantDiffers)
+		}
+	}
+	if got := counterValue(t, gw.metrics.bodyDiffers, "orders"); got != 1 {
+		t.Errorf("dedupgw_duplicate_body_differs_total{route=\"orders\"}: got %v, want 1", got)
+	}
+	if n := up.count(); n != 1 {
+		t.Errorf("upstream: got %d deliveries, want 1", n)
 	}
 }

@@ -92,6 +92,7 @@ type metrics struct {
 	replayTooLarge *prometheus.CounterVec
 	leasesLost     *prometheus.CounterVec
 	takeovers      *prometheus.CounterVec
+	bodyDiffers    *prometheus.CounterVec
 	unrouted       *prometheus.CounterVec
 }
 
@@ -169,6 +170,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name:      "lease_takeovers_total",
 			Help:      "Claims that took a key over from a lapsed lease: an earlier attempt held it and ended unseen (its gateway crashed or hung, or its commit or release never landed), so the application may have processed it; the key is marked maybe_processed. A bolt store loses its leases with its process, so a claim after a restart is not counted.",
 		}, []string{"route"}),
+		bodyDiffers: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "dedupgw",
+			Name:      "duplicate_body_differs_total",
+			Help:      "Duplicates whose body differs from the one the key's first delivery forwarded. Providers resend an event unchanged (or nearly: one that re-serialises it may change a count inside), so a steady rate means the route's key names something other than the event, such as an object's ID, and events were acknowledged as duplicates without reaching the application.",
+		}, []string{"route"}),
 		unrouted: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dedupgw",
 			Name:      "unrouted_requests_total",
@@ -208,6 +214,7 @@ func (m *metrics) deleteRoute(name string) {
 	m.replayTooLarge.DeletePartialMatch(l)
 	m.leasesLost.DeletePartialMatch(l)
 	m.takeovers.DeletePartialMatch(l)
+	m.bodyDiffers.DeletePartialMatch(l)
 }
 
 // routeMetrics are one route's series, resolved when the route is built (New,
@@ -226,6 +233,7 @@ type routeMetrics struct {
 	// lostCommit and lostRelease count dedupgw_leases_lost_total.
 	lostCommit, lostRelease prometheus.Counter
 	takeovers               prometheus.Counter
+	bodyDiffers             prometheus.Counter
 }
 
 // initRoute creates every series of the route named name so it exists at 0,
@@ -243,6 +251,7 @@ func (m *metrics) initRoute(name string) *routeMetrics {
 		lostCommit:     m.leasesLost.WithLabelValues(name, opCommit),
 		lostRelease:    m.leasesLost.WithLabelValues(name, opRelease),
 		takeovers:      m.takeovers.WithLabelValues(name),
+		bodyDiffers:    m.bodyDiffers.WithLabelValues(name),
 	}
 	for _, o := range outcomes {
 		rm.deliveries[o] = m.deliveries.WithLabelValues(name, o)
