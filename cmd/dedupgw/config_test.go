@@ -1212,7 +1212,7 @@ func TestProblems(t *testing.T) {
 			`routes[0].keys: provider generic needs keys (e.g. ["header:Idempotency-Key", "body"])`,
 		}},
 		{"no provider means generic", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n", nil, []string{
-			`routes[0].keys: provider generic needs keys (e.g. ["header:Idempotency-Key", "body"])`,
+			`routes[0].keys: a route without a provider (generic) needs keys (e.g. ["header:Idempotency-Key", "body"]); or set provider (stripe, shopify, github, standard-webhooks or slack)`,
 		}},
 		{"bad keys", strings.Replace(minimal, `keys: ["header:Idempotency-Key"]`, "", 1) + (`    keys: ["header:", "json:a..b", "query:", "cookie:x", "bodyy", "header:Bad Name"]
 `), nil, []string{

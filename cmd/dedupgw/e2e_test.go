@@ -718,8 +718,8 @@ func TestE2EKeysCLI(t *testing.T) {
 		stdout string
 		stderr string
 	}{
-		{"get without token", noToken, []string{"keys", "get", admin, "orders", "evt/1"}, 1, "", "unauthorized"},
-		{"get with wrong token", wrongToken, []string{"keys", "get", admin, "orders", "evt/1"}, 1, "", "unauthorized"},
+		{"get without token", noToken, []string{"keys", "get", admin, "orders", "evt/1"}, 1, "", "unauthorized: set DEDUPGW_ADMIN_TOKEN"},
+		{"get with wrong token", wrongToken, []string{"keys", "get", admin, "orders", "evt/1"}, 1, "", "unauthorized: the gateway refused the token in DEDUPGW_ADMIN_TOKEN"},
 		{"forget without token", noToken, []string{"keys", "forget", admin, "orders", "evt/1"}, 1, "", "unauthorized"},
 		{"get", withToken, []string{"keys", "get", admin, "orders", "evt/1"}, 0, `"state": "processed"`, ""},
 		{"get unknown key", withToken, []string{"keys", "get", admin, "orders", "evt/none"}, 1, "", "not found"},

@@ -148,7 +148,7 @@ func listKeys(base, route string, f listFilters, stderr io.Writer, fn func(liste
 			fmt.Fprintf(stderr, "dedupgw keys: %s: not found (%s)\n", route, detail(body))
 			return exitFail
 		case http.StatusUnauthorized:
-			fmt.Fprint(stderr, msgUnauthorized)
+			fmt.Fprint(stderr, msgUnauthorized())
 			return exitFail
 		default:
 			fmt.Fprintf(stderr, "dedupgw keys: GET %s: %d (%s)\n", target, code, detail(body))
@@ -309,7 +309,7 @@ func cmdKeysForgetMany(base, route string, f listFilters, bulk bulkForget, stdou
 			skipped++
 			fmt.Fprintf(stdout, "skipped %s/%s: in flight since the listing (use --force)\n", route, k.Key)
 		case code == http.StatusUnauthorized:
-			fmt.Fprint(stderr, msgUnauthorized)
+			fmt.Fprint(stderr, msgUnauthorized())
 			return exitFail
 		default:
 			failed++

@@ -164,7 +164,7 @@ func cmdKeys(args []string, stdout, stderr io.Writer) int {
 	case code == http.StatusConflict:
 		fmt.Fprintf(stderr, "dedupgw keys: %s/%s: in flight (%s)\n", route, key, strings.Replace(detail(body), "add ?force=true", "use --force", 1))
 	case code == http.StatusUnauthorized:
-		fmt.Fprint(stderr, msgUnauthorized)
+		fmt.Fprint(stderr, msgUnauthorized())
 	default:
 		fmt.Fprintf(stderr, "dedupgw keys: %s %s: %d %s (%s)\n", method, target, code, http.StatusText(code), detail(body))
 	}
@@ -234,8 +234,14 @@ func adminBase(admin string, stderr io.Writer) (base string, ok bool) {
 }
 
 // msgUnauthorized is what the keys commands say when the admin API refused
-// the token (401).
-const msgUnauthorized = "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n"
+// the token (401): that none was sent, or that the one sent is not the
+// gateway's.
+func msgUnauthorized() string {
+	if tok, _ := os.LookupEnv("DEDUPGW_ADMIN_TOKEN"); tok != "" {
+		return "dedupgw keys: unauthorized: the gateway refused the token in DEDUPGW_ADMIN_TOKEN; it must be the gateway's admin.token\n"
+	}
+	return "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n"
+}
 
 // pathSegment escapes s as one URL path segment: "/" included, and "." and
 // "..", which would otherwise be dot segments the admin API refuses.

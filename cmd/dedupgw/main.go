@@ -78,7 +78,8 @@ Usage:
 
 Environment:
   ${VAR} in config values is expanded, ${file:PATH} replaced by the file's content (a
-  change to the file reloads within 10s); DEDUPGW_* variables override keys outside routes
+  change to it, or to the config file, reloads within 10s); DEDUPGW_* variables override
+  keys outside routes
   (DEDUPGW_STORE_BACKEND, DEDUPGW_STORE_REDIS_ADDRS=a:6379,b:6379, ...).
   The keys commands send DEDUPGW_ADMIN_TOKEN as the bearer token.
 `

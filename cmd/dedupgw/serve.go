@@ -984,6 +984,8 @@ func logPersistence(p string, err error, log *zap.Logger) {
 		log.Warn("Redis keeps the dedup keys in memory only (neither appendonly nor save): a restart of Redis forgets every key, and the next copy of each processed event is forwarded again; set appendonly yes")
 	case p == redisstore.PersistenceRDB:
 		log.Info("Redis saves snapshots only (appendonly no): a Redis crash forgets the keys written since the last snapshot, and their events' next copies are forwarded again; appendonly yes avoids it")
+	default:
+		log.Info("Redis persists the dedup keys with appendonly: a restart of Redis keeps them (a crash, all but those written in the last fsync interval: a second with appendfsync everysec)")
 	}
 }
 

@@ -446,14 +446,15 @@ func watchRedis(t *testing.T, rs redisStore) (*inProcess, chan struct{}) {
 func TestRedisWithoutPersistenceIsWarnedAtStartUp(t *testing.T) {
 	const warning = logRedisInMemoryOnly
 	const note = "Redis saves snapshots only (appendonly no): a Redis crash forgets the keys written since the last snapshot, and their events' next copies are forwarded again; appendonly yes avoids it"
+	const kept = "Redis persists the dedup keys with appendonly: a restart of Redis keeps them (a crash, all but those written in the last fsync interval: a second with appendfsync everysec)"
 	for _, tt := range []struct {
-		name         string
-		args         []string
-		warns, notes int
+		name               string
+		args               []string
+		warns, notes, aofs int
 	}{
-		{"neither", nil, 1, 0},
-		{"snapshots", []string{"--save", "3600 1"}, 0, 1},
-		{"appendonly", []string{"--appendonly", "yes"}, 0, 0},
+		{"neither", nil, 1, 0, 0},
+		{"snapshots", []string{"--save", "3600 1"}, 0, 1, 0},
+		{"appendonly", []string{"--appendonly", "yes"}, 0, 0, 1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := redistest.StartWith(t, tt.args...)
@@ -463,6 +464,9 @@ func TestRedisWithoutPersistenceIsWarnedAtStartUp(t *testing.T) {
 			}
 			if got := p.logs.FilterMessage(note).Len(); got != tt.notes {
 				t.Errorf("start-up notes: got %d, want %d", got, tt.notes)
+			}
+			if got := p.logs.FilterMessage(kept).Len(); got != tt.aofs {
+				t.Errorf("start-up lines saying the keys survive a restart: got %d, want %d", got, tt.aofs)
 			}
 			if err := p.stop(); err != nil {
 				t.Errorf("run: got %v, want nil", err)

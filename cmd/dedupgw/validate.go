@@ -318,7 +318,12 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 			providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack, providers.Generic, hint)
 	}
 	if provider == providers.Generic && len(r.Keys) == 0 {
-		ps.add(key+".keys", "provider generic needs keys (e.g. [\"header:Idempotency-Key\", \"body\"])")
+		if r.Provider == "" {
+			ps.add(key+".keys", "a route without a provider (generic) needs keys (e.g. [\"header:Idempotency-Key\", \"body\"]); or set provider (%s, %s, %s, %s or %s)",
+				providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack)
+		} else {
+			ps.add(key+".keys", "provider generic needs keys (e.g. [\"header:Idempotency-Key\", \"body\"])")
+		}
 	}
 	for i, k := range r.Keys {
 		if err := checkKeySource(k); err != nil {
