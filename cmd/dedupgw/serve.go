@@ -1005,6 +1005,21 @@ func warnClusterNode(ctx context.Context, rs *redisstore.Store, log *zap.Logger)
 // goRedisLogger installs go-redis's process-wide logger once.
 var goRedisLogger sync.Once
 
+// goRedisLog is the logger of go-redis's own lines: log named go-redis,
+// each distinct line at most goRedisLinesPerSecond times a second and one
+// in 100 beyond. During an outage every pooled connection's dial fails
+// alike (a trial counted 25 lines a replica for one second of Redis
+// down); the gateway's own lines already say what the outage costs.
+func goRedisLog(log *zap.Logger) *zap.Logger {
+	return log.Named("go-redis").WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, goRedisLinesPerSecond, 100)
+	}))
+}
+
+// goRedisLinesPerSecond is how many times a second goRedisLog writes one
+// line before sampling it.
+const goRedisLinesPerSecond = 3
+
 // storeLocation says where cfg keeps the keys, for the start-up line: the
 // bolt file's absolute path (a relative one depends on the working
 // directory, and another directory is another, empty, store), the Redis
@@ -1041,7 +1056,7 @@ func openStore(cfg Store, log *zap.Logger) (dedup.Store, error) {
 	case "redis":
 		// go-redis has one process-wide logger that writes plain text to
 		// stderr; route it through zap so every line stays JSON.
-		goRedisLogger.Do(func() { redis.SetLogger(redisstore.GoRedisLogger{Logger: log.Named("go-redis")}) })
+		goRedisLogger.Do(func() { redis.SetLogger(redisstore.GoRedisLogger{Logger: goRedisLog(log)}) })
 		r := cfg.Redis
 		s, err := redisstore.New(redisstore.Config{
 			Addrs:            r.Addrs,

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/dedupgw/dedupgw/dedup"
+	"github.com/dedupgw/dedupgw/dedup/redisstore"
 	"github.com/dedupgw/dedupgw/dedup/redisstore/redistest"
 	"github.com/redis/go-redis/v9"
 	bolt "go.etcd.io/bbolt"
@@ -1305,5 +1306,27 @@ func TestWarnKeyChangesComparesEffectiveKeys(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// go-redis's lines are sampled: the same failure from every pooled
+// connection during an outage is written a few times a second, not once
+// per connection, while a different line still gets through.
+func TestGoRedisLinesAreSampled(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	l := redisstore.GoRedisLogger{Logger: goRedisLog(zap.New(core))}
+	for range 50 {
+		l.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v", 5, "dial tcp 127.0.0.1:6379: connect: connection refused")
+	}
+	l.Printf(context.Background(), "redis: %s", "another line")
+	// A second's tick between the lines would allow as many again.
+	if got := logs.FilterMessageSnippet("failed to dial").Len(); got < 1 || got > 2*goRedisLinesPerSecond {
+		t.Errorf("50 identical dial failures: got %d lines, want 1 to %d", got, 2*goRedisLinesPerSecond)
+	}
+	if got := logs.FilterMessage("redis: another line").Len(); got != 1 {
+		t.Errorf("a different line after them: got %d, want 1", got)
+	}
+	if got := logs.All()[0].LoggerName; got != "go-redis" {
+		t.Errorf("logger name: got %q, want go-redis", got)
 	}
 }
