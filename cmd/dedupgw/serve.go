@@ -1009,7 +1009,8 @@ var goRedisLogger sync.Once
 // each distinct line at most goRedisLinesPerSecond times a second and one
 // in 100 beyond. During an outage every pooled connection's dial fails
 // alike (a trial counted 25 lines a replica for one second of Redis
-// down); the gateway's own lines already say what the outage costs.
+// down); the gateway's own lines (not ready, store unavailable) say what the
+// outage costs.
 func goRedisLog(log *zap.Logger) *zap.Logger {
 	return log.Named("go-redis").WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		return zapcore.NewSamplerWithOptions(c, time.Second, goRedisLinesPerSecond, 100)
