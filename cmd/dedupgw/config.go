@@ -674,6 +674,10 @@ func (f *File) applyDefaults() {
 			*s = def
 		}
 	}
+	// A token from a Secret or a file written with echo ends in a newline,
+	// which no Authorization header can carry: every /v1/* call would be
+	// refused. The white space around it is no part of the token.
+	f.Admin.Token = secret(strings.TrimSpace(string(f.Admin.Token)))
 	set(&f.Listen, defaultListen)
 	set(&f.Admin.Listen, defaultAdminListen)
 	set(&f.Log.Level, defaultLogLevel)

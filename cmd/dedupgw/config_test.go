@@ -1776,3 +1776,23 @@ func TestValidateDoesNotShowClientIdentitySecret(t *testing.T) {
 		})
 	}
 }
+
+// TestAdminTokenWhiteSpace: a token from a Secret written with echo ends in a
+// newline, which no Authorization header can carry; the gateway trims the
+// white space around it (found by an on-call trial: validate said ok and
+// every keys command was refused). One with a control character inside is
+// refused without being shown.
+func TestAdminTokenWhiteSpace(t *testing.T) {
+	f, problems := loadText(t, minimal, map[string]string{"DEDUPGW_ADMIN_TOKEN": "tok\n"})
+	if len(problems) != 0 {
+		t.Fatalf("got problems %q, want none", problems)
+	}
+	if f.Admin.Token != "tok" {
+		t.Errorf("admin.token: got %q, want %q", f.Admin.Token, "tok")
+	}
+	_, problems = loadText(t, "admin:\n  token: \"t\\x01ok \\r\\n\"\n"+minimal, nil)
+	want := "admin.token: holds a control character"
+	if len(problems) != 1 || !strings.HasPrefix(problems[0], want) || strings.Contains(problems[0], "t\x01ok") {
+		t.Errorf("got problems %q, want one starting %q, without the value", problems, want)
+	}
+}

@@ -93,7 +93,7 @@ func adminCall(method, target string, limit int64) (int, []byte, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if tok, _ := os.LookupEnv("DEDUPGW_ADMIN_TOKEN"); tok != "" {
+	if tok := adminToken(); tok != "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	client := &http.Client{Timeout: keysTimeout}
@@ -110,6 +110,13 @@ func adminCall(method, target string, limit int64) (int, []byte, error) {
 		return 0, nil, fmt.Errorf("%s answered as the gateway's webhook listener, not its admin API: point --admin (or %s) at admin.listen, by default http://127.0.0.1:9090", target, envAdminURL)
 	}
 	return resp.StatusCode, body, nil
+}
+
+// adminToken returns DEDUPGW_ADMIN_TOKEN without the white space around it:
+// a token read from a file or a Secret often ends in a newline, which no
+// header can carry (the gateway trims its admin.token the same way).
+func adminToken() string {
+	return strings.TrimSpace(os.Getenv("DEDUPGW_ADMIN_TOKEN"))
 }
 
 // webhookListener reports whether an answer came from the gateway's

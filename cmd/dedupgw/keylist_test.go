@@ -306,3 +306,22 @@ func TestWebhookListener(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminCallTrimsTheToken: DEDUPGW_ADMIN_TOKEN read from a file or a
+// Secret often ends in a newline; it is sent without it, rather than
+// failing with "invalid header field value".
+func TestAdminCallTrimsTheToken(t *testing.T) {
+	got := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("Authorization")
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	defer srv.Close()
+	t.Setenv("DEDUPGW_ADMIN_TOKEN", " tok\r\n")
+	if _, _, err := adminCall(http.MethodGet, srv.URL+"/v1/keys/r/k", 1<<10); err != nil {
+		t.Fatalf("adminCall: %v", err)
+	}
+	if h := <-got; h != "Bearer tok" {
+		t.Errorf("Authorization: got %q, want %q", h, "Bearer tok")
+	}
+}

@@ -237,7 +237,7 @@ func adminBase(admin string, stderr io.Writer) (base string, ok bool) {
 // the token (401): that none was sent, or that the one sent is not the
 // gateway's.
 func msgUnauthorized() string {
-	if tok, _ := os.LookupEnv("DEDUPGW_ADMIN_TOKEN"); tok != "" {
+	if adminToken() != "" {
 		return "dedupgw keys: unauthorized: the gateway refused the token in DEDUPGW_ADMIN_TOKEN; it must be the gateway's admin.token\n"
 	}
 	return "dedupgw keys: unauthorized: set DEDUPGW_ADMIN_TOKEN to the gateway's admin.token\n"

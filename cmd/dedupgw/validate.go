@@ -28,6 +28,9 @@ func (f *File) Validate() error {
 	if f.checkAddr(&ps, "admin.listen", f.Admin.Listen, "127.0.0.1:9090") && f.Admin.unguarded() {
 		ps.add("admin.listen", "%q is not a loopback address: set admin.token (or admin.insecure: true to serve the keys API without one)%s", f.Admin.Listen, f.unsetNote("admin.listen"))
 	}
+	if strings.ContainsFunc(string(f.Admin.Token), func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		ps.add("admin.token", "holds a control character (a line break, a tab; the value is not shown): no client can send it in an Authorization header, so every /v1/* call would be refused")
+	}
 	if f.Listen == f.Admin.Listen && !strings.HasSuffix(f.Listen, ":0") {
 		ps.add("admin.listen", "%q is also listen: the two listeners need different addresses", f.Admin.Listen)
 	}
