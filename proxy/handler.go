@@ -275,7 +275,7 @@ func (g *Gateway) claim(parent context.Context, d *delivery, bodySHA string) (de
 	}
 	if res.TookOver {
 		d.rt.metrics.takeovers.Inc()
-		d.rt.log.Warn("lease lapsed: this delivery takes over a key whose earlier attempt ended unseen (its gateway crashed or hung, or could not commit or release it); the application may have processed that attempt, so the key is marked maybe_processed",
+		d.rt.log.Warn("lease lapsed: this delivery takes over a key whose earlier attempt ended unseen (its gateway crashed or hung, or could not commit or release it); the application may have processed that attempt, so the key is marked maybe_processed until an attempt of it gets a 2xx (this log line is what remains of the takeover then)",
 			keyField(d.clientKey), requestIDField(d.requestID), zap.Int("attempts", res.Record.Attempts))
 	}
 	if res.Outcome == dedup.Claimed {

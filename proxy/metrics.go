@@ -168,7 +168,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		takeovers: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dedupgw",
 			Name:      "lease_takeovers_total",
-			Help:      "Claims that took a key over from a lapsed lease: an earlier attempt held it and ended unseen (its gateway crashed or hung, or its commit or release never landed), so the application may have processed it; the key is marked maybe_processed. A bolt store loses its leases with its process, so a claim after a restart is not counted.",
+			Help:      "Claims that took a key over from a lapsed lease: an earlier attempt held it and ended unseen (its gateway crashed or hung, or its commit or release never landed), so the application may have processed it; the key is marked maybe_processed until an attempt of it gets a 2xx. A bolt store loses its leases with its process, so a claim after a restart is not counted.",
 		}, []string{"route"}),
 		bodyDiffers: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dedupgw",

@@ -1216,7 +1216,7 @@ func TestTakeoverIsLoggedAndCounted(t *testing.T) {
 	status.Store(http.StatusInternalServerError)
 	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(int(status.Load())) })
 	gw, srv, logs := observedGateway(t, mem, genericRoute("orders", "/hooks/orders", up.URL))
-	const msg = "lease lapsed: this delivery takes over a key whose earlier attempt ended unseen (its gateway crashed or hung, or could not commit or release it); the application may have processed that attempt, so the key is marked maybe_processed"
+	const msg = "lease lapsed: this delivery takes over a key whose earlier attempt ended unseen (its gateway crashed or hung, or could not commit or release it); the application may have processed that attempt, so the key is marked maybe_processed until an attempt of it gets a 2xx (this log line is what remains of the takeover then)"
 
 	// A first delivery, then the retry of the failed key: no takeover.
 	for i := range 2 {
