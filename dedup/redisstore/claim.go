@@ -48,30 +48,84 @@ import (
 // store is slow, so that second round trip would come exactly when it
 // costs most (chaos.TestSlowCommitAfterLease). The gateway always ends a
 // claim with a Commit or a Release, so the set is bounded by the deliveries
-// in flight.
+// in flight, and by the settles that failed (see settleTime) until they
+// are staleHeld old.
 type heldKeys struct {
 	mu sync.Mutex
-	m  map[string]string // Redis key → token
+	m  map[string]heldClaim // by Redis key
+	// pruned is when settleTime last dropped stale stamps (store clock, ms).
+	pruned int64
 }
 
-// claimed records res's claim of key, if res claimed it.
-func (h *heldKeys) claimed(key string, res dedup.ClaimResult) {
+// heldClaim is one held key's claim: its token, when it was claimed, and
+// the time of the first Commit or Release of it, once one was sent.
+type heldClaim struct {
+	token    string
+	since    int64 // ms
+	settleAt int64 // ms; 0 before the first settle
+}
+
+// staleHeld is how long a claim not finished stays held: longer than any
+// lease the gateway forwards and retries a failed settle in. A claim kept
+// longer is dropped; a caller that still settles it then sends a time of
+// its own.
+const staleHeld = leaseGrace
+
+// claimed records res's claim of key at now (ms), if res claimed it.
+func (h *heldKeys) claimed(key string, res dedup.ClaimResult, now int64) {
 	if res.Outcome != dedup.Claimed {
 		return
 	}
 	h.mu.Lock()
 	if h.m == nil {
-		h.m = make(map[string]string)
+		h.m = make(map[string]heldClaim)
 	}
-	h.m[key] = res.Token
+	h.m[key] = heldClaim{token: res.Token, since: now}
 	h.mu.Unlock()
 }
 
-// finished forgets key's claim by token (a Commit or Release of it ran,
-// whatever its result).
+// settleTime returns the time a Commit or Release of key by token sends:
+// now for the first, and the first's time for one after it. A settle
+// whose reply was lost may still have been applied (a timeout while Redis
+// stalled, a connection cut after the write), and its caller tries again
+// later (the gateway's background retry): the same arguments let commit.lua
+// and release.lua take that try for a repeat of the applied one, where a
+// later time would read as another owner's write, and the caller would
+// report a lost lease for an event that is recorded. Stamps of settles
+// not finished (see finished) are dropped once staleHeld old, checked
+// once a minute.
+func (h *heldKeys) settleTime(key, token string, now int64) int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = make(map[string]heldClaim)
+	}
+	if now-h.pruned > time.Minute.Milliseconds() {
+		for k, c := range h.m {
+			if now-max(c.since, c.settleAt) > staleHeld.Milliseconds() {
+				delete(h.m, k)
+			}
+		}
+		h.pruned = now
+	}
+	c, ok := h.m[key]
+	if !ok || c.token != token {
+		// Not claimed by this Store (another process's, or a Store opened
+		// since): stamped all the same, for the caller's retry.
+		c = heldClaim{token: token, since: now}
+	}
+	if c.settleAt == 0 {
+		c.settleAt = now
+	}
+	h.m[key] = c
+	return c.settleAt
+}
+
+// finished forgets key's claim by token: a Commit or Release of it ended
+// with an answer (done, or not the owner), so no retry of it follows.
 func (h *heldKeys) finished(key, token string) {
 	h.mu.Lock()
-	if h.m[key] == token {
+	if h.m[key].token == token {
 		delete(h.m, key)
 	}
 	h.mu.Unlock()

@@ -309,3 +309,53 @@ type errorReply string
 
 func (e errorReply) Error() string { return string(e) }
 func (errorReply) RedisError()     {}
+
+// TestHeldKeysSettleTime: a settle tried again sends its first try's time
+// until it is finished; another token's settle has its own; a claim never
+// finished is dropped once staleHeld old.
+func TestHeldKeysSettleTime(t *testing.T) {
+	var h heldKeys
+	const t0 = int64(1_700_000_000_000)
+	h.claimed("k", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "a"}, t0)
+	h.claimed("dup", dedup.ClaimResult{Outcome: dedup.Duplicate}, t0)
+	steps := []struct {
+		name       string
+		key, token string
+		now, want  int64
+	}{
+		{"the first settle", "k", "a", t0 + 10, t0 + 10},
+		{"the same settle tried again", "k", "a", t0 + 5000, t0 + 10},
+		{"another token's settle of the key", "k", "b", t0 + 6000, t0 + 6000},
+		{"that one tried again", "k", "b", t0 + 7000, t0 + 6000},
+		{"a key this store did not claim", "other", "c", t0 + 8000, t0 + 8000},
+	}
+	for _, st := range steps {
+		if got := h.settleTime(st.key, st.token, st.now); got != st.want {
+			t.Errorf("%s: got %d, want %d", st.name, got-t0, st.want-t0)
+		}
+	}
+	if h.has("dup") {
+		t.Errorf("a duplicate: got held, want not (only claims are held)")
+	}
+	h.finished("k", "a") // not k's token any more: nothing happens
+	if !h.has("k") {
+		t.Errorf("finished with a token that no longer holds the key: got k dropped, want kept")
+	}
+	h.finished("k", "b")
+	if h.has("k") {
+		t.Errorf("finished: got k held, want dropped")
+	}
+	if got := h.settleTime("k", "b", t0+9000); got != t0+9000 {
+		t.Errorf("a settle after finished: got %d, want a time of its own %d", got-t0, 9000)
+	}
+	h.claimed("fresh", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "d"}, t0+staleHeld.Milliseconds())
+	h.settleTime("fresh", "d", t0+staleHeld.Milliseconds()+9001)
+	for _, k := range []string{"k", "other"} {
+		if h.has(k) {
+			t.Errorf("%s, settled %v ago and never finished: got held, want dropped", k, staleHeld)
+		}
+	}
+	if !h.has("fresh") {
+		t.Errorf("a claim settled just now: got dropped, want held")
+	}
+}

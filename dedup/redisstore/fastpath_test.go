@@ -261,7 +261,7 @@ func TestClaimFastPath(t *testing.T) {
 			},
 		},
 		{
-			name: "finished by a Commit whose context had ended: the fast path again",
+			name: "a Commit whose context had ended leaves the claim held (the caller tries again): the script",
 			setup: func(t *testing.T, k dedup.Key) {
 				res := claimOn(t, s, k, dedup.ClaimOptions{})
 				done, cancel := context.WithCancel(ctx)
@@ -270,7 +270,7 @@ func TestClaimFastPath(t *testing.T) {
 					t.Fatal("Commit with an ended context: got nil, want its error")
 				}
 			},
-			want: dedup.InFlight, trips: []string{tripSet},
+			want: dedup.InFlight, trips: []string{tripEvalSHA},
 			check: func(t *testing.T, k dedup.Key, res dedup.ClaimResult, first time.Time) {
 				if res.Record.State != dedup.StateProcessing {
 					t.Errorf("record: got state %v, want processing (the commit never ran)", res.Record.State)

@@ -258,7 +258,7 @@ func (s *Store) claimed(ctx context.Context, c *claimCall, res dedup.ClaimResult
 		}
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", c.waitErr)
 	}
-	s.held.claimed(c.key, res)
+	s.held.claimed(c.key, res, c.now)
 	return res, nil
 }
 
@@ -284,22 +284,22 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 		return dedup.ErrClosed
 	}
 	rk := s.Key(key)
-	defer s.held.finished(rk, token) // whatever happens next: the caller is done with the claim
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: commit: %w", err)
 	}
 	if opts.Window <= 0 {
 		return fmt.Errorf("redisstore: commit: window %s must be positive", opts.Window)
 	}
-	now := s.nowMS()
+	now := s.held.settleTime(rk, token, s.nowMS())
 	windowMS := durationMS(opts.Window)
 	n, waitErr, err := s.settle(ctx, "commit", commitScript, rk,
 		now, token, base36(now), base36(now+windowMS),
 		windowMS, encodeResult(opts.Status, "", false, opts.Response),
 	)
 	if err != nil {
-		return fmt.Errorf("redisstore: commit: %w", err)
+		return fmt.Errorf("redisstore: commit: %w", err) // a retry sends the same time (settleTime)
 	}
+	s.held.finished(rk, token)
 	if n != 1 {
 		return dedup.ErrNotOwner
 	}
@@ -405,22 +405,22 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 		return dedup.ErrClosed
 	}
 	rk := s.Key(key)
-	defer s.held.finished(rk, token) // whatever happens next: the caller is done with the claim
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
 	if opts.Retain < 0 {
 		return fmt.Errorf("redisstore: release: retain %s must not be negative", opts.Retain)
 	}
-	now := s.nowMS()
+	now := s.held.settleTime(rk, token, s.nowMS())
 	retainMS := durationMS(opts.Retain)
 	n, _, err := s.settle(ctx, "release", releaseScript, rk,
 		now, token, base36(now), base36(now+retainMS),
 		retainMS, encodeResult(opts.Status, opts.Error, opts.MaybeProcessed, nil),
 	)
 	if err != nil {
-		return fmt.Errorf("redisstore: release: %w", err)
+		return fmt.Errorf("redisstore: release: %w", err) // a retry sends the same time (settleTime)
 	}
+	s.held.finished(rk, token)
 	if n != 1 {
 		return dedup.ErrNotOwner
 	}

@@ -444,6 +444,60 @@ func TestCommitTimeoutIsNotRetriedWhileWaiting(t *testing.T) {
 	}
 }
 
+// A commit or release whose reply was lost although Redis applied it (here
+// Redis stalls until the call times out, then runs it) is tried again by
+// its caller later (the gateway's background retry): the retry is the same
+// settle, answered done, not "not the owner", which the gateway would
+// report as a lost lease of an event that is recorded. (Found by an
+// on-call trial pausing redis-server mid-commit.)
+func TestSettleRetriedAfterALostReplyIsNoLostLease(t *testing.T) {
+	for _, op := range []string{"commit", "release"} {
+		t.Run(op, func(t *testing.T) {
+			srv := redistest.Start(t)
+			k := dedup.Key{Namespace: "n", ID: "evt_" + op}
+			s, _, res := observedClaim(t, redisstore.Config{Addrs: []string{srv.Addr()}}, k)
+			settle := func(ctx context.Context, k dedup.Key, token string) error {
+				if op == "commit" {
+					return s.Commit(ctx, k, token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+				}
+				return s.Release(ctx, k, token, dedup.ReleaseOptions{Retain: time.Hour, Status: 503})
+			}
+			want := map[string]dedup.State{"commit": dedup.StateProcessed, "release": dedup.StateFailed}[op]
+			// Redis knows the script already (else the stalled EVALSHA
+			// would only be answered NOSCRIPT, and nothing applied).
+			warm := dedup.Key{Namespace: "n", ID: "warm_" + op}
+			w, err := s.Claim(context.Background(), warm, dedup.ClaimOptions{Lease: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := settle(context.Background(), warm, w.Token); err != nil {
+				t.Fatal(err)
+			}
+
+			srv.Pause()
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			err = settle(ctx, k, res.Token)
+			cancel()
+			srv.Resume()
+			if err == nil {
+				t.Fatalf("%s while Redis stalls: got nil, want a timeout", op)
+			}
+			var first dedup.Record
+			eventually(t, "the stalled "+op+" applied once Redis runs again", func() bool {
+				first, err = s.Get(context.Background(), k)
+				return err == nil && first.State == want
+			})
+
+			if err := settle(context.Background(), k, res.Token); err != nil {
+				t.Fatalf("the %s tried again: got %v, want nil (it is the one Redis applied)", op, err)
+			}
+			if got, err := s.Get(context.Background(), k); err != nil || !got.CompletedAt.Equal(first.CompletedAt) {
+				t.Errorf("record after the retry: got completed_at %v (%v), want the first try's %v", got.CompletedAt, err, first.CompletedAt)
+			}
+		})
+	}
+}
+
 // observedClaim opens a store on cfg (with a fresh key prefix) whose log,
 // debug lines included, is the returned logs, and claims k on it for a
 // minute.
