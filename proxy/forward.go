@@ -305,24 +305,35 @@ func validHeaderValue(v string) bool {
 const copyBufferSize = 32 << 10
 
 // bufferPool recycles response copy buffers across deliveries and routes.
-type bufferPool struct{ p sync.Pool }
+// A sync.Pool holds pointers, and httputil.BufferPool passes slices: the
+// *[]byte that carried a buffer is kept in holders once Get took it out,
+// and carries the next one Put, so neither allocates in a steady state.
+type bufferPool struct{ p, holders sync.Pool }
 
 var _ httputil.BufferPool = (*bufferPool)(nil)
 
 // Get returns a buffer of copyBufferSize bytes.
 func (b *bufferPool) Get() []byte {
 	if v, ok := b.p.Get().(*[]byte); ok {
-		return *v
+		buf := *v
+		*v = nil
+		b.holders.Put(v)
+		return buf
 	}
 	return make([]byte, copyBufferSize)
 }
 
 // Put returns buf to the pool.
 func (b *bufferPool) Put(buf []byte) {
-	if cap(buf) == copyBufferSize {
-		buf = buf[:copyBufferSize]
-		b.p.Put(&buf)
+	if cap(buf) != copyBufferSize {
+		return
 	}
+	h, _ := b.holders.Get().(*[]byte)
+	if h == nil {
+		h = new([]byte)
+	}
+	*h = buf[:copyBufferSize]
+	b.p.Put(h)
 }
 
 // forward sends the buffered body to rt's upstream and streams the answer
@@ -437,6 +448,9 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 		return nil // nothing to settle or record
 	}
 	ok := resp.StatusCode >= 200 && resp.StatusCode <= 299
+	if d.token != "" {
+		g.readAnswer(d, resp)
+	}
 	var stored *dedup.Response
 	if ok && d.rt.DuplicateResponse == Replay {
 		stored = g.captureResponse(d, resp)
@@ -448,6 +462,49 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 		g.release(ctx, d, reasonUpstreamStatus, resp.StatusCode, "")
 	default:
 		g.commit(ctx, d, resp.StatusCode, stored)
+	}
+	return nil
+}
+
+// readAnswer reads the upstream's answer body, up to copyBufferSize bytes,
+// before the claim is settled: a commit or release may end after the
+// forward's deadline (a slow store, which the lease's commit reserve
+// allows for), and the body left unread then would be read on an expired
+// forward and cut short, although the sender gets the upstream's status.
+// A body read to its end is then served from the buffer (an answer
+// delimited by its connection's close, as an HTTP/1.0 app sends it, needs
+// that connection no more); a longer one, or one whose read failed, has
+// the part read put back in front of the rest. Webhook answers are small.
+func (g *Gateway) readAnswer(d *delivery, resp *http.Response) {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return
+	}
+	buf := g.buffers.Get()
+	n, err := io.ReadFull(resp.Body, buf)
+	if err == io.EOF || err == io.ErrUnexpectedEOF { // the whole body
+		_ = resp.Body.Close()
+		d.upBuf, d.upPool = buf, g.buffers
+		d.upBody.Reset(buf[:n])
+		resp.Body = (*answerBody)(d)
+		return
+	}
+	read := bytes.Clone(buf[:n])
+	g.buffers.Put(buf)
+	resp.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(read), resp.Body), Closer: resp.Body}
+}
+
+// answerBody serves a delivery's answer body that readAnswer read whole,
+// and gives its buffer back when closed.
+type answerBody delivery
+
+func (a *answerBody) Read(p []byte) (int, error) { return a.upBody.Read(p) }
+
+// Close gives the buffer back to the pool, once.
+func (a *answerBody) Close() error {
+	if a.upBuf != nil {
+		a.upBody.Reset(nil)
+		a.upPool.Put(a.upBuf)
+		a.upBuf = nil
 	}
 	return nil
 }

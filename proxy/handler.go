@@ -79,6 +79,11 @@ type delivery struct {
 
 	outcome string // metric outcome; empty when not counted
 	answer  int    // status the gateway wrote itself; 0 when the upstream's
+	// upBody reads the upstream's answer body from upBuf, a buffer of
+	// upPool, when readAnswer read it whole.
+	upBody bytes.Reader
+	upBuf  []byte
+	upPool *bufferPool
 	// bodyDiffers is set on a duplicate whose body is not the one the key's
 	// first delivery forwarded (see answerDuplicate).
 	bodyDiffers bool

@@ -1247,3 +1247,62 @@ func TestTakeoverIsLoggedAndCounted(t *testing.T) {
 		t.Errorf("dedupgw_lease_takeovers_total{route=\"orders\"}: got %v, want 1", got)
 	}
 }
+
+// slowSettleStore takes delay to Commit and Release: a store slow to
+// answer, as Redis is in a failover.
+type slowSettleStore struct {
+	dedup.Store
+	delay time.Duration
+}
+
+func (s *slowSettleStore) Commit(ctx context.Context, k dedup.Key, tok string, o dedup.CommitOptions) error {
+	<-time.After(s.delay) // the store's latency, not synchronisation
+	return s.Store.Commit(ctx, k, tok, o)
+}
+
+func (s *slowSettleStore) Release(ctx context.Context, k dedup.Key, tok string, o dedup.ReleaseOptions) error {
+	<-time.After(s.delay)
+	return s.Store.Release(ctx, k, tok, o)
+}
+
+// TestAnswerOutlivesASlowSettle: a commit or release that ends after the
+// forward's deadline (a slow store; the lease keeps a reserve for it) does
+// not cut the upstream's answer short. The answer is read before the
+// settle, under the deadline, so a body that arrives after its headers
+// (chunked, or delimited by the connection's close, as an HTTP/1.0 app
+// sends it) reaches the sender whole. (Found by an on-call trial: curl got
+// "transfer closed with outstanding read data remaining" although the
+// delivery's line said 200.)
+func TestAnswerOutlivesASlowSettle(t *testing.T) {
+	for _, status := range []int{http.StatusOK, http.StatusInternalServerError} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+				// As an HTTP/1.0 app answers: no length, the body ends
+				// when the connection closes.
+				conn, buf, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer conn.Close()
+				fmt.Fprintf(buf, "HTTP/1.0 %d %s\r\nContent-Type: text/plain\r\n\r\nthe application's answer", status, http.StatusText(status))
+				_ = buf.Flush()
+			})
+			mem := memstore.New(memstore.Options{SweepInterval: -1})
+			t.Cleanup(func() { mem.Close() })
+			r := genericRoute("orders", "/hooks/orders", up.URL)
+			r.UpstreamTimeout, r.Lease = 100*time.Millisecond, 10*time.Second
+			_, srv, _ := observedGateway(t, &slowSettleStore{Store: mem, delay: 300 * time.Millisecond}, r)
+
+			resp, err := http.Post(srv.URL+"/hooks/orders", "application/json", strings.NewReader(`{"id":"evt_1"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if resp.StatusCode != status || err != nil || string(body) != "the application's answer" {
+				t.Errorf("answer: got %d %q (read error %v), want %d with the application's whole body", resp.StatusCode, body, err, status)
+			}
+		})
+	}
+}
