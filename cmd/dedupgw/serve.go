@@ -384,6 +384,7 @@ loop:
 		select {
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP {
+				s.log.Info("SIGHUP received: reloading", zap.String("config", s.path))
 				s.reload()
 				continue
 			}

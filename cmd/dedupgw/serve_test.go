@@ -164,6 +164,9 @@ func TestServeLifecycleInProcess(t *testing.T) {
 	writeFileAtomic(t, cfg, strings.Replace(strings.Replace(text, "token: one", "token: two", 1), "x.db", "y.db", 1)+"log:\n  level: debug\n")
 	p.sigs <- syscall.SIGHUP
 	p.waitLog("config reloaded", 1)
+	if got := p.logs.FilterMessage("SIGHUP received: reloading").Len(); got != 1 {
+		t.Errorf("log: got %d lines saying SIGHUP was received, want 1", got)
+	}
 	if w := p.logs.FilterMessage("store change needs a restart: keeping the running store, applying the rest").All(); len(w) != 1 {
 		t.Error("log: got no store-change warning, want one")
 	} else if got := fmt.Sprint(w[0].ContextMap()["keys"]); got != "[store.bolt.path]" {
