@@ -230,16 +230,7 @@ func TestFileRefLoad(t *testing.T) {
 				writeFile(t, dir, name, text)
 			}
 			_, err := loadConfig(path, envMap(tt.env))
-			var got []string
-			if err != nil {
-				ps, ok := err.(Problems)
-				if !ok {
-					t.Fatalf("loadConfig: got %v, want Problems", err)
-				}
-				for _, p := range ps {
-					got = append(got, p.String())
-				}
-			}
+			got := problemStrings(t, err)
 			want := make([]string, len(tt.problems))
 			for i, p := range tt.problems {
 				want[i] = strings.ReplaceAll(p, "$DIR", dir)
@@ -376,16 +367,7 @@ func TestVariableValueNotShown(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := loadConfig(writeConfig(t, tt.text), envMap(tt.env))
-			var got []string
-			if err != nil {
-				ps, ok := err.(Problems)
-				if !ok {
-					t.Fatalf("loadConfig: got %v, want Problems", err)
-				}
-				for _, p := range ps {
-					got = append(got, p.String())
-				}
-			}
+			got := problemStrings(t, err)
 			if !slices.Equal(got, tt.problems) {
 				t.Errorf("problems:\ngot  %q\nwant %q", got, tt.problems)
 			}
@@ -398,4 +380,22 @@ func TestVariableValueNotShown(t *testing.T) {
 			}
 		})
 	}
+}
+
+// problemStrings returns the problems loadConfig's err lists, as written;
+// none for a nil err, and it fails t for an error that lists none.
+func problemStrings(t *testing.T, err error) []string {
+	t.Helper()
+	if err == nil {
+		return nil
+	}
+	ps, ok := err.(Problems)
+	if !ok {
+		t.Fatalf("loadConfig: got %v, want Problems", err)
+	}
+	got := make([]string, len(ps))
+	for i, p := range ps {
+		got[i] = p.String()
+	}
+	return got
 }
