@@ -1663,3 +1663,65 @@ func TestDuplicateWithAnotherBody(t *testing.T) {
 		t.Errorf("upstream: got %d deliveries, want 1", n)
 	}
 }
+
+// TestBodyDiffersOnlyForAnotherRequest: body_differs means the key named
+// another request than the first. A record without a body hash (one an
+// older gateway wrote) is not compared: every duplicate of it would be
+// flagged.
+func TestBodyDiffersOnlyForAnotherRequest(t *testing.T) {
+	up := newUpstream(t, createPayment)
+	tests := []struct {
+		name        string
+		route       Route
+		prior       func(t *testing.T, s dedup.Store) // written before the deliveries
+		first, copy string                            // bodies, same Idempotency-Key
+		wantDedup   string
+		wantDiffers bool
+	}{
+		{"not fingerprinted, a field changed", genericRoute("payments", "/api/payments/*", up.URL), nil,
+			`{"amount":100,"request_time":1}`, `{"amount":100,"request_time":2}`, "duplicate", true},
+		{"a record without a body hash", genericRoute("payments", "/api/payments/*", up.URL),
+			func(t *testing.T, s dedup.Store) {
+				k := dedup.Key{Namespace: "payments", ID: "k-1"}
+				res, err := s.Claim(context.Background(), k, dedup.ClaimOptions{Lease: time.Minute})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Commit(context.Background(), k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			"", `{"amount":100}`, "duplicate", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mem := memstore.New(memstore.Options{SweepInterval: -1})
+			t.Cleanup(func() { mem.Close() })
+			if tt.prior != nil {
+				tt.prior(t, mem)
+			}
+			gw, srv, logs := observedGateway(t, mem, tt.route)
+			if tt.first != "" {
+				if resp := post(t, srv, "/api/payments/charge", tt.first, "Idempotency-Key: k-1"); resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+					t.Fatalf("first: got %d %q, want forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+				}
+			}
+			resp := post(t, srv, "/api/payments/charge", tt.copy, "Idempotency-Key: k-1")
+			if got := resp.Header.Get(HeaderDedupStatus); got != tt.wantDedup {
+				t.Fatalf("copy: got %d %q, want %q", resp.Status, got, tt.wantDedup)
+			}
+			lines := logs.FilterMessage("delivery").All()
+			_, got := lines[len(lines)-1].ContextMap()["body_differs"]
+			if got != tt.wantDiffers {
+				t.Errorf("copy's delivery line: got body_differs %v, want %v", got, tt.wantDiffers)
+			}
+			want := 0.0
+			if tt.wantDiffers {
+				want = 1
+			}
+			if got := counterValue(t, gw.metrics.bodyDiffers, "payments"); got != want {
+				t.Errorf("dedupgw_duplicate_body_differs_total: got %v, want %v", got, want)
+			}
+		})
+	}
+}
