@@ -567,6 +567,16 @@ func readExactly(r io.Reader, n int) ([]byte, error) {
 // them.)
 const bigReplay = 2 << 10 // net/http's bufferBeforeChunkingSize
 
+// bodyDiffers reports whether d, a duplicate of rec, is another request
+// than the one rec recorded: by fingerprint when both have one, else by
+// the body's SHA-256 (a record without one is not compared).
+func bodyDiffers(d *delivery, rec dedup.Record) bool {
+	if d.fingerprint != "" && rec.Fingerprint != "" {
+		return rec.Fingerprint != d.fingerprint
+	}
+	return rec.BodySHA256 != "" && d.bodySHA != "" && rec.BodySHA256 != d.bodySHA
+}
+
 // answerDuplicate answers a duplicate with writeDuplicate, the stored answer
 // as replayFor gives it for this sender. A stored answer
 // over bigReplay is written under a deadline of the body timeout (a sender
@@ -579,8 +589,12 @@ const bigReplay = 2 << 10 // net/http's bufferBeforeChunkingSize
 // re-serialises it may change a count inside), so many such duplicates
 // mean the key names something other than the event (an object's ID, a
 // business key two events share), and events were dropped as duplicates.
+// On a route that fingerprints its requests the fingerprint decides what
+// the same request is (a retry with another request_time, or its keys in
+// another order, is one), so a record bound to a fingerprint is never
+// flagged: another one would have been a conflict.
 func (g *Gateway) answerDuplicate(w http.ResponseWriter, r *http.Request, d *delivery, rec dedup.Record) int {
-	if rec.BodySHA256 != "" && d.bodySHA != "" && rec.BodySHA256 != d.bodySHA {
+	if bodyDiffers(d, rec) {
 		d.bodyDiffers = true
 		d.rt.metrics.bodyDiffers.Inc()
 	}

@@ -1665,9 +1665,12 @@ func TestDuplicateWithAnotherBody(t *testing.T) {
 }
 
 // TestBodyDiffersOnlyForAnotherRequest: body_differs means the key named
-// another request than the first. A record without a body hash (one an
-// older gateway wrote) is not compared: every duplicate of it would be
-// flagged.
+// another request than the first. On an API route that fingerprints its
+// requests, the fingerprint says what the same request is: a retry whose
+// excluded field (request_time) or key order changed is the same request,
+// its body bytes aside (on_fingerprint_mismatch: reject answers 422 for
+// any other). A record without a body hash (one an older gateway wrote)
+// is not compared.
 func TestBodyDiffersOnlyForAnotherRequest(t *testing.T) {
 	up := newUpstream(t, createPayment)
 	tests := []struct {
@@ -1678,6 +1681,10 @@ func TestBodyDiffersOnlyForAnotherRequest(t *testing.T) {
 		wantDedup   string
 		wantDiffers bool
 	}{
+		{"fingerprinted, an excluded field changed", paymentsRoute(up.URL), nil,
+			`{"amount":100,"request_time":1}`, `{"amount":100,"request_time":2}`, "duplicate", false},
+		{"fingerprinted, keys reordered", paymentsRoute(up.URL), nil,
+			`{"amount":100,"currency":"eur"}`, `{"currency":"eur","amount":100}`, "duplicate", false},
 		{"not fingerprinted, a field changed", genericRoute("payments", "/api/payments/*", up.URL), nil,
 			`{"amount":100,"request_time":1}`, `{"amount":100,"request_time":2}`, "duplicate", true},
 		{"a record without a body hash", genericRoute("payments", "/api/payments/*", up.URL),
