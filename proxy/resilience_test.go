@@ -1306,3 +1306,35 @@ func TestAnswerOutlivesASlowSettle(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryOfMaybeProcessedKeyIsNoTakeover: a key keeps its
+// maybe_processed mark after the delivery that took it over failed, but
+// the retry that claims it then takes over nothing: no warning, not
+// counted. The mark alone does not say a lease lapsed.
+func TestRetryOfMaybeProcessedKeyIsNoTakeover(t *testing.T) {
+	clock := newManualClock(time.Unix(1_700_000_000, 0))
+	mem := memstore.New(memstore.Options{Now: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { mem.Close() })
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusInternalServerError) })
+	gw, srv, logs := observedGateway(t, mem, genericRoute("orders", "/hooks/orders", up.URL))
+	key := dedup.Key{Namespace: "orders", ID: "evt_1"}
+	if _, err := mem.Claim(context.Background(), key, dedup.ClaimOptions{Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Minute) // that claim's gateway crashed
+	for i, wantTakeovers := range []float64{1, 1} {
+		if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusInternalServerError {
+			t.Fatalf("delivery %d: got %d, want 500", i+1, resp.Status)
+		}
+		rec, err := mem.Get(context.Background(), key)
+		if err != nil || !rec.MaybeProcessed {
+			t.Fatalf("after delivery %d: got record %+v (%v), want one marked maybe_processed", i+1, rec, err)
+		}
+		if got := counterValue(t, gw.metrics.takeovers, "orders"); got != wantTakeovers {
+			t.Errorf("after delivery %d: dedupgw_lease_takeovers_total: got %v, want %v", i+1, got, wantTakeovers)
+		}
+	}
+	if got := logs.FilterLevelExact(zapcore.WarnLevel).FilterMessageSnippet("lease lapsed").Len(); got != 1 {
+		t.Errorf("takeover lines: got %d, want 1", got)
+	}
+}
