@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -558,5 +559,48 @@ func TestRejectedSIGHUPReloadIsNotTriedAgain(t *testing.T) {
 	}
 	if err := p.stop(); err != nil {
 		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
+// TestConfigFromAPipeIsNotFollowed: a config read from a pipe (a named
+// one, /dev/stdin, a shell's <(…)) has no next content to compare: read
+// again it blocks until another writer comes, or reads empty. Such a file
+// is not followed, and a read of one by the watcher never blocks, so the
+// drain, which stops the watcher, cannot hang on it.
+func TestConfigFromAPipeIsNotFollowed(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "config.yaml")
+	if err := mkfifo(fifo); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	const text = "routes:\n  - name: a\n    path: /a\n    upstream: http://127.0.0.1:1\n    keys: [\"body\"]\n"
+	wrote := make(chan error, 1)
+	go func() { wrote <- os.WriteFile(fifo, []byte(text), 0o600) }()
+	f, err := Load(fifo, nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	if got := f.watchedFiles(); len(got) != 0 {
+		t.Errorf("files followed: got %v, want none", slices.Collect(maps.Keys(got)))
+	}
+
+	read := make(chan fileState, 1)
+	go func() { read <- configStateOf(fifo) }()
+	t.Cleanup(func() {
+		// Release a read that blocked: a writer that opens and closes.
+		if fh, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			fh.Close()
+		}
+	})
+	select {
+	case st := <-read:
+		if st.err == "" {
+			t.Errorf("configStateOf(a FIFO): got a content, want an error state")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("configStateOf(a FIFO): still blocked after 5s")
 	}
 }
