@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"maps"
 	"math"
 	"net/netip"
@@ -443,6 +444,27 @@ func (ps Problems) errOrNil() error {
 	return ps
 }
 
+// readConfig reads the configuration file at path whole, and reports
+// whether it is a regular file: serve follows only those (watchedFiles). A
+// pipe (a FIFO, /dev/stdin, a shell's <(…)) is read as well, but read
+// again it blocks or reads empty.
+func readConfig(path string) (text []byte, regular bool, err error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, false, err
+	}
+	defer fh.Close()
+	fi, err := fh.Stat()
+	if err != nil {
+		return nil, false, err
+	}
+	text, err = io.ReadAll(fh)
+	if err != nil {
+		return nil, false, err
+	}
+	return text, fi.Mode().IsRegular(), nil
+}
+
 // EnvPrefix starts the names of the environment variables that override
 // scalar keys: store.redis.addrs is DEDUPGW_STORE_REDIS_ADDRS.
 const EnvPrefix = "DEDUPGW_"
@@ -463,7 +485,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	if env == nil {
 		env = func(string) (string, bool) { return "", false }
 	}
-	text, err := os.ReadFile(path)
+	text, regular, err := readConfig(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config %s: %w", path, err)
 	}
@@ -483,7 +505,7 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 		fileContents: map[string][]hiddenText{}, files: map[string]fileState{},
 		fromEnv: map[string]string{}, undecoded: map[string]bool{},
 	}
-	if abs, err := filepath.Abs(path); err == nil {
+	if abs, err := filepath.Abs(path); err == nil && regular {
 		f.source, f.sourceRead = abs, stateOf(text, nil)
 	}
 	var ps Problems

@@ -102,7 +102,14 @@ var afterRefStat = func(string) {}
 // readRefFile reads the regular file at path, up to maxFileRef bytes. An
 // error from the file system is returned without the path (the caller
 // names it once).
-func readRefFile(path string) ([]byte, error) {
+func readRefFile(path string) ([]byte, error) { return readRegular(path, maxFileRef) }
+
+// readRegular reads the regular file at path, and fails with
+// errRefTooLarge when it is longer than limit bytes (limit < 0: no
+// limit). It never blocks on a FIFO: one is refused (errRefIrregular), as
+// a directory is (errRefDir). An error from the file system is returned
+// without the path.
+func readRegular(path string, limit int64) ([]byte, error) {
 	// Stat first: opening a FIFO would block.
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -125,11 +132,15 @@ func readRefFile(path string) ([]byte, error) {
 	if fi, err := fh.Stat(); err != nil || !fi.Mode().IsRegular() {
 		return nil, errRefIrregular
 	}
-	b, err := io.ReadAll(io.LimitReader(fh, maxFileRef+1))
+	var r io.Reader = fh
+	if limit >= 0 {
+		r = io.LimitReader(fh, limit+1)
+	}
+	b, err := io.ReadAll(r)
 	if err != nil {
 		return nil, bare(err)
 	}
-	if len(b) > maxFileRef {
+	if limit >= 0 && int64(len(b)) > limit {
 		return nil, errRefTooLarge
 	}
 	return b, nil
@@ -165,8 +176,9 @@ func (f *File) watchedFiles() map[string]fileState {
 }
 
 // configStateOf reads the configuration file at path (absolute) as Load
-// does, whatever its size, and returns its state.
-func configStateOf(path string) fileState { return stateOf(os.ReadFile(path)) }
+// does, whatever its size, and returns its state. A file that is not
+// regular (Load follows none) is an error state, read without blocking.
+func configStateOf(path string) fileState { return stateOf(readRegular(path, -1)) }
 
 // fileStateOf reads the file at path (absolute) as a reference would, and
 // returns its state.
