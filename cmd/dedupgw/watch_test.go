@@ -604,3 +604,36 @@ func TestConfigFromAPipeIsNotFollowed(t *testing.T) {
 		t.Fatal("configStateOf(a FIFO): still blocked after 5s")
 	}
 }
+
+// TestSIGHUPReloadIsNotRepeatedByTheWatch: a config file a SIGHUP's reload
+// read is not reported again by the watch, whether the reload applied it
+// or rejected it, so a bad edit followed by a SIGHUP is one rejected
+// reload, not one more at the next read.
+func TestSIGHUPReloadIsNotRepeatedByTheWatch(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(t *testing.T, cfg, text string)
+		log  string
+	}{
+		{"valid", func(t *testing.T, cfg, text string) { writeFileAtomic(t, cfg, text+"# edited\n") }, "config reloaded"},
+		{"invalid", func(t *testing.T, cfg, _ string) { writeFileAtomic(t, cfg, "routes: []\n") }, "config reload rejected: keeping the running config"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg, text := tokenConfig(t, dir, "http://127.0.0.1:1")
+			p := startInProcess(t, cfg) // the watcher does not tick by itself
+			tt.edit(t, cfg, text)
+			p.sigs <- syscall.SIGHUP
+			p.waitLog(tt.log, 1)
+			if err := p.stop(); err != nil {
+				t.Errorf("run: got %v, want nil", err)
+			}
+			// The run loop is gone: this read is the watch's next one.
+			p.srv.watch.poll()
+			if got := p.srv.watch.Take(); len(got) != 0 {
+				t.Errorf("the watch's next read: got changed %q, want nothing (the SIGHUP read it)", got)
+			}
+		})
+	}
+}
