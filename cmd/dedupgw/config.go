@@ -444,6 +444,30 @@ func (ps Problems) errOrNil() error {
 	return ps
 }
 
+// sourceError is Load's error for a configuration file it could not read
+// or parse, with what it read of the file (as watchedFiles gives it), so
+// that serve's watch takes that content as tried: a SIGHUP's reload of a
+// half-edited file is one rejected reload, not one more at the watch's
+// next read.
+type sourceError struct {
+	err    error
+	source string // the file's absolute path, "" when unknown
+	read   fileState
+}
+
+func (e *sourceError) Error() string { return e.err.Error() }
+func (e *sourceError) Unwrap() error { return e.err }
+
+// newSourceError returns err with the state read of the configuration
+// file at path.
+func newSourceError(path string, read fileState, err error) error {
+	abs, aerr := filepath.Abs(path)
+	if aerr != nil {
+		abs = ""
+	}
+	return &sourceError{err: err, source: abs, read: read}
+}
+
 // readConfig reads the configuration file at path whole, and reports
 // whether it is a regular file: serve follows only those (watchedFiles). A
 // pipe (a FIFO, /dev/stdin, a shell's <(…)) is read as well, but read
@@ -487,16 +511,16 @@ func Load(path string, env func(string) (string, bool)) (*File, error) {
 	}
 	text, regular, err := readConfig(path)
 	if err != nil {
-		return nil, fmt.Errorf("read config %s: %w", path, err)
+		return nil, newSourceError(path, stateOf(nil, bare(err)), fmt.Errorf("read config %s: %w", path, err))
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(text, &doc); err != nil {
-		return nil, fmt.Errorf("read config %s: %w", path, syntaxError(text, err))
+		return nil, newSourceError(path, stateOf(text, nil), fmt.Errorf("read config %s: %w", path, syntaxError(text, err)))
 	}
 	v := viper.NewWithOptions(viper.KeyDelimiter("\x00")) // "a.b: x" is a key of its own, not a: {b: x}
 	v.SetConfigType("yaml")
 	if err := v.ReadConfig(bytes.NewReader(text)); err != nil {
-		return nil, fmt.Errorf("read config %s: %w", path, err)
+		return nil, newSourceError(path, stateOf(text, nil), fmt.Errorf("read config %s: %w", path, err))
 	}
 	raw := v.AllSettings()
 

@@ -545,10 +545,13 @@ func changedKeys(prefix string, a, b reflect.Value) []string {
 // applied.
 func (s *server) reload() {
 	f, err := loadConfig(s.path, s.env)
+	// What this load read of the files followed is tried now, and need
+	// not be tried again, whether or not the reload succeeds: also a
+	// config file it could not read or parse.
 	if f != nil {
-		// What this load read of the files followed is tried now, and
-		// need not be tried again, whether or not the reload succeeds.
 		s.watch.Saw(f.watchedFiles())
+	} else if se, ok := errors.AsType[*sourceError](err); ok && se.source != "" {
+		s.watch.Saw(map[string]fileState{se.source: se.read})
 	}
 	if err != nil {
 		s.gw.ReloadFailed()

@@ -606,9 +606,10 @@ func TestConfigFromAPipeIsNotFollowed(t *testing.T) {
 }
 
 // TestSIGHUPReloadIsNotRepeatedByTheWatch: a config file a SIGHUP's reload
-// read is not reported again by the watch, whether the reload applied it
-// or rejected it, so a bad edit followed by a SIGHUP is one rejected
-// reload, not one more at the next read.
+// read is not reported again by the watch, whether the reload applied it,
+// rejected it (an invalid, unparsable or missing file), so a bad edit
+// followed by a SIGHUP is one rejected reload, not one more at the next
+// read.
 func TestSIGHUPReloadIsNotRepeatedByTheWatch(t *testing.T) {
 	tests := []struct {
 		name string
@@ -617,6 +618,12 @@ func TestSIGHUPReloadIsNotRepeatedByTheWatch(t *testing.T) {
 	}{
 		{"valid", func(t *testing.T, cfg, text string) { writeFileAtomic(t, cfg, text+"# edited\n") }, "config reloaded"},
 		{"invalid", func(t *testing.T, cfg, _ string) { writeFileAtomic(t, cfg, "routes: []\n") }, "config reload rejected: keeping the running config"},
+		{"unparsable", func(t *testing.T, cfg, _ string) { writeFileAtomic(t, cfg, "routes: [\n") }, "config reload rejected: keeping the running config"},
+		{"missing", func(t *testing.T, cfg, _ string) {
+			if err := os.Remove(cfg); err != nil {
+				t.Fatal(err)
+			}
+		}, "config reload rejected: keeping the running config"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
