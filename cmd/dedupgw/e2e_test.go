@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -995,5 +996,30 @@ func TestE2EDashboardRuntimeSeries(t *testing.T) {
 		if !regexp.MustCompile(`(?m)^` + name + `[ {]`).Match(b) {
 			t.Errorf("dashboard queries %s: got no such series on /metrics", name)
 		}
+	}
+}
+
+// TestE2EServeNamesTheOverrideAMisspeltVariableMeant: serve's start-up
+// warning about a DEDUPGW_* variable that overrides nothing carries the
+// override it is closest to as did_you_mean, as validate's does; a name
+// close to none gets no guess.
+func TestE2EServeNamesTheOverrideAMisspeltVariableMeant(t *testing.T) {
+	const msg = "environment variable overrides no configuration key; ignored (misspelt?)"
+	g := startGateway(t, gwConfig(t, t.TempDir(), "http://127.0.0.1:3000", "", ""),
+		"DEDUPGW_LOG_LEVLE=debug", "DEDUPGW_SOMETHING_ELSE=1")
+	got := map[string]string{}
+	for line := range strings.Lines(g.logs()) {
+		var e struct {
+			Msg        string `json:"msg"`
+			Variable   string `json:"variable"`
+			DidYouMean string `json:"did_you_mean"`
+		}
+		if json.Unmarshal([]byte(line), &e) == nil && e.Msg == msg {
+			got[e.Variable] = e.DidYouMean
+		}
+	}
+	want := map[string]string{"DEDUPGW_LOG_LEVLE": "DEDUPGW_LOG_LEVEL", "DEDUPGW_SOMETHING_ELSE": ""}
+	if !maps.Equal(got, want) {
+		t.Errorf("warnings (variable: did_you_mean): got %v, want %v", got, want)
 	}
 }
