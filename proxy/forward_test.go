@@ -300,7 +300,7 @@ func TestReplayWriteIsBoundedAboveTheServersBuffer(t *testing.T) {
 			return ok
 		}
 		rec := dedup.Record{State: dedup.StateProcessed, Response: &dedup.Response{Status: 200, Body: bytes.Repeat([]byte("x"), tc.size)}}
-		h.gw.answerDuplicate(w, req, &delivery{rt: rt, clientKey: "k"}, rec)
+		h.gw.answerDuplicate(w, req, &delivery{rt: rt, clientKey: "k"}, nil, rec)
 		if bound := len(w.deadlines) > 0; bound != tc.wantBound || w.wasCut != tc.wantBound {
 			t.Errorf("a %d-byte replay: got deadlines %v, registered for Close %v; want bound %v", tc.size, w.deadlines, w.wasCut, tc.wantBound)
 		}

@@ -247,7 +247,7 @@ func (g *Gateway) decide(w http.ResponseWriter, r *http.Request, d *delivery, bo
 		g.forward(w, r, d, body, statusForwarded)
 	case dedup.Duplicate:
 		d.outcome = outcomeDuplicate
-		d.answer = g.answerDuplicate(w, r, d, res.Record)
+		d.answer = g.answerDuplicate(w, r, d, body, res.Record)
 	case dedup.Conflict:
 		g.rejectFingerprint(w, d)
 	case dedup.InFlight:
@@ -350,7 +350,7 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 				return
 			}
 			d.outcome = outcomeDuplicate
-			d.answer = g.answerDuplicate(w, r, d, cur)
+			d.answer = g.answerDuplicate(w, r, d, body, cur)
 			return
 		case err == nil && cur.State == dedup.StateProcessing:
 			rec = cur
@@ -567,14 +567,21 @@ func readExactly(r io.Reader, n int) ([]byte, error) {
 // them.)
 const bigReplay = 2 << 10 // net/http's bufferBeforeChunkingSize
 
-// bodyDiffers reports whether d, a duplicate of rec, is another request
-// than the one rec recorded: by fingerprint when both have one, else by
-// the body's SHA-256 (a record without one is not compared).
-func bodyDiffers(d *delivery, rec dedup.Record) bool {
+// bodyDiffers reports whether d, with body, a duplicate of rec, is
+// another request than the one rec recorded: by fingerprint when both
+// have one, else by the body's SHA-256 (a record without one is not
+// compared), unless d's key is the body's own canonical hash
+// (providers.BodyKey), which only the same payload has.
+func bodyDiffers(d *delivery, body []byte, rec dedup.Record) bool {
 	if d.fingerprint != "" && rec.Fingerprint != "" {
 		return rec.Fingerprint != d.fingerprint
 	}
-	return rec.BodySHA256 != "" && d.bodySHA != "" && rec.BodySHA256 != d.bodySHA
+	if rec.BodySHA256 == "" || d.bodySHA == "" || rec.BodySHA256 == d.bodySHA {
+		return false
+	}
+	// Rare (a differing body), so the canonical hash is worked out here
+	// rather than for every delivery.
+	return d.clientKey != providers.BodyKey(body)
 }
 
 // answerDuplicate answers a duplicate with writeDuplicate, the stored answer
@@ -592,9 +599,10 @@ func bodyDiffers(d *delivery, rec dedup.Record) bool {
 // On a route that fingerprints its requests the fingerprint decides what
 // the same request is (a retry with another request_time, or its keys in
 // another order, is one), so a record bound to a fingerprint is never
-// flagged: another one would have been a conflict.
-func (g *Gateway) answerDuplicate(w http.ResponseWriter, r *http.Request, d *delivery, rec dedup.Record) int {
-	if bodyDiffers(d, rec) {
+// flagged: another one would have been a conflict. Nor is a copy keyed by
+// its own canonical body (the body source): its key is its payload.
+func (g *Gateway) answerDuplicate(w http.ResponseWriter, r *http.Request, d *delivery, body []byte, rec dedup.Record) int {
+	if bodyDiffers(d, body, rec) {
 		d.bodyDiffers = true
 		d.rt.metrics.bodyDiffers.Inc()
 	}

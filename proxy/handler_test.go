@@ -1664,8 +1664,17 @@ func TestDuplicateWithAnotherBody(t *testing.T) {
 	}
 }
 
+// bodyRoute is a generic route "payments" keyed by its body alone.
+func bodyRoute(upstreamURL string) Route {
+	r := genericRoute("payments", "/api/payments/*", upstreamURL)
+	r.Provider.Keys = []string{"body"}
+	return r
+}
+
 // TestBodyDiffersOnlyForAnotherRequest: body_differs means the key named
-// another request than the first. On an API route that fingerprints its
+// another request than the first. A key that is the body's own hash (the
+// body source, canonical JSON) names the payload itself: a copy with its
+// keys in another order or other spacing is the same payload. On an API route that fingerprints its
 // requests, the fingerprint says what the same request is: a retry whose
 // excluded field (request_time) or key order changed is the same request,
 // its body bytes aside (on_fingerprint_mismatch: reject answers 422 for
@@ -1687,6 +1696,8 @@ func TestBodyDiffersOnlyForAnotherRequest(t *testing.T) {
 			`{"amount":100,"currency":"eur"}`, `{"currency":"eur","amount":100}`, "duplicate", false},
 		{"not fingerprinted, a field changed", genericRoute("payments", "/api/payments/*", up.URL), nil,
 			`{"amount":100,"request_time":1}`, `{"amount":100,"request_time":2}`, "duplicate", true},
+		{"keyed by the body, keys reordered", bodyRoute(up.URL), nil,
+			`{"amount":100,"currency":"eur"}`, `{"currency":"eur", "amount":100}`, "duplicate", false},
 		{"a record without a body hash", genericRoute("payments", "/api/payments/*", up.URL),
 			func(t *testing.T, s dedup.Store) {
 				k := dedup.Key{Namespace: "payments", ID: "k-1"}
