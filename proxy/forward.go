@@ -392,7 +392,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, d *delivery, b
 		defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
 	}
 	d.forwarded = true
-	d.fwdStart = time.Now()
+	d.fwdStart, d.fwdDeadline = time.Now(), deadline
 	d.rt.proxy.ServeHTTP(w, out)
 }
 
@@ -448,7 +448,10 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 		return nil // nothing to settle or record
 	}
 	ok := resp.StatusCode >= 200 && resp.StatusCode <= 299
-	if d.token != "" {
+	if d.token != "" && time.Until(d.fwdDeadline) < 2*g.storeTimeout {
+		// The settle may outlast the forward's deadline (it takes at
+		// most the store timeout): read the answer first, while the
+		// forward still may.
 		g.readAnswer(d, resp)
 	}
 	var stored *dedup.Response
@@ -467,10 +470,12 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 }
 
 // readAnswer reads the upstream's answer body, up to copyBufferSize bytes,
-// before the claim is settled: a commit or release may end after the
-// forward's deadline (a slow store, which the lease's commit reserve
-// allows for), and the body left unread then would be read on an expired
-// forward and cut short, although the sender gets the upstream's status.
+// before the claim is settled, when that settle may end after the
+// forward's deadline (an answer that came late, a slow store, which the
+// lease's commit reserve allows for): the body left unread would then be
+// read on an expired forward and cut short, although the sender gets the
+// upstream's status. An answer that comes with more than twice the store
+// timeout left is streamed after the settle, as before.
 // A body read to its end is then served from the buffer (an answer
 // delimited by its connection's close, as an HTTP/1.0 app sends it, needs
 // that connection no more); a longer one, or one whose read failed, has

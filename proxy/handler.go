@@ -74,6 +74,7 @@ type delivery struct {
 	header         http.Header  // the answer's header map, for status
 	body           bytes.Reader // the buffered body, read by the forward
 	fwdStart       time.Time
+	fwdDeadline    time.Time // the forward's (see forwardDeadline)
 	upstreamStatus int
 	upstreamErr    string
 
