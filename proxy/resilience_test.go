@@ -1338,3 +1338,43 @@ func TestRetryOfMaybeProcessedKeyIsNoTakeover(t *testing.T) {
 		t.Errorf("takeover lines: got %d, want 1", got)
 	}
 }
+
+// TestTruncatedAnswerIsNotServedWhole: an upstream whose connection drops
+// mid-body (fewer bytes than its Content-Length, or a chunked body without
+// its last chunk) is not passed on as a complete answer when the gateway
+// reads the answer before settling (a short upstream_timeout): the sender
+// sees the answer cut, as when it is streamed. The body's reader reports
+// such a cut as io.ErrUnexpectedEOF, which io.ReadFull also returns for a
+// short body that ended cleanly.
+func TestTruncatedAnswerIsNotServedWhole(t *testing.T) {
+	for name, head := range map[string]string{
+		"content-length": "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart of the answer",
+		"chunked":        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n12\r\npart of the answer\r\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+				conn, buf, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer conn.Close()
+				_, _ = buf.WriteString(head)
+				_ = buf.Flush()
+			})
+			r := genericRoute("orders", "/hooks/orders", up.URL)
+			r.UpstreamTimeout, r.Lease = time.Second, 10*time.Second // 2 × the store timeout is more: read first
+			_, srv, _ := observedGateway(t, memstore.New(memstore.Options{SweepInterval: -1}), r)
+
+			resp, err := http.Post(srv.URL+"/hooks/orders", "application/json", strings.NewReader(`{"id":"evt_1"}`))
+			if err != nil {
+				return // cut before the headers went out (the gateway aborts the answer): cut as well
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err == nil {
+				t.Errorf("answer: got %d %q read whole, want the sender to see it cut", resp.StatusCode, body)
+			}
+		})
+	}
+}
