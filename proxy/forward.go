@@ -485,8 +485,17 @@ func (g *Gateway) readAnswer(d *delivery, resp *http.Response) {
 		return
 	}
 	buf := g.buffers.Get()
-	n, err := io.ReadFull(resp.Body, buf)
-	if err == io.EOF || err == io.ErrUnexpectedEOF { // the whole body
+	// Not io.ReadFull: it reports a short body's clean end as
+	// io.ErrUnexpectedEOF, the error the body's reader returns for a body
+	// cut mid-way (a dropped connection), which must reach the sender cut.
+	var n int
+	var err error
+	for n < len(buf) && err == nil {
+		var nn int
+		nn, err = resp.Body.Read(buf[n:])
+		n += nn
+	}
+	if err == io.EOF { // the whole body
 		_ = resp.Body.Close()
 		d.upBuf, d.upPool = buf, g.buffers
 		d.upBody.Reset(buf[:n])
@@ -495,6 +504,8 @@ func (g *Gateway) readAnswer(d *delivery, resp *http.Response) {
 	}
 	read := bytes.Clone(buf[:n])
 	g.buffers.Put(buf)
+	// The rest of the body, or its read error again (the transport's
+	// body reports it on every later read).
 	resp.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(read), resp.Body), Closer: resp.Body}
 }
 
