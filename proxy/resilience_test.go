@@ -1378,3 +1378,39 @@ func TestTruncatedAnswerIsNotServedWhole(t *testing.T) {
 		})
 	}
 }
+
+// TestSwitchingProtocolsIsNotReadFirst: a 101's body is the upgraded
+// connection. The gateway does not tunnel upgrades (the request's Upgrade
+// is not forwarded, so the ReverseProxy answers 502), and it must say so
+// at once, not read the tunnel first until the forward's deadline, as
+// readAnswer would when that deadline is near.
+func TestSwitchingProtocolsIsNotReadFirst(t *testing.T) {
+	answered := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\nhello")
+		_ = buf.Flush()
+		<-answered // the tunnel stays open until the sender has its answer
+	})
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	// Less than twice the store timeout (5s): the answer is read before
+	// the settle. Far longer than the sender waits below.
+	r.UpstreamTimeout, r.Lease = 9*time.Second, time.Minute
+	_, srv, _ := observedGateway(t, memstore.New(memstore.Options{SweepInterval: -1}), r)
+
+	client := &http.Client{Timeout: 3 * time.Second}
+	resp, err := client.Post(srv.URL+"/hooks/orders", "application/json", strings.NewReader(`{"id":"evt_1"}`))
+	close(answered)
+	if err != nil {
+		t.Fatalf("answer: got %v, want the gateway's 502 at once", err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("answer: got %d, want 502", resp.StatusCode)
+	}
+}
