@@ -481,7 +481,8 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 // that connection no more); a longer one, or one whose read failed, has
 // the part read put back in front of the rest. Webhook answers are small.
 func (g *Gateway) readAnswer(d *delivery, resp *http.Response) {
-	if resp.Body == nil || resp.Body == http.NoBody {
+	if resp.Body == nil || resp.Body == http.NoBody || resp.StatusCode < 200 {
+		// A 101's body is the upgraded connection, tunnelled as it is.
 		return
 	}
 	buf := g.buffers.Get()
