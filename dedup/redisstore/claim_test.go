@@ -359,3 +359,24 @@ func TestHeldKeysSettleTime(t *testing.T) {
 		t.Errorf("a claim settled just now: got dropped, want held")
 	}
 }
+
+// TestHeldKeysSettleTimeOfAnotherToken: a settle by a token that no longer
+// holds the key here (an older claim's retry, still under way when this
+// Store claimed the key anew) does not take the key's entry from the claim
+// that holds it: that claim's retry still sends its first try's time.
+func TestHeldKeysSettleTimeOfAnotherToken(t *testing.T) {
+	var h heldKeys
+	const t0 = int64(1_700_000_000_000)
+	h.claimed("k", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "new"}, t0)
+	if got := h.settleTime("k", "new", t0+10); got != t0+10 {
+		t.Fatalf("the new claim's first settle: got %d, want 10", got-t0)
+	}
+	h.settleTime("k", "old", t0+20) // the older claim's retry
+	h.finished("k", "old")          // answered: not the owner
+	if got := h.settleTime("k", "new", t0+30); got != t0+10 {
+		t.Errorf("the new claim's settle tried again: got %d, want its first try's 10", got-t0)
+	}
+	if !h.has("k") {
+		t.Errorf("after the older claim's settle: got k not held, want held by the new claim")
+	}
+}
