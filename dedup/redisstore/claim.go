@@ -53,6 +53,11 @@ import (
 type heldKeys struct {
 	mu sync.Mutex
 	m  map[string]heldClaim // by Redis key
+	// others are the stamps of settles by a token that does not hold its
+	// key in m (an older claim's retry, still under way when this Store
+	// claimed the key anew): kept apart, so they do not take the key's
+	// entry, and its stamp, from the claim that holds it.
+	others map[heldID]heldClaim
 	// pruned is when settleTime last dropped stale stamps (store clock, ms).
 	pruned int64
 }
@@ -70,6 +75,9 @@ type heldClaim struct {
 // longer is dropped; a caller that still settles it then sends a time of
 // its own.
 const staleHeld = leaseGrace
+
+// heldID names a settle in heldKeys.others: its Redis key and token.
+type heldID struct{ key, token string }
 
 // claimed records res's claim of key at now (ms), if res claimed it.
 func (h *heldKeys) claimed(key string, res dedup.ClaimResult, now int64) {
@@ -106,10 +114,28 @@ func (h *heldKeys) settleTime(key, token string, now int64) int64 {
 				delete(h.m, k)
 			}
 		}
+		for id, c := range h.others {
+			if now-c.settleAt > staleHeld.Milliseconds() {
+				delete(h.others, id)
+			}
+		}
 		h.pruned = now
 	}
 	c, ok := h.m[key]
-	if !ok || c.token != token {
+	switch {
+	case ok && c.token != token:
+		// Held here by another claim: the stamp is kept apart.
+		id := heldID{key, token}
+		o, ok := h.others[id]
+		if !ok {
+			if h.others == nil {
+				h.others = make(map[heldID]heldClaim)
+			}
+			o = heldClaim{token: token, since: now, settleAt: now}
+			h.others[id] = o
+		}
+		return o.settleAt
+	case !ok:
 		// Not claimed by this Store (another process's, or a Store opened
 		// since): stamped all the same, for the caller's retry.
 		c = heldClaim{token: token, since: now}
@@ -128,6 +154,7 @@ func (h *heldKeys) finished(key, token string) {
 	if h.m[key].token == token {
 		delete(h.m, key)
 	}
+	delete(h.others, heldID{key, token})
 	h.mu.Unlock()
 }
 

@@ -337,11 +337,11 @@ func TestHeldKeysSettleTime(t *testing.T) {
 	if h.has("dup") {
 		t.Errorf("a duplicate: got held, want not (only claims are held)")
 	}
-	h.finished("k", "a") // not k's token any more: nothing happens
+	h.finished("k", "b") // b's settle answered: a still holds k
 	if !h.has("k") {
-		t.Errorf("finished with a token that no longer holds the key: got k dropped, want kept")
+		t.Errorf("finished by a token that does not hold the key: got k dropped, want kept")
 	}
-	h.finished("k", "b")
+	h.finished("k", "a")
 	if h.has("k") {
 		t.Errorf("finished: got k held, want dropped")
 	}
@@ -378,5 +378,10 @@ func TestHeldKeysSettleTimeOfAnotherToken(t *testing.T) {
 	}
 	if !h.has("k") {
 		t.Errorf("after the older claim's settle: got k not held, want held by the new claim")
+	}
+	h.settleTime("k", "older", t0+40) // never finished
+	h.settleTime("x", "y", t0+40+staleHeld.Milliseconds()+1)
+	if len(h.others) != 0 {
+		t.Errorf("a settle of another token, never finished, %v later: got %d kept, want dropped", staleHeld, len(h.others))
 	}
 }
