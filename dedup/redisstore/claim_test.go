@@ -385,3 +385,18 @@ func TestHeldKeysSettleTimeOfAnotherToken(t *testing.T) {
 		t.Errorf("a settle of another token, never finished, %v later: got %d kept, want dropped", staleHeld, len(h.others))
 	}
 }
+
+// TestHeldKeysPrunesByLastUse: a claim is dropped once staleHeld passed
+// since its first settle, not since the claim (a long lease's settle and
+// its retries keep their stamp).
+func TestHeldKeysPrunesByLastUse(t *testing.T) {
+	var h heldKeys
+	const t0 = int64(1_700_000_000_000)
+	stale := staleHeld.Milliseconds()
+	h.claimed("k", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "a"}, t0)
+	h.settleTime("k", "a", t0+stale-1)
+	h.settleTime("x", "y", t0+stale+2*time.Minute.Milliseconds()) // prunes
+	if got := h.settleTime("k", "a", t0+stale+3*time.Minute.Milliseconds()); got != t0+stale-1 {
+		t.Errorf("a retry %v after the claim, minutes after its first settle: got %d, want the first settle's time", staleHeld, got-t0)
+	}
+}
