@@ -84,6 +84,7 @@ type failOpenQueue struct {
 // with status (0 when it did not answer, with errText) and, on a replay
 // route's 2xx, stored, to be recorded once the store answers.
 func (g *Gateway) recordLater(d *delivery, status int, errText string, stored *dedup.Response) {
+	d.settled = true // once: a 101 whose tunnel then fails comes back through errorHandler
 	if !d.keyed {
 		return
 	}

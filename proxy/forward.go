@@ -595,6 +595,9 @@ func (g *Gateway) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	d.maybeProcessed = d.maybeProcessed || mayHaveReached(err)
 	d.rt.log.Warn("upstream failed", keyField(d.clientKey), zap.String("reason", reason), zap.Bool("maybe_processed", d.maybeProcessed), zap.Error(err))
 	switch {
+	case d.settled:
+		// modifyResponse settled the claim on the answer's status (a
+		// 101 whose tunnel then failed): that was the upstream's answer.
 	case d.token != "":
 		g.release(r.Context(), d, reason, 0, text)
 	case d.status == statusStoreError:

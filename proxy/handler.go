@@ -63,7 +63,8 @@ type delivery struct {
 	// leaseBound is set when the forward's deadline is the lease's
 	// (leaseEnd minus the commit reserve), not upstream_timeout.
 	leaseBound bool
-	// settled is set once the claim was committed or released.
+	// settled is set once the claim was committed or released, or a
+	// fail-open forward's outcome queued for recording (recordLater).
 	settled bool
 	// detached is the request's context without its cancellation, made
 	// once (see detach).

@@ -1401,7 +1401,7 @@ func TestSwitchingProtocolsIsNotReadFirst(t *testing.T) {
 	// Less than twice the store timeout (5s): the answer is read before
 	// the settle. Far longer than the sender waits below.
 	r.UpstreamTimeout, r.Lease = 9*time.Second, time.Minute
-	_, srv, _ := observedGateway(t, memstore.New(memstore.Options{SweepInterval: -1}), r)
+	gw, srv, logs := observedGateway(t, memstore.New(memstore.Options{SweepInterval: -1}), r)
 
 	client := &http.Client{Timeout: 3 * time.Second}
 	resp, err := client.Post(srv.URL+"/hooks/orders", "application/json", strings.NewReader(`{"id":"evt_1"}`))
@@ -1412,5 +1412,13 @@ func TestSwitchingProtocolsIsNotReadFirst(t *testing.T) {
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Errorf("answer: got %d, want 502", resp.StatusCode)
+	}
+	// The 101 released the claim; the failed tunnel that follows does not
+	// release it again (which found it gone: a false lost lease).
+	if got := logs.FilterMessageSnippet("lease lost before release").Len(); got != 0 {
+		t.Errorf("lease lost lines: got %d, want 0", got)
+	}
+	if got := testutil.ToFloat64(gw.metrics.releases.WithLabelValues("orders", reasonUpstreamStatus)) + testutil.ToFloat64(gw.metrics.releases.WithLabelValues("orders", reasonUpstreamError)); got != 1 {
+		t.Errorf("releases counted: got %v, want 1", got)
 	}
 }
