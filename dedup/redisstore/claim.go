@@ -92,14 +92,16 @@ func (h *heldKeys) claimed(key string, res dedup.ClaimResult, now int64) {
 	h.mu.Unlock()
 }
 
-// settleTime returns the time a Commit or Release of key by token sends:
-// now for the first, and the first's time for one after it. A settle
+// settleTime returns the completed_at a Commit or Release of key by token
+// sends: now for the first, and the first's for one after it. A settle
 // whose reply was lost may still have been applied (a timeout while Redis
 // stalled, a connection cut after the write), and its caller tries again
-// later (the gateway's background retry): the same arguments let commit.lua
-// and release.lua take that try for a repeat of the applied one, where a
-// later time would read as another owner's write, and the caller would
-// report a lost lease for an event that is recorded. Stamps of settles
+// later (the gateway's background retry): the same completed_at lets
+// commit.lua and release.lua take that try for a repeat of the applied
+// one, where a later one would read as another owner's write, and the
+// caller would report a lost lease for an event that is recorded. The
+// expiry each try sends counts from its own now, so a window shorter than
+// the retries does not write a record already expired. Stamps of settles
 // not finished (see finished) are dropped once staleHeld old, checked
 // once a minute.
 func (h *heldKeys) settleTime(key, token string, now int64) int64 {

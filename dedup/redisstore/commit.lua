@@ -2,7 +2,8 @@
 --
 -- ARGV[1] now, ms, decimal (not compared: the token decides)
 -- ARGV[2] owner token
--- ARGV[3] completed_at (now), base 36
+-- ARGV[3] completed_at, base 36: now, or the first try's time when the
+--         caller tries again (a repeat is told by it, see below)
 -- ARGV[4] expires_at (now + window), base 36
 -- ARGV[5] window, ms (TTL backstop)
 -- ARGV[6] result part (status, response), opaque here
@@ -18,10 +19,11 @@ local st, fs, exp, att, aux, clen, pos =
 if not st then
   return redis.error_reply('ERR dedupgw: undecodable record')
 end
-if st == 'd' and aux == ARGV[3] and exp == ARGV[4] and
+if st == 'd' and aux == ARGV[3] and
     string.sub(rec, pos + tonumber(clen)) == ARGV[6] then
-  -- Exactly what this call writes is already in place, to the millisecond:
-  -- the client re-sent the call after a lost reply.
+  -- What this call writes is already in place, with its completed_at to
+  -- the millisecond: the client re-sent the call after a lost reply, or
+  -- its caller tried it again later (with a later expires_at, not compared).
   return 1
 end
 -- The token decides, not the lease: a claim whose lease ran out still

@@ -290,10 +290,11 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	if opts.Window <= 0 {
 		return fmt.Errorf("redisstore: commit: window %s must be positive", opts.Window)
 	}
-	now := s.held.settleTime(rk, token, s.nowMS())
+	now := s.nowMS()
+	at := s.held.settleTime(rk, token, now)
 	windowMS := durationMS(opts.Window)
 	n, waitErr, err := s.settle(ctx, "commit", commitScript, rk,
-		now, token, base36(now), base36(now+windowMS),
+		now, token, base36(at), base36(now+windowMS),
 		windowMS, encodeResult(opts.Status, "", false, opts.Response),
 	)
 	if err != nil {
@@ -411,10 +412,11 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	if opts.Retain < 0 {
 		return fmt.Errorf("redisstore: release: retain %s must not be negative", opts.Retain)
 	}
-	now := s.held.settleTime(rk, token, s.nowMS())
+	now := s.nowMS()
+	at := s.held.settleTime(rk, token, now)
 	retainMS := durationMS(opts.Retain)
 	n, _, err := s.settle(ctx, "release", releaseScript, rk,
-		now, token, base36(now), base36(now+retainMS),
+		now, token, base36(at), base36(now+retainMS),
 		retainMS, encodeResult(opts.Status, opts.Error, opts.MaybeProcessed, nil),
 	)
 	if err != nil {

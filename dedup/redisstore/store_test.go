@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -495,6 +496,58 @@ func TestSettleRetriedAfterALostReplyIsNoLostLease(t *testing.T) {
 				t.Errorf("record after the retry: got completed_at %v (%v), want the first try's %v", got.CompletedAt, err, first.CompletedAt)
 			}
 		})
+	}
+}
+
+// A commit tried again after its first try failed unsent (Redis down)
+// counts its window from the try that lands, as a commit sent late would:
+// a window shorter than the retries does not write a record already
+// expired, whose key a copy would then claim again. (Found by a review:
+// the retry's repeat of the first try's time once covered the expiry too.)
+func TestCommitTriedAgainLaterKeepsItsWindow(t *testing.T) {
+	srv := redistest.StartWith(t, "--appendonly", "yes") // keeps the claim across the restart
+	var (
+		mu  sync.Mutex
+		now = time.Now()
+	)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	s, err := redisstore.New(redisstore.Config{Addrs: []string{srv.Addr()}, KeyPrefix: uniquePrefix()}, redisstore.Options{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	k := dedup.Key{Namespace: "n", ID: "evt_short_window"}
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim: got (%v, %v), want claimed", res.Outcome, err)
+	}
+	const window = 10 * time.Second
+	commit := func(ctx context.Context) error {
+		return s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: window, Status: 200})
+	}
+
+	srv.Shutdown()
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = commit(short)
+	cancel()
+	if err == nil {
+		t.Fatal("Commit while Redis is down: got nil, want an error")
+	}
+	mu.Lock()
+	now = now.Add(2 * window) // the caller tries again later than a window
+	retried := now
+	mu.Unlock()
+	srv.Start()
+	if err := commit(ctx); err != nil {
+		t.Fatalf("the commit tried again: got %v, want nil", err)
+	}
+	rec, err := s.Get(ctx, k)
+	if err != nil || rec.State != dedup.StateProcessed || !rec.ExpiresAt.Equal(retried.Add(window).Truncate(time.Millisecond)) {
+		t.Fatalf("record: got %v expiring %v (%v), want processed until %v", rec.State, rec.ExpiresAt, err, retried.Add(window))
+	}
+	if got, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || got.Outcome != dedup.Duplicate {
+		t.Errorf("a copy after the retry: got (%v, %v), want duplicate", got.Outcome, err)
 	}
 }
 
