@@ -1248,6 +1248,25 @@ func TestTakeoverIsLoggedAndCounted(t *testing.T) {
 	}
 }
 
+// rawUpstream is an upstream that answers every request with raw, written
+// on the connection as it is, and then closes the connection, once hold
+// returns when it is not nil.
+func rawUpstream(t *testing.T, raw string, hold func()) *upstream {
+	return newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		_, _ = buf.WriteString(raw)
+		_ = buf.Flush()
+		if hold != nil {
+			hold()
+		}
+	})
+}
+
 // slowSettleStore takes delay to Commit and Release: a store slow to
 // answer, as Redis is in a failover.
 type slowSettleStore struct {
@@ -1276,18 +1295,9 @@ func (s *slowSettleStore) Release(ctx context.Context, k dedup.Key, tok string, 
 func TestAnswerOutlivesASlowSettle(t *testing.T) {
 	for _, status := range []int{http.StatusOK, http.StatusInternalServerError} {
 		t.Run(http.StatusText(status), func(t *testing.T) {
-			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
-				// As an HTTP/1.0 app answers: no length, the body ends
-				// when the connection closes.
-				conn, buf, err := http.NewResponseController(w).Hijack()
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				defer conn.Close()
-				fmt.Fprintf(buf, "HTTP/1.0 %d %s\r\nContent-Type: text/plain\r\n\r\nthe application's answer", status, http.StatusText(status))
-				_ = buf.Flush()
-			})
+			// As an HTTP/1.0 app answers: no length, the body ends when
+			// the connection closes.
+			up := rawUpstream(t, fmt.Sprintf("HTTP/1.0 %d %s\r\nContent-Type: text/plain\r\n\r\nthe application's answer", status, http.StatusText(status)), nil)
 			mem := memstore.New(memstore.Options{SweepInterval: -1})
 			t.Cleanup(func() { mem.Close() })
 			r := genericRoute("orders", "/hooks/orders", up.URL)
@@ -1352,16 +1362,7 @@ func TestTruncatedAnswerIsNotServedWhole(t *testing.T) {
 		"chunked":        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n12\r\npart of the answer\r\n",
 	} {
 		t.Run(name, func(t *testing.T) {
-			up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
-				conn, buf, err := http.NewResponseController(w).Hijack()
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				defer conn.Close()
-				_, _ = buf.WriteString(head)
-				_ = buf.Flush()
-			})
+			up := rawUpstream(t, head, nil)
 			r := genericRoute("orders", "/hooks/orders", up.URL)
 			r.UpstreamTimeout, r.Lease = time.Second, 10*time.Second // 2 × the store timeout is more: read first
 			_, srv, _ := observedGateway(t, memstore.New(memstore.Options{SweepInterval: -1}), r)
@@ -1386,17 +1387,8 @@ func TestTruncatedAnswerIsNotServedWhole(t *testing.T) {
 // readAnswer would when that deadline is near.
 func TestSwitchingProtocolsIsNotReadFirst(t *testing.T) {
 	answered := make(chan struct{})
-	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) {
-		conn, buf, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close()
-		_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\nhello")
-		_ = buf.Flush()
-		<-answered // the tunnel stays open until the sender has its answer
-	})
+	// The tunnel stays open until the sender has its answer.
+	up := rawUpstream(t, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\nhello", func() { <-answered })
 	r := genericRoute("orders", "/hooks/orders", up.URL)
 	// Less than twice the store timeout (5s): the answer is read before
 	// the settle. Far longer than the sender waits below.
