@@ -470,12 +470,13 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 }
 
 // readAnswer reads the upstream's answer body, up to copyBufferSize bytes,
-// before the claim is settled, when that settle may end after the
-// forward's deadline (an answer that came late, a slow store, which the
-// lease's commit reserve allows for): the body left unread would then be
-// read on an expired forward and cut short, although the sender gets the
-// upstream's status. An answer that comes with more than twice the store
-// timeout left is streamed after the settle, as before.
+// before the claim is settled. modifyResponse calls it when that settle
+// may end after the forward's deadline (an answer that came late, a slow
+// store, which the lease's commit reserve allows for): the body left
+// unread would then be read on an expired forward and cut short, although
+// the sender gets the upstream's status. An answer that comes with more
+// than twice the store timeout left is streamed after the settle.
+//
 // A body read to its end is then served from the buffer (an answer
 // delimited by its connection's close, as an HTTP/1.0 app sends it, needs
 // that connection no more); a longer one, or one whose read failed, has
