@@ -290,17 +290,11 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 	if opts.Window <= 0 {
 		return fmt.Errorf("redisstore: commit: window %s must be positive", opts.Window)
 	}
-	now := s.nowMS()
-	at := s.held.settleTime(rk, token, now)
-	windowMS := durationMS(opts.Window)
-	n, waitErr, err := s.settle(ctx, "commit", commitScript, rk,
-		now, token, base36(at), base36(now+windowMS),
-		windowMS, encodeResult(opts.Status, "", false, opts.Response),
-	)
+	n, waitErr, err := s.settle(ctx, "commit", commitScript, rk, token, opts.Window,
+		encodeResult(opts.Status, "", false, opts.Response))
 	if err != nil {
-		return fmt.Errorf("redisstore: commit: %w", err) // a retry sends the same time (settleTime)
+		return fmt.Errorf("redisstore: commit: %w", err)
 	}
-	s.held.finished(rk, token)
 	if n != 1 {
 		return dedup.ErrNotOwner
 	}
@@ -337,11 +331,21 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 //
 // Each retry is logged at debug level.
 
-// settle runs script (commit.lua or release.lua, for op) on rk with args,
-// sending it again under the rules above. It returns the script's reply,
-// the replicas' verdict on the last try (see pipeliner.runWaited) and the
-// last try's error.
-func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk string, args ...any) (n int64, waitErr, err error) {
+// settle runs script (commit.lua or release.lua, for op) on rk for token,
+// writing result, expiring span from now, sending it again under the rules
+// above. Its completed_at is settleTime's: a caller's own later try repeats
+// the first one's. It returns the script's reply, the replicas' verdict on
+// the last try (see pipeliner.runWaited) and the last try's error; an
+// answer (any reply) finishes the claim in s.held.
+func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk, token string, span time.Duration, result string) (n int64, waitErr, err error) {
+	now := s.nowMS()
+	spanMS := durationMS(span)
+	args := []any{now, token, base36(s.held.settleTime(rk, token, now)), base36(now + spanMS), spanMS, result}
+	defer func() {
+		if err == nil {
+			s.held.finished(rk, token)
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		var cmd *redis.Cmd
 		cmd, waitErr = s.pipe.runWaited(ctx, script, rk, args...)
@@ -412,17 +416,11 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 	if opts.Retain < 0 {
 		return fmt.Errorf("redisstore: release: retain %s must not be negative", opts.Retain)
 	}
-	now := s.nowMS()
-	at := s.held.settleTime(rk, token, now)
-	retainMS := durationMS(opts.Retain)
-	n, _, err := s.settle(ctx, "release", releaseScript, rk,
-		now, token, base36(at), base36(now+retainMS),
-		retainMS, encodeResult(opts.Status, opts.Error, opts.MaybeProcessed, nil),
-	)
+	n, _, err := s.settle(ctx, "release", releaseScript, rk, token, opts.Retain,
+		encodeResult(opts.Status, opts.Error, opts.MaybeProcessed, nil))
 	if err != nil {
-		return fmt.Errorf("redisstore: release: %w", err) // a retry sends the same time (settleTime)
+		return fmt.Errorf("redisstore: release: %w", err)
 	}
-	s.held.finished(rk, token)
 	if n != 1 {
 		return dedup.ErrNotOwner
 	}
