@@ -508,6 +508,12 @@ func (g *Gateway) readAnswer(d *delivery, resp *http.Response) {
 	g.buffers.Put(buf)
 	// The rest of the body, or its read error again (the transport's
 	// body reports it on every later read).
+	putBack(resp, read)
+}
+
+// putBack puts read, what was read of resp's body, back in front of the
+// rest of it.
+func putBack(resp *http.Response, read []byte) {
 	resp.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(read), resp.Body), Closer: resp.Body}
 }
 
@@ -533,7 +539,7 @@ func (a *answerBody) Close() error {
 func (g *Gateway) captureResponse(d *delivery, resp *http.Response) *dedup.Response {
 	limit := d.rt.MaxReplayBytes
 	buf, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	resp.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(buf), resp.Body), Closer: resp.Body}
+	putBack(resp, buf)
 	if err != nil {
 		return nil
 	}
