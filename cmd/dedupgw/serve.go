@@ -894,8 +894,8 @@ const restartSlack = 5 * time.Second
 // master it has not seen before: a warning when it started since the last
 // answer and no failover promoted it (Redis restarted and holds only the
 // keys its persistence kept: every key, with appendonly; none, without
-// persistence), then the persistence and eviction checks of the start-up again, once
-// per read; an info line otherwise (a replica promoted by a failover, a
+// persistence), then the persistence and eviction checks of the start-up
+// again, once per read; an info line otherwise (a replica promoted by a failover, a
 // new Cluster master). A persistence that changed since the last read
 // (CONFIG SET appendonly no, a master replaced by one configured
 // otherwise) is logged, then checked as at start-up. A read that fails is
@@ -934,11 +934,12 @@ func (s *server) watchRedisRestarts(ctx context.Context, rs *redisstore.Store) {
 		}
 		// Persistence reads every master: once for all that restarted.
 		p, err := rs.Persistence(readCtx)
-		if err == nil && persists != "" && p != persists {
+		changed := err == nil && persists != "" && p != persists
+		if changed {
 			s.log.Info("Redis persists the dedup keys differently now (CONFIG SET, or a master configured otherwise)",
 				zap.String("was", persists), zap.String("now", p))
 		}
-		if restarted || (err == nil && persists != "" && p != persists) {
+		if restarted || changed {
 			logPersistence(p, err, s.log)
 		}
 		if err == nil {

@@ -8,17 +8,17 @@ import (
 )
 
 // defaultWatchInterval is how often serve reads the configuration file and
-// the files that the running configuration's ${file:PATH} references name. A Secret volume's update
-// reaches the pod within the kubelet's sync period (a minute or so); ten
-// seconds more is small beside it, and reading a few small files that
-// often costs nothing.
+// the files that the running configuration's ${file:PATH} references name.
+// A ConfigMap or Secret volume's update reaches the pod within the
+// kubelet's sync period (a minute or so); ten seconds more is small beside
+// it, and reading a few small files that often costs nothing.
 const defaultWatchInterval = 10 * time.Second
 
 // fileWatch follows a configuration file and the files its ${file:PATH}
-// references named. Every interval it reads each of them and compares the content's
-// hash (not the modification time: a Kubernetes Secret volume updates by
-// swapping a symlink, and a file may be replaced by one with an older
-// mtime) with the state last seen; a file that changed, or that became
+// references named. Every interval it reads each of them and compares the
+// content's hash (not the modification time: a Kubernetes Secret volume
+// updates by swapping a symlink, and a file may be replaced by one with an
+// older mtime) with the state last seen; a file that changed, or that became
 // readable or unreadable, is reported once on Changed. Each state is
 // reported once, so a change that makes the configuration invalid is
 // tried once, not every interval. The goroutine runs until Stop.
