@@ -145,29 +145,39 @@ func failingOps(t *testing.T, op string, opts memstore.Options) (*memstore.Store
 	return mem, ss
 }
 
+// settleRecoversLater sends evt_1 to a gateway whose store fails op
+// ("commit" or "release") while the upstream answers status, checks that
+// the sender got that answer forwarded and that the key stayed
+// processing, then brings the store back and waits for the background
+// retry's "<op> recorded on a later try". It returns the store, the
+// gateway's server and logs, and the upstream.
+func settleRecoversLater(t *testing.T, op string, status int) (*memstore.Store, *httptest.Server, *observer.ObservedLogs, *upstream) {
+	t.Helper()
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(status) })
+	mem, ss := failingOps(t, op, memstore.Options{SweepInterval: -1})
+	_, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
+
+	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != status || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
+		t.Fatalf("first delivery: got %d %q, want %d forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus), status)
+	}
+	if rec, _ := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"}); rec.State != dedup.StateProcessing {
+		t.Fatalf("while the store fails %ss: got state %v, want processing", op, rec.State)
+	}
+	ss.errOf(op).Store(nil) // the store is back
+	// The retry logs its success after the store recorded it.
+	waitFor(t, "the "+op+" tried again", func() bool { return logs.FilterMessage(op+" recorded on a later try").Len() > 0 })
+	return mem, srv, logs, up
+}
+
 // TestCommitTriedAgainInTheBackground: a commit the store fails after the
 // upstream's 2xx (a failover, a full disk) is tried again after the sender
 // got its answer, so that once the store is back the event is recorded and
 // its next copy answered as a duplicate instead of forwarded again.
 func TestCommitTriedAgainInTheBackground(t *testing.T) {
-	up := newUpstream(t, nil)
-	mem, ss := failingOps(t, "commit", memstore.Options{SweepInterval: -1})
-	_, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
-
-	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusOK || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
-		t.Fatalf("first delivery: got %d %q, want 200 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	mem, srv, logs, up := settleRecoversLater(t, "commit", http.StatusOK)
+	if rec, err := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"}); err != nil || rec.State != dedup.StateProcessed {
+		t.Errorf("record: got %v, %v; want processed", rec.State, err)
 	}
-	key := dedup.Key{Namespace: "orders", ID: "evt_1"}
-	if rec, _ := mem.Get(context.Background(), key); rec.State != dedup.StateProcessing {
-		t.Fatalf("while the store fails commits: got state %v, want processing", rec.State)
-	}
-	ss.commitErr.Store(nil) // the store is back
-	waitFor(t, "the commit tried again to record the event", func() bool {
-		rec, err := mem.Get(context.Background(), key)
-		return err == nil && rec.State == dedup.StateProcessed
-	})
-	// The retry logs its success after the store recorded it.
-	waitFor(t, "the later try logged", func() bool { return logs.FilterMessage("commit recorded on a later try").Len() > 0 })
 	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Header.Get(HeaderDedupStatus) != "duplicate" {
 		t.Errorf("the event's next copy: got %d %q, want 200 duplicate", resp.Status, resp.Header.Get(HeaderDedupStatus))
 	}
@@ -185,20 +195,11 @@ func TestCommitTriedAgainInTheBackground(t *testing.T) {
 // claimable at once, not left processing until its lease ends and then
 // taken over marked maybe_processed.
 func TestReleaseTriedAgainInTheBackground(t *testing.T) {
-	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusInternalServerError) })
-	mem, ss := failingOps(t, "release", memstore.Options{SweepInterval: -1})
-	_, srv, logs := observedGateway(t, ss, genericRoute("orders", "/hooks/orders", up.URL))
-
-	if resp := post(t, srv, "/hooks/orders", `{"id":"evt_1"}`); resp.Status != http.StatusInternalServerError || resp.Header.Get(HeaderDedupStatus) != "forwarded" {
-		t.Fatalf("first delivery: got %d %q, want 500 forwarded", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	mem, srv, logs, _ := settleRecoversLater(t, "release", http.StatusInternalServerError)
+	if got := logs.FilterMessage("release recorded on a later try").Len(); got != 1 {
+		t.Errorf("got %d \"release recorded on a later try\" lines, want 1", got)
 	}
-	key := dedup.Key{Namespace: "orders", ID: "evt_1"}
-	if rec, _ := mem.Get(context.Background(), key); rec.State != dedup.StateProcessing {
-		t.Fatalf("while the store fails releases: got state %v, want processing", rec.State)
-	}
-	ss.releaseErr.Store(nil) // the store is back
-	waitFor(t, "the release tried again", func() bool { return logs.FilterMessage("release recorded on a later try").Len() == 1 })
-	rec, err := mem.Get(context.Background(), key)
+	rec, err := mem.Get(context.Background(), dedup.Key{Namespace: "orders", ID: "evt_1"})
 	if err != nil || rec.State != dedup.StateFailed || rec.LastStatus != http.StatusInternalServerError || rec.MaybeProcessed {
 		t.Errorf("record: got %s (last status %d, maybe_processed %v), %v; want failed 500, not maybe processed", rec.State, rec.LastStatus, rec.MaybeProcessed, err)
 	}
