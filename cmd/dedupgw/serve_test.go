@@ -512,22 +512,36 @@ func TestRedisUnreachableAtStartUpIsCheckedOnceItAnswers(t *testing.T) {
 }
 
 // A Redis that restarts while the gateway serves is named in the log,
-// with how it kept its keys: without persistence it forgot every one (an
-// on-call trial saw only "ready again").
+// with the start-up's checks of what it runs again: how it kept its keys
+// (without persistence it forgot every one; an on-call trial saw only
+// "ready again"), and whether it may evict them (a restarted Redis runs
+// the configuration it started with).
 func TestRedisRestartIsWarnedAbout(t *testing.T) {
-	const restarted, forgot = logRedisRestarted, logRedisInMemoryOnly
-	srv := redistest.Start(t)
-	p, read := watchRedis(t, redisStore{addrs: []string{srv.Addr()}})
-	p.waitLog(forgot, 1) // the start-up check
-	recvWithin(t, read, "the masters' runs read before the restart")
-	if got := p.logs.FilterMessage(restarted).Len(); got != 0 {
-		t.Fatalf("before a restart: got %d restart warnings, want 0", got)
+	tests := []struct {
+		name  string
+		args  []string // redis-server's
+		check string   // the start-up check's line, logged again after the restart
+	}{
+		{"in memory only", nil, logRedisInMemoryOnly},
+		{"may evict", []string{"--maxmemory-policy", "allkeys-lru"},
+			"Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction"},
 	}
-	srv.Restart()
-	p.waitLog(restarted, 1)
-	p.waitLog(forgot, 2)
-	if err := p.stop(); err != nil {
-		t.Errorf("run: got %v, want nil", err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := redistest.StartWith(t, tt.args...)
+			p, read := watchRedis(t, redisStore{addrs: []string{srv.Addr()}})
+			p.waitLog(tt.check, 1) // the start-up check
+			recvWithin(t, read, "the masters' runs read before the restart")
+			if got := p.logs.FilterMessage(logRedisRestarted).Len(); got != 0 {
+				t.Fatalf("before a restart: got %d restart warnings, want 0", got)
+			}
+			srv.Restart()
+			p.waitLog(logRedisRestarted, 1)
+			p.waitLog(tt.check, 2)
+			if err := p.stop(); err != nil {
+				t.Errorf("run: got %v, want nil", err)
+			}
+		})
 	}
 }
 
@@ -561,23 +575,6 @@ func TestRedisPersistenceChangeIsNoticed(t *testing.T) {
 			t.Errorf("change %d: got %v, want %v", i+1, got, want)
 		}
 	}
-	if err := p.stop(); err != nil {
-		t.Errorf("run: got %v, want nil", err)
-	}
-}
-
-// A restarted Redis runs the configuration it started with: one that may
-// evict keys is warned about again, as at start-up, not only its
-// persistence.
-func TestRedisRestartChecksEvictionAgain(t *testing.T) {
-	const evicts = "Redis may evict dedup keys under memory pressure, and an evicted processed key lets its next copy through: set maxmemory-policy noeviction"
-	srv := redistest.StartWith(t, "--maxmemory-policy", "allkeys-lru")
-	p, read := watchRedis(t, redisStore{addrs: []string{srv.Addr()}})
-	p.waitLog(evicts, 1) // the start-up check
-	recvWithin(t, read, "the masters' runs read before the restart")
-	srv.Restart()
-	p.waitLog(logRedisRestarted, 1)
-	p.waitLog(evicts, 2)
 	if err := p.stop(); err != nil {
 		t.Errorf("run: got %v, want nil", err)
 	}
