@@ -9,19 +9,26 @@ import (
 
 // defaultWatchInterval is how often serve reads the configuration file and
 // the files that the running configuration's ${file:PATH} references name.
-// A ConfigMap or Secret volume's update reaches the pod within the
-// kubelet's sync period (a minute or so); ten seconds more is small beside
-// it, and reading a few small files that often costs nothing.
-const defaultWatchInterval = 10 * time.Second
+// A change is acted on once two reads in a row agree on it, so within two
+// intervals: ten seconds. A ConfigMap or Secret volume's update reaches
+// the pod within the kubelet's sync period (a minute or so); ten seconds
+// more is small beside it, and reading a few small files that often costs
+// nothing.
+const defaultWatchInterval = 5 * time.Second
 
 // fileWatch follows a configuration file and the files its ${file:PATH}
 // references named. Every interval it reads each of them and compares the
 // content's hash (not the modification time: a Kubernetes Secret volume
 // updates by swapping a symlink, and a file may be replaced by one with an
 // older mtime) with the state last seen; a file that changed, or that became
-// readable or unreadable, is reported once on Changed. Each state is
-// reported once, so a change that makes the configuration invalid is
-// tried once, not every interval. The goroutine runs until Stop.
+// readable or unreadable, is reported once on Changed, when the next read
+// finds the same new state. A file written in place (truncated, then
+// written) can be read half-written, and half a YAML file may well be a
+// valid configuration with routes missing: a state that the next read
+// does not find again is a write under way, and is not reported. Each
+// state is reported once, so a change that makes the configuration
+// invalid is tried once, not every interval. The goroutine runs until
+// Stop.
 type fileWatch struct {
 	interval time.Duration
 	// config is the configuration file's path, read whole (configStateOf);
@@ -31,6 +38,9 @@ type fileWatch struct {
 	mu sync.Mutex
 	// seen is the state last seen of each file followed, by absolute path.
 	seen map[string]fileState
+	// unsettled holds a new state that one read found, for a path whose
+	// change is reported when the next read finds that state again.
+	unsettled map[string]fileState
 	// gen counts the changes of seen from outside (Follow, Saw): a read
 	// that started before one is dropped, not compared with the new states.
 	gen uint64
@@ -73,7 +83,7 @@ func (w *fileWatch) loop() {
 }
 
 // poll reads every file followed, and signals Changed when one's state
-// differs from the state last seen.
+// differs from the state last seen, and the read before found it too.
 func (w *fileWatch) poll() {
 	w.mu.Lock()
 	paths := slices.Collect(maps.Keys(w.seen))
@@ -97,11 +107,22 @@ func (w *fileWatch) poll() {
 	}
 	n := len(w.pending)
 	for _, p := range paths {
-		if now[p] != w.seen[p] {
-			w.seen[p] = now[p]
-			if !slices.Contains(w.pending, p) {
-				w.pending = append(w.pending, p)
+		st := now[p]
+		if st == w.seen[p] {
+			delete(w.unsettled, p) // back as it was: a change undone
+			continue
+		}
+		if u, ok := w.unsettled[p]; !ok || u != st {
+			if w.unsettled == nil {
+				w.unsettled = make(map[string]fileState)
 			}
+			w.unsettled[p] = st // a write may be under way: read it again
+			continue
+		}
+		delete(w.unsettled, p)
+		w.seen[p] = st
+		if !slices.Contains(w.pending, p) {
+			w.pending = append(w.pending, p)
 		}
 	}
 	if len(w.pending) > n {
@@ -140,6 +161,7 @@ func (w *fileWatch) Follow(files map[string]fileState) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.seen = maps.Clone(files)
+	w.unsettled = nil
 	w.pending = nil
 	w.gen++
 }
@@ -156,6 +178,7 @@ func (w *fileWatch) Saw(files map[string]fileState) {
 	for p, st := range files {
 		if _, ok := w.seen[p]; ok {
 			w.seen[p] = st
+			delete(w.unsettled, p)
 			w.pending = slices.DeleteFunc(w.pending, func(q string) bool { return q == p })
 		}
 	}

@@ -22,8 +22,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
-// TestFileWatchPoll checks what one read of the followed files reports:
-// a change of content, once; not a rewrite with the same content; a file
+// TestFileWatchPoll checks what two reads of the followed files report:
+// a change of content, once, at the second read; not a rewrite with the same content; a file
 // gone; nothing a reload already read (Saw); nothing outside the files
 // followed.
 func TestFileWatchPoll(t *testing.T) {
@@ -71,11 +71,16 @@ func TestFileWatchPoll(t *testing.T) {
 		{"a reload read the change reported", func() {
 			writeFileAtomic(t, a, "un")
 			w.poll()
+			w.poll()
 			w.Saw(map[string]fileState{a: fileStateOf(a)})
 		}, true, nil}, // the signal stays, but names nothing
 	}
 	for _, st := range steps {
 		st.do()
+		w.poll()
+		if got := w.Take(); len(got) != 0 {
+			t.Errorf("%s: changed files after one read: got %q, want none until a second read agrees", st.name, got)
+		}
 		w.poll()
 		if got := signalled(); got != st.signal {
 			t.Errorf("%s: signalled: got %v, want %v", st.name, got, st.signal)
@@ -86,6 +91,41 @@ func TestFileWatchPoll(t *testing.T) {
 	}
 	if _, ok := w.seen[filepath.Join(dir, "c")]; ok {
 		t.Errorf("Saw: got c followed, want only the files Follow named")
+	}
+}
+
+// TestFileWatchWaitsForAWriteToSettle: a file read while it is written in
+// place (truncated, then written) is not reported half-written, and a
+// change undone before the next read is not reported at all.
+func TestFileWatchWaitsForAWriteToSettle(t *testing.T) {
+	dir := t.TempDir()
+	whole := "routes:\n  - path: /a\n  - path: /b\n"
+	cfg := writeFile(t, dir, "config.yaml", "routes: []\n")
+	w := &fileWatch{changed: make(chan struct{}, 1), config: cfg}
+	w.Follow(map[string]fileState{cfg: configStateOf(cfg)})
+
+	writeFile(t, dir, "config.yaml", whole[:len(whole)/2]) // the writer is half-way
+	w.poll()
+	writeFile(t, dir, "config.yaml", whole) // and done
+	w.poll()
+	if got := w.Take(); got != nil {
+		t.Fatalf("a file read half-written, then whole: got changed %q after the whole file's first read, want nothing yet", got)
+	}
+	w.poll()
+	if got := w.Take(); !slices.Equal(got, []string{cfg}) {
+		t.Fatalf("the whole file read twice: got changed %q, want %q", got, []string{cfg})
+	}
+	if got, want := w.seen[cfg], configStateOf(cfg); got != want {
+		t.Errorf("state reported: got %v, want the whole file's %v", got, want)
+	}
+
+	writeFile(t, dir, "config.yaml", "routes: [") // a change undone before the next read
+	w.poll()
+	writeFile(t, dir, "config.yaml", whole)
+	w.poll()
+	w.poll()
+	if got := w.Take(); got != nil {
+		t.Errorf("a change undone before the next read: got changed %q, want nothing", got)
 	}
 }
 
@@ -100,10 +140,12 @@ func TestFileWatchReadsTheConfigWhole(t *testing.T) {
 	w := &fileWatch{changed: make(chan struct{}, 1), config: cfg}
 	w.Follow(f.watchedFiles())
 	w.poll()
+	w.poll()
 	if got := w.Take(); got != nil {
 		t.Errorf("a long config file, unchanged: got changed %q, want nothing", got)
 	}
 	writeFileAtomic(t, cfg, long+"# one more line\n")
+	w.poll()
 	w.poll()
 	if got := w.Take(); !slices.Equal(got, []string{cfg}) {
 		t.Errorf("a long config file changed at its end: got changed %q, want %q", got, []string{cfg})
@@ -534,6 +576,7 @@ func TestFileWatchFollowDropsPending(t *testing.T) {
 	w := &fileWatch{changed: make(chan struct{}, 1)}
 	w.Follow(map[string]fileState{a: fileStateOf(a)})
 	writeFileAtomic(t, a, "two")
+	w.poll()
 	w.poll()
 	w.Follow(map[string]fileState{a: fileStateOf(a)})
 	if got := w.Take(); got != nil {
