@@ -442,6 +442,11 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 	// sender gets the gateway's, set again in case a 1xx cleared it.
 	delete(resp.Header, HeaderDedupStatus) // Header.Del of a canonical name
 	setDedupStatus(d.header, d.status)
+	if _, ok := resp.Header["Content-Type"]; !ok {
+		// An answer without a Content-Type is relayed without one: net/http
+		// would otherwise sniff one from the body and add it.
+		d.header["Content-Type"] = nil
+	}
 	d.upstreamStatus = resp.StatusCode
 	d.rt.metrics.upstream[codeClassIndex(resp.StatusCode)].Observe(time.Since(d.fwdStart).Seconds())
 	if d.token == "" && d.status != statusStoreError {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -657,5 +658,50 @@ func TestAmbiguousClientIdentityIsRefused(t *testing.T) {
 	}
 	if got := up.count(); got != 1 {
 		t.Errorf("upstream requests: got %d, want 1 (the unkeyed one)", got)
+	}
+}
+
+// TestAnswerWithoutContentTypeKeepsNone checks that an upstream answer
+// without a Content-Type reaches the sender without one, forwarded and
+// replayed: net/http would otherwise sniff one from the body and add it
+// (a JSON answer would arrive as "text/plain; charset=utf-8"), and the
+// sender would not get the upstream's response as it was sent.
+func TestAnswerWithoutContentTypeKeepsNone(t *testing.T) {
+	tests := []struct {
+		name   string
+		ct     []string // the upstream's Content-Type; nil: none
+		wantCT []string // what the sender gets, forwarded and replayed
+	}{
+		{name: "none", ct: nil, wantCT: nil},
+		{name: "json", ct: []string{appJSON}, wantCT: []string{appJSON}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+				if tc.ct != nil {
+					w.Header()["Content-Type"] = tc.ct
+				} else {
+					w.Header()["Content-Type"] = nil // the upstream sends none
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, `{"id":"pay_%d"}`, n)
+			})
+			h := newHarness(t, Config{Routes: []Route{paymentsRoute(up.URL)}}, harnessOpts{})
+			for i, wantDedup := range []string{statusForwarded, statusDuplicate} {
+				resp := h.send(payCharge, `{"amount":1}`, key1)
+				if resp.Status != http.StatusCreated || resp.Header.Get(HeaderDedupStatus) != wantDedup {
+					t.Fatalf("request %d: got %d %s, want 201 %s", i, resp.Status, resp.Header.Get(HeaderDedupStatus), wantDedup)
+				}
+				if got := resp.Header.Values("Content-Type"); !slices.Equal(got, tc.wantCT) {
+					t.Errorf("request %d (%s): got Content-Type %q, want %q", i, wantDedup, got, tc.wantCT)
+				}
+				if got, want := string(resp.Body), `{"id":"pay_0"}`; got != want {
+					t.Errorf("request %d (%s): got body %q, want %q", i, wantDedup, got, want)
+				}
+			}
+			if got := up.count(); got != 1 {
+				t.Errorf("got %d requests upstream, want 1", got)
+			}
+		})
 	}
 }

@@ -189,6 +189,9 @@ func writeDuplicate(w http.ResponseWriter, rt *route, key string, rec dedup.Reco
 		for name, vals := range rec.Response.Header {
 			h[http.CanonicalHeaderKey(name)] = append([]string(nil), vals...)
 		}
+		if _, ok := h["Content-Type"]; !ok {
+			h["Content-Type"] = nil // as forwarded: no sniffed type added
+		}
 		setDedupStatus(h, statusDuplicate)
 		h.Set("Content-Length", strconv.Itoa(len(rec.Response.Body)))
 		w.WriteHeader(rec.Response.Status)
