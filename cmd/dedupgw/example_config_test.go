@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/dedupgw/dedupgw/providers"
+	"github.com/dedupgw/dedupgw/proxy"
 )
 
 const examplePath = "../../config.example.yaml"
@@ -75,6 +76,12 @@ func TestExampleConfig(t *testing.T) {
 				}
 				if r.ClientIdentitySecret != "" {
 					withScopeSecret++
+				}
+				// A route that refuses a reused key moves money: the
+				// example shows it failing closed, not forwarding every
+				// retry unchecked while the store is down.
+				if r.OnFingerprintMismatch == proxy.Reject && r.OnStoreError != proxy.Reject {
+					t.Errorf("route %s: got on_store_error %q beside on_fingerprint_mismatch reject, want %q", r.Name, r.OnStoreError, proxy.Reject)
 				}
 			}
 			for _, p := range []string{providers.Stripe, providers.Shopify, providers.GitHub, providers.StandardWebhooks, providers.Slack, providers.Generic} {
