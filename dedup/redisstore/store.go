@@ -236,7 +236,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 // The undo is token-guarded, so it cannot remove anyone else's claim.
 func (s *Store) undoIfUnclear(c *claimCall, err error) {
 	var rerr redis.Error
-	if errors.As(err, &rerr) || errors.Is(err, dedup.ErrClosed) {
+	if errors.As(err, &rerr) || errors.Is(err, dedup.ErrClosed) || dialFailed(err) {
 		return // Redis answered with an error, or nothing was sent
 	}
 	s.undoMu.Lock()
@@ -245,6 +245,13 @@ func (s *Store) undoIfUnclear(c *claimCall, err error) {
 		return
 	}
 	s.undos.Go(func() { _ = s.undoClaim(context.Background(), c) })
+}
+
+// dialFailed reports whether err is a failure to connect: the command was
+// never sent, so there is nothing to undo.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // claimed settles c, answered res. A grant too few replicas acknowledged

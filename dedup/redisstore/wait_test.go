@@ -348,3 +348,29 @@ func TestLostClaimReplyIsUndone(t *testing.T) {
 		t.Errorf("Claim again: got (%v, %v), want (claimed, nil)", res.Outcome, err)
 	}
 }
+
+// A claim that could not connect was never sent: nothing is undone. An undo
+// started for it would only add a script run behind the next claims, or
+// (with Redis back by then) a round trip on the restarted server.
+func TestClaimThatCouldNotConnectIsNotUndone(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Stop()
+	s, err := redisstore.New(redisstore.Config{Addrs: []string{srv.Addr()}, KeyPrefix: uniquePrefix(), DialTimeout: 200 * time.Millisecond}, redisstore.Options{})
+	if err != nil {
+		t.Fatalf("New while Redis is down: got %v, want nil", err)
+	}
+	hook := &countingHook{}
+	s.Client().AddHook(hook)
+	k := dedup.Key{Namespace: "down", ID: "evt_undo"}
+	if _, err := s.Claim(context.Background(), k, dedup.ClaimOptions{Lease: time.Minute}); err == nil {
+		t.Fatal("Claim while Redis is down: got nil, want a connection error")
+	}
+	if err := s.Close(); err != nil { // waits for the undos started
+		t.Fatalf("Close: %v", err)
+	}
+	for _, trip := range hook.take() {
+		if strings.Contains(trip, "eval") {
+			t.Errorf("round trips after a claim that could not connect: got %q, want no undo (release.lua)", trip)
+		}
+	}
+}
