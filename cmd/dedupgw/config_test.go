@@ -619,6 +619,11 @@ func TestSecretWithWhiteSpaceIsWarned(t *testing.T) {
 	for _, tt := range tests {
 		wantWarning(t, fmt.Sprintf(route, tt.secret), "routes[0].secrets[0]", tt.want)
 	}
+	// A Standard Webhooks secret is base64, whose decoder skips line
+	// breaks: a trailing newline signs nothing else.
+	sw := "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: standard-webhooks\n    secrets: [%q]\n"
+	wantWarning(t, fmt.Sprintf(sw, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n"), "routes[0].secrets[0]", "")
+	wantWarning(t, fmt.Sprintf(sw, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\r\n"), "routes[0].secrets[0]", "")
 	f, _ := loadText(t, fmt.Sprintf(route, "whsec_s3cret\n"), nil)
 	for _, w := range f.Warnings() {
 		if strings.Contains(w.String(), "s3cret") {
@@ -640,6 +645,34 @@ func TestSecretWithWhiteSpaceIsWarned(t *testing.T) {
 		if strings.Contains(w.String(), "s3cret") {
 			t.Errorf("warning %q: got the client_identity_secret in it, want it never shown", w)
 		}
+	}
+}
+
+// TestReplayHeadersNeverReplayedAreWarned: a replay_headers entry the
+// gateway sets itself, or that belongs to one connection, does nothing,
+// where it is set (defaults or a route); a replay route that takes HEAD
+// would replay a HEAD's empty answer.
+func TestReplayHeadersNeverReplayedAreWarned(t *testing.T) {
+	route := "routes:\n  - name: api\n    path: /api\n    upstream: http://x\n    keys: [header:Idempotency-Key]\n" +
+		"    client_identity: Authorization\n    duplicate_response: %s\n%s"
+	tests := []struct {
+		name, text, key, want string
+	}{
+		{"Content-Length on the route", fmt.Sprintf(route, "replay", "    replay_headers: [Content-Type, content-length]\n"),
+			"routes[0].replay_headers[1]", "routes[0].replay_headers[1]: Content-Length is never replayed as stored"},
+		{"Transfer-Encoding in defaults", "defaults:\n  replay_headers: [Transfer-Encoding, Location]\n" + fmt.Sprintf(route, "replay", ""),
+			"defaults.replay_headers[0]", "defaults.replay_headers[0]: Transfer-Encoding is never replayed as stored"},
+		{"Dedup-Status", fmt.Sprintf(route, "replay", "    replay_headers: [Dedup-Status]\n"),
+			"routes[0].replay_headers[0]", "routes[0].replay_headers[0]: Dedup-Status is never replayed as stored"},
+		{"headers the upstream sets", fmt.Sprintf(route, "replay", "    replay_headers: [Content-Type, Location, Content-Encoding]\n"),
+			"routes[0].replay_headers[1]", ""},
+		{"HEAD on a replay route", fmt.Sprintf(route, "replay", "    methods: [POST, HEAD]\n"),
+			"routes[0].methods[1]", `routes[0].methods[1]: route "api" replays stored answers and takes HEAD`},
+		{"HEAD on an ack route", fmt.Sprintf(route, "ack", "    methods: [POST, HEAD]\n"),
+			"routes[0].methods[1]", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantWarning(t, tt.text, tt.key, tt.want) })
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"regexp"
@@ -575,6 +576,10 @@ func (f *File) unsetNote(key string) string {
 // client_identity_secret with it scopes keys unlike a replica given the
 // secret without it.
 //
+// A replay_headers entry the gateway never replays as stored
+// (notReplayed) does nothing. A route that replays stored answers and takes
+// HEAD replays a HEAD's empty answer to later requests with its key.
+//
 // store.redis.wait_replicas makes a claim fail while too few replicas
 // acknowledge it; a route with on_store_error: forward then forwards every
 // delivery without deduplication.
@@ -595,6 +600,11 @@ func (f *File) Warnings() []Problem {
 			})
 		}
 		for j, secret := range r.Secrets {
+			if providerOf(r) == providers.StandardWebhooks {
+				// A base64 secret's line breaks are skipped as it is
+				// decoded: a trailing newline signs nothing else.
+				secret = strings.TrimRight(secret, "\r\n")
+			}
 			if secret != "" && strings.TrimSpace(secret) != secret {
 				ws = append(ws, Problem{
 					Key: fmt.Sprintf("routes[%d].secrets[%d]", i, j),
@@ -648,6 +658,15 @@ func (f *File) Warnings() []Problem {
 				Msg: fmt.Sprintf("route %q verifies signatures, but its key source(s) %s are not covered by them: whoever captured one signed delivery can resend it under any key, so the application processes it again, and a real event's key claimed that way before the event arrives makes its genuine delivery a duplicate that is never forwarded; key on what the signature covers (json:, body) or, on a generic route, sign the header ({header:NAME} in signature.template)", r.Name, strings.Join(srcs, ", ")),
 			})
 		}
+		ws = append(ws, replayHeaderWarnings(fmt.Sprintf("routes[%d]", i), r.ReplayHeaders)...)
+		if p.DuplicateResponse != nil && *p.DuplicateResponse == proxy.Replay {
+			if j := slices.Index(r.Methods, http.MethodHead); j >= 0 {
+				ws = append(ws, Problem{
+					Key: fmt.Sprintf("routes[%d].methods[%d]", i, j),
+					Msg: fmt.Sprintf("route %q replays stored answers and takes HEAD: a HEAD's answer has no body, so a HEAD first with a key is replayed, empty, to every later request with that key; a safe method needs no idempotency key, so leave HEAD (and GET) out of methods", r.Name),
+				})
+			}
+		}
 		if generic && len(r.Secrets) == 0 && r.ClientIdentity == "" && p.DuplicateResponse != nil && *p.DuplicateResponse == proxy.Replay {
 			ws = append(ws, Problem{
 				Key: fmt.Sprintf("routes[%d].client_identity", i),
@@ -655,6 +674,7 @@ func (f *File) Warnings() []Problem {
 			})
 		}
 	}
+	ws = append(ws, replayHeaderWarnings("defaults", f.Defaults.ReplayHeaders)...)
 	ws = append(ws, f.sharedNamespaceWarnings()...)
 	ws = append(ws, f.reachWarnings()...)
 	if len(unsigned) > 0 {
@@ -708,6 +728,26 @@ func untimedReason(r Route) string {
 		return "no signature.timestamp_header or timestamp_field"
 	}
 	return providerOf(r) + " signs none"
+}
+
+// notReplayed are the response headers a replay never carries as stored:
+// the gateway sets Content-Length and Dedup-Status itself, a replay is not
+// chunked, and the rest belong to one connection.
+var notReplayed = []string{"Connection", "Content-Length", "Dedup-Status", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// replayHeaderWarnings warns about each header of a replay_headers list
+// (under prefix) that a replay never carries as stored (notReplayed).
+func replayHeaderWarnings(prefix string, headers []string) []Problem {
+	var ws []Problem
+	for i, h := range headers {
+		if slices.Contains(notReplayed, http.CanonicalHeaderKey(h)) {
+			ws = append(ws, Problem{
+				Key: fmt.Sprintf("%s.replay_headers[%d]", prefix, i),
+				Msg: fmt.Sprintf("%s is never replayed as stored: the gateway sets Content-Length and Dedup-Status itself, a replayed answer is not chunked, and hop-by-hop headers belong to one connection", http.CanonicalHeaderKey(h)),
+			})
+		}
+	}
+	return ws
 }
 
 // sharedNamespaceWarnings warns about each route that shares its key
