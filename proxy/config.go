@@ -8,8 +8,8 @@ import (
 
 // Policy values accepted by Route's policy fields.
 const (
-	Forward = "forward" // on_missing_key, on_store_error
-	Reject  = "reject"  // on_missing_key, on_store_error, on_in_flight, on_fingerprint_mismatch
+	Forward = "forward" // on_missing_key, on_store_error, on_other_method
+	Reject  = "reject"  // on_missing_key, on_store_error, on_in_flight, on_fingerprint_mismatch, on_other_method
 	Wait    = "wait"    // on_in_flight
 	Ack     = "ack"     // duplicate_response, on_fingerprint_mismatch
 	Replay  = "replay"  // duplicate_response
@@ -40,8 +40,18 @@ type Route struct {
 	// Namespace scopes keys in the store. Empty means Name. It must not
 	// contain ':', which separates namespace and key.
 	Namespace string
-	// Methods accepted on the route. Empty means POST only; others get 405.
+	// Methods accepted on the route. Empty means POST only; others get 405,
+	// or pass through (OnOtherMethod).
 	Methods []string
+	// OnOtherMethod is what a request whose method is not in Methods gets:
+	// Reject (default: 405 with Allow) or Forward: forwarded unchanged and
+	// not deduplicated (no key, no claim, Dedup-Status unkeyed), as the GET,
+	// DELETE and CORS preflight requests an API serves beside its POSTs.
+	// Such a request is not a delivery: dedupgw_deliveries_total does not
+	// count it, and its log line is at debug level. Forward needs a route
+	// without secrets, so nothing reaches a signed route's application
+	// unverified.
+	OnOtherMethod string
 	// PreserveHost sends the sender's Host header to the upstream. False
 	// (the default) sends the upstream URL's host, as
 	// httputil.ProxyRequest.SetURL does; the sender's stays in

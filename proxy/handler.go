@@ -92,7 +92,9 @@ type delivery struct {
 }
 
 // ServeHTTP handles one delivery: refuse a path that is not canonical (see
-// canonicalPath), match the route, check the method, read the
+// canonicalPath), match the route, check the method (another one gets 405,
+// or on on_other_method: forward routes is forwarded after the body is
+// read, with no key and no claim), read the
 // body (bounded), verify the signature, extract the key (validated on
 // on_missing_key: reject routes, scoped by client_identity when set), check
 // the request's fingerprint (on_fingerprint_mismatch: reject), claim the key,
@@ -125,7 +127,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d := &delivery{rt: rt, start: time.Now()}
 	defer g.finish(d)
 
-	if !rt.allows(r.Method) {
+	other := !rt.allows(r.Method)
+	if other && rt.OnOtherMethod != Forward {
 		closeIfUnread(w, r)
 		w.Header().Set("Allow", strings.Join(rt.methods, ", "))
 		g.reject(w, d, outcomeRejectedMethod, probMethod.with(rt.Name, fmt.Sprintf("this route accepts %s", strings.Join(rt.methods, ", "))))
@@ -161,6 +164,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			g.reject(w, d, outcomeRejectedSignature, probSignature.with(rt.Name, "the delivery's signature is missing, does not match a configured secret, or its timestamp is outside the tolerance"))
 			return
 		}
+	}
+
+	if other {
+		// on_other_method: forward. Not a delivery: no key, no claim.
+		d.outcome = outcomeOtherMethod
+		g.forward(w, r, d, body, statusUnkeyed)
+		return
 	}
 
 	id, err := rt.provider.Key(r, body)
@@ -456,7 +466,7 @@ func (d *delivery) detach(parent context.Context) context.Context {
 
 // finish counts the delivery and writes its log line.
 func (g *Gateway) finish(d *delivery) {
-	if d.outcome != "" && d.outcome != outcomeRejectedMethod {
+	if d.outcome != "" && d.outcome != outcomeRejectedMethod && d.outcome != outcomeOtherMethod {
 		d.rt.metrics.delivery(d.outcome)
 	}
 	status := d.answer
@@ -467,7 +477,11 @@ func (g *Gateway) finish(d *delivery) {
 	// line is a warning, so log.level: warn still shows it (one that did
 	// not answer has an "upstream failed" warning of its own).
 	level := zap.InfoLevel
-	if d.forwarded && d.upstreamStatus != 0 && (d.upstreamStatus < 200 || d.upstreamStatus > 299) {
+	switch {
+	case d.outcome == outcomeOtherMethod:
+		// An API's GETs, its 404s included: not deliveries, and many.
+		level = zap.DebugLevel
+	case d.forwarded && d.upstreamStatus != 0 && (d.upstreamStatus < 200 || d.upstreamStatus > 299):
 		level = zap.WarnLevel
 	}
 	ce := d.rt.log.Check(level, "delivery")

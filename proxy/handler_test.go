@@ -17,6 +17,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -264,6 +265,47 @@ func TestDeliveryTable(t *testing.T) {
 		{
 			name:  "method not allowed on the route: 405",
 			steps: []step{{method: http.MethodGet, wantStatus: 405, wantDedup: "rejected", wantCT: problemJSON}},
+		},
+		{
+			name:   "another method, on_other_method: forward: passed through, not deduplicated",
+			route:  func(r *Route) { r.OnOtherMethod = Forward },
+			handle: ok,
+			steps: []step{
+				{method: http.MethodGet, headers: []string{"Idempotency-Key: k1", "Dedup-Key: spoofed"}, wantStatus: 201, wantDedup: "unkeyed"},
+				{method: http.MethodGet, headers: []string{"Idempotency-Key: k1"}, wantStatus: 201, wantDedup: "unkeyed"},
+				{method: http.MethodOptions, headers: []string{"Access-Control-Request-Method: POST", "Access-Control-Request-Headers: idempotency-key"}, wantStatus: 201, wantDedup: "unkeyed"},
+				{method: http.MethodDelete, body: `{"id":"k1"}`, wantStatus: 201, wantDedup: "unkeyed"},
+				{headers: []string{"Idempotency-Key: k1"}, wantStatus: 201, wantDedup: "forwarded"},
+				{headers: []string{"Idempotency-Key: k1"}, wantStatus: 200, wantDedup: "duplicate"},
+			},
+			check: func(t *testing.T, h *harness) {
+				for i, want := range []string{http.MethodGet, http.MethodGet, http.MethodOptions, http.MethodDelete, http.MethodPost} {
+					got := h.up().request(i)
+					if got.Method != want {
+						t.Errorf("upstream request %d: got method %s, want %s", i, got.Method, want)
+					}
+					if dk := got.Header.Get("Dedup-Key"); (dk != "") != (want == http.MethodPost) {
+						t.Errorf("upstream request %d (%s): got Dedup-Key %q, want one only on the POST", i, want, dk)
+					}
+				}
+				if got := string(h.up().request(3).Body); got != `{"id":"k1"}` {
+					t.Errorf("the DELETE's body upstream: got %q, want it as sent", got)
+				}
+				// Only the POST and its duplicate are deliveries.
+				total := 0.0
+				for _, o := range append(slices.Clone(outcomes), outcomeOtherMethod) {
+					total += counterValue(t, h.gw.metrics.deliveries, "orders", o)
+				}
+				if total != 2 {
+					t.Errorf("deliveries counted: got %v, want 2 (forwarded, duplicate; passed-through methods are not deliveries)", total)
+				}
+			},
+			wantUpstream: 5,
+		},
+		{
+			name:  "another method, on_other_method: forward, body over max_body_bytes: 413",
+			route: func(r *Route) { r.OnOtherMethod, r.MaxBodyBytes = Forward, 8 },
+			steps: []step{{method: http.MethodPut, body: `{"id":"too long"}`, wantStatus: 413, wantDedup: "rejected", wantCT: problemJSON}},
 		},
 	}
 	for _, tc := range tests {

@@ -29,6 +29,10 @@ const (
 // does not accept (405). It is not a delivery, so it is not counted.
 const outcomeRejectedMethod = "rejected_method"
 
+// outcomeOtherMethod is the delivery log's outcome for a method the route
+// passes through (on_other_method: forward). It is not a delivery either.
+const outcomeOtherMethod = "other_method"
+
 var outcomes = []string{
 	outcomeForwarded, outcomeDuplicate, outcomeInFlight, outcomeUnkeyed,
 	outcomeRejectedSignature, outcomeRejectedBody, outcomeRejectedKey,

@@ -412,6 +412,7 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 		{"on_in_flight", &rt.OnInFlight, []string{Reject, Wait}},
 		{"duplicate_response", &rt.DuplicateResponse, []string{Ack, Replay}},
 		{"on_fingerprint_mismatch", &rt.OnFingerprintMismatch, []string{Ack, Reject}},
+		{"on_other_method", &rt.OnOtherMethod, []string{Reject, Forward}},
 	}
 	for _, p := range policies {
 		if *p.v == "" {
@@ -421,6 +422,10 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 		if !slices.Contains(p.allowed, *p.v) {
 			bad(p.field, "%q must be one of %s", *p.v, strings.Join(p.allowed, ", "))
 		}
+	}
+
+	if rt.OnOtherMethod == Forward && len(r.Provider.Secrets) > 0 {
+		bad("on_other_method", "forward needs a route without secrets: a request of another method would reach the application unverified (give the other methods a route of their own)")
 	}
 
 	// Neither message shows the secret.

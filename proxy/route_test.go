@@ -59,6 +59,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"bad policies", func() []Route {
 			r := good()
 			r.OnMissingKey, r.OnStoreError, r.OnInFlight, r.DuplicateResponse, r.OnFingerprintMismatch = "x", "wait", "forward", "x", "x"
+			r.OnOtherMethod = "ack"
 			return []Route{r}
 		}, []string{
 			`routes[0].on_missing_key: "x" must be one of forward, reject`,
@@ -66,7 +67,14 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			`routes[0].on_in_flight: "forward" must be one of reject, wait`,
 			`routes[0].duplicate_response: "x" must be one of ack, replay`,
 			`routes[0].on_fingerprint_mismatch: "x" must be one of ack, reject`,
+			`routes[0].on_other_method: "ack" must be one of reject, forward`,
 		}},
+		{"other methods forwarded on a signed route", func() []Route {
+			r := good()
+			r.OnOtherMethod = Forward
+			r.Provider = providers.Config{Provider: providers.Stripe, Secrets: []string{"whsec_x"}}
+			return []Route{r}
+		}, []string{"routes[0].on_other_method: forward needs a route without secrets"}},
 		{"bad method", func() []Route { r := good(); r.Methods = []string{"PO ST"}; return []Route{r} }, []string{"routes[0].methods[0]:"}},
 		{"unknown provider", func() []Route { r := good(); r.Provider = providers.Config{Provider: "paypal"}; return []Route{r} }, []string{"routes[0].provider: unknown provider"}},
 		{"empty secret", func() []Route {

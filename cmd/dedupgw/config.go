@@ -279,6 +279,10 @@ type Route struct {
 	Tolerance *time.Duration `config:"tolerance"`
 	// Methods accepted. Empty means POST.
 	Methods []string `config:"methods"`
+	// OnOtherMethod is what a request of another method gets: reject
+	// (the default, "": 405) or forward (passed through, not deduplicated;
+	// see proxy.Route.OnOtherMethod). A route's own key, not a default.
+	OnOtherMethod string `config:"on_other_method"`
 	// PreserveHost sends the sender's Host to the upstream instead of the
 	// upstream URL's host (see proxy.Route.PreserveHost).
 	PreserveHost bool `config:"preserve_host"`
@@ -753,6 +757,7 @@ func (f *File) GatewayConfig() proxy.Config {
 			Upstream:              r.Upstream,
 			Namespace:             namespaceOf(r),
 			Methods:               slices.Clone(methods),
+			OnOtherMethod:         r.OnOtherMethod,
 			PreserveHost:          r.PreserveHost,
 			StripPath:             r.StripPath,
 			Window:                *p.Window,

@@ -1180,7 +1180,9 @@ func TestProblems(t *testing.T) {
     on_in_flight: forward
     duplicate_response: replay-all
     on_fingerprint_mismatch: forward
+    on_other_method: pass
 `), nil, []string{
+			`routes[0].on_other_method: invalid value "pass" (want reject or forward)`,
 			`routes[0].on_missing_key: invalid value "drop" (want forward or reject)`,
 			`routes[0].on_store_error: invalid value "wait" (want forward or reject)`,
 			`routes[0].on_in_flight: invalid value "forward" (want reject or wait)`,
@@ -1188,6 +1190,10 @@ func TestProblems(t *testing.T) {
 			`routes[0].on_fingerprint_mismatch: invalid value "forward" (want ack or reject)`,
 		}},
 		{"bad default policy", "defaults:\n  on_in_flight: queue\n" + minimal, nil, []string{`defaults.on_in_flight: invalid value "queue" (want reject or wait)`}},
+		{"other methods forwarded on a signed route", route("    on_other_method: forward\n    secrets: [s3cret]\n"), nil,
+			[]string{"routes[0].on_other_method: forward needs a route without secrets: a request of another method would reach the application unverified (give the other methods a route of their own)"}},
+		{"on_other_method is a route's own key", "defaults:\n  on_other_method: forward\n" + minimal, nil,
+			[]string{`defaults.on_other_method: unknown key`}},
 		{"no routes", "listen: \":1\"\n", nil, []string{"routes: at least one route is required"}},
 		{"duplicate names and paths", minimal + `  - name: orders
     path: /hooks/orders

@@ -374,6 +374,10 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 			ps.add(fmt.Sprintf("%s.methods[%d]", key, i), "invalid method %q (want upper case, e.g. POST)", m)
 		}
 	}
+	oneOfOrEmpty(ps, key+".on_other_method", r.OnOtherMethod, proxy.Reject, proxy.Forward)
+	if r.OnOtherMethod == proxy.Forward && len(r.Secrets) > 0 {
+		ps.add(key+".on_other_method", "forward needs a route without secrets: a request of another method would reach the application unverified (give the other methods a route of their own)")
+	}
 	if r.Signature != (Signature{}) {
 		before := len(*ps)
 		if provider != providers.Generic {
@@ -663,7 +667,7 @@ func (f *File) Warnings() []Problem {
 			if j := slices.Index(r.Methods, http.MethodHead); j >= 0 {
 				ws = append(ws, Problem{
 					Key: fmt.Sprintf("routes[%d].methods[%d]", i, j),
-					Msg: fmt.Sprintf("route %q replays stored answers and takes HEAD: a HEAD's answer has no body, so a HEAD first with a key is replayed, empty, to every later request with that key; a safe method needs no idempotency key, so leave HEAD (and GET) out of methods", r.Name),
+					Msg: fmt.Sprintf("route %q replays stored answers and takes HEAD: a HEAD's answer has no body, so a HEAD first with a key is replayed, empty, to every later request with that key; a safe method needs no idempotency key, so leave HEAD (and GET) out of methods, and set on_other_method: forward to pass them through", r.Name),
 				})
 			}
 		}
