@@ -1313,6 +1313,8 @@ func TestProblems(t *testing.T) {
 		}},
 		{"negative tolerance", route("    tolerance: -5s\n"), nil, []string{"routes[0].tolerance: must be greater than 0, got -5s (omit it for the default, 300s)"}},
 		{"zero tolerance", route("    tolerance: 0s\n"), nil, []string{"routes[0].tolerance: must be greater than 0, got 0s (omit it for the default, 300s)"}},
+		{"tolerance under a second", route("    tolerance: 500ms\n"), nil, []string{"routes[0].tolerance: must be at least 1s, got 500ms: signed timestamps are whole seconds, so most deliveries would fail their check (omit it for the default, 300s)"}},
+		{"tolerance of a second", route("    tolerance: 1s\n"), nil, nil},
 		{"bad methods", route("    methods: [post, \"GET X\"]\n"), nil, []string{
 			`routes[0].methods[0]: invalid method "post" (want upper case, e.g. POST)`,
 			`routes[0].methods[1]: invalid method "GET X" (want upper case, e.g. POST)`,

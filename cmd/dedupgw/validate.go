@@ -366,8 +366,13 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 			}
 		}
 	}
-	if r.Tolerance != nil && *r.Tolerance <= 0 {
+	switch {
+	case r.Tolerance != nil && *r.Tolerance <= 0:
 		ps.add(key+".tolerance", "must be greater than 0, got %v (omit it for the default, 300s)", *r.Tolerance)
+	case r.Tolerance != nil && *r.Tolerance < time.Second:
+		// A delivery's signed timestamp is whole seconds, up to a second
+		// before it was sent: most would be refused.
+		ps.add(key+".tolerance", "must be at least 1s, got %v: signed timestamps are whole seconds, so most deliveries would fail their check (omit it for the default, 300s)", *r.Tolerance)
 	}
 	for i, m := range r.Methods {
 		if !isToken(m) || m != strings.ToUpper(m) {
