@@ -377,10 +377,61 @@ func (p *pipeliner) send(batch []*op) {
 		stampPipelineErr(again, err)
 		p.noteWait(again, wait)
 	}
+	p.reloadIfStale(live)
 	signalled = true
 	for _, o := range live {
 		o.done <- struct{}{}
 	}
+}
+
+// reloadIfStale asks a Cluster client to reload its slot map when one of
+// ops failed as a failover makes commands fail: a master that could not be
+// reached (refused, timed out, cut off) or a Cluster that answered
+// CLUSTERDOWN. go-redis reloads the map by itself only on MOVED and ASK, and
+// every 60s (ClusterStateReloadInterval): a dead master answers no MOVED, so
+// after its replica was promoted the store would go on sending that
+// master's keys to its address, failing them, for up to a minute. The
+// reload runs in the background, one at a time and at most once per 200ms
+// (go-redis's LazyReload), so an outage costs a few CLUSTER SLOTS a second.
+func (p *pipeliner) reloadIfStale(ops []*op) {
+	cc, ok := p.client.(*redis.ClusterClient)
+	if !ok {
+		return
+	}
+	for _, o := range ops {
+		if staleTopology(o.err()) {
+			cc.ReloadState(context.Background())
+			return
+		}
+	}
+}
+
+// err returns o's reply error (nil before a reply).
+func (o *op) err() error {
+	switch {
+	case o.cmd != nil:
+		return o.cmd.Err()
+	case o.str != nil:
+		return o.str.Err()
+	}
+	return nil
+}
+
+// staleTopology reports whether err may mean the Cluster's masters changed:
+// CLUSTERDOWN, or a failure to reach a node (not Redis's own answer, nor
+// the caller's context ending, nor a closed client).
+func staleTopology(err error) bool {
+	var rerr redis.Error
+	switch {
+	case err == nil || isNil(err):
+		return false
+	case redis.IsClusterDownError(err):
+		return true
+	case errors.As(err, &rerr), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, dedup.ErrClosed), errors.Is(err, redis.ErrClosed):
+		return false
+	}
+	return true
 }
 
 // appendWait queues WAIT at the end of pipe when p waits for replicas and

@@ -676,3 +676,71 @@ func concurrentFlush(t *testing.T, s *redisstore.Store, admins []*redis.Client) 
 		t.Errorf("no EVAL sent: the flushes did not exercise the NOSCRIPT fallback")
 	}
 }
+
+// A Cluster master killed and replaced by its replica: the store follows
+// the promotion after the first command that fails against the dead master.
+// go-redis reloads its slot map on MOVED and ASK, and otherwise only every
+// 60s or when asked (ForEachMaster, which Ping and the gateway's 30s
+// restart watch use), and a dead master answers no MOVED: in an operator
+// trial, claims of the dead master's keys kept failing with "connect:
+// connection refused" for 24s after the promotion, until the watch
+// reloaded the map (on_store_error: reject answered 503, forward forwarded
+// them undeduplicated), and only a replica whose /readyz was polled
+// followed at once. Nothing here pings: the store's own failures must do.
+func TestClusterFailoverFollowedWithoutPing(t *testing.T) {
+	cl := redistest.StartClusterWithReplicas(t, 3)
+	// A hash tag in the prefix puts every key in one slot, on one master.
+	s := newStore(t, redisstore.Config{Addrs: cl.Addrs(), KeyPrefix: "{" + uniquePrefix() + "}"}, nil)
+	ctx := context.Background()
+	claimCommit(t, s, dedup.Key{Namespace: "n", ID: "before"}) // loads the slot map
+
+	probe := cl.Client()
+	slot, err := probe.ClusterKeySlot(ctx, s.Key(dedup.Key{Namespace: "n", ID: "before"})).Result()
+	if err != nil {
+		t.Fatalf("CLUSTER KEYSLOT: %v", err)
+	}
+	addr, err := redistest.MasterOf(ctx, cl.Nodes[0].Addr(), int(slot))
+	if err != nil || addr == "" {
+		t.Fatalf("master of slot %d: got (%q, %v)", slot, addr, err)
+	}
+	var victim *redistest.Server
+	for _, n := range append(slices.Clone(cl.Nodes), cl.Replicas...) {
+		if n.Addr() == addr {
+			victim = n
+		}
+	}
+	if victim == nil {
+		t.Fatalf("master of slot %d is %s, which the test did not start", slot, addr)
+	}
+	victim.Stop() // kill -9
+	cl.AwaitFailover(victim, int(slot))
+	promoted := time.Now()
+
+	// The replica is the master now. Claims may fail until the store has
+	// learnt so from a failure, not for much longer.
+	const bound = 5 * time.Second
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	failed := 0
+	for i := 0; ; i++ {
+		k := dedup.Key{Namespace: "n", ID: "after_" + strconv.Itoa(i)}
+		res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+		if err == nil {
+			if res.Outcome != dedup.Claimed {
+				t.Fatalf("Claim(%s) after the failover: got %v, want claimed", k, res.Outcome)
+			}
+			if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+				t.Fatalf("Commit(%s) after the failover: got %v, want nil", k, err)
+			}
+			wantDuplicate(t, s, k)
+			break
+		}
+		failed++
+		if time.Since(promoted) > bound {
+			t.Fatalf("claims of the dead master's slot still fail %s after its replica was promoted (%d failed): %v; want the store to follow the new master",
+				bound, failed, err)
+		}
+		<-tick.C
+	}
+	t.Logf("%d claims failed after the promotion, the first one to succeed %s after it", failed, time.Since(promoted).Round(time.Millisecond))
+}

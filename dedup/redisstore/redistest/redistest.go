@@ -1,5 +1,6 @@
 // Package redistest starts real Redis servers for tests: a single node
-// (Start), a three-master Cluster (StartCluster) and a master watched by one
+// (Start), a three-master Cluster (StartCluster; with a replica per master,
+// StartClusterWithReplicas) and a master watched by one
 // Sentinel (StartSentinel; more with AddSentinel).
 //
 // Every server runs the redis-server binary found on PATH, binds only to
@@ -20,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -424,17 +426,35 @@ func freePort(t testing.TB, bus bool) int {
 	return 0
 }
 
-// Cluster is a Redis Cluster of masters without replicas.
+// Cluster is a Redis Cluster of masters, without replicas (StartCluster) or
+// with one each (StartClusterWithReplicas).
 type Cluster struct {
-	// Nodes are the cluster's masters.
+	// Nodes are the cluster's masters, as started.
 	Nodes []*Server
-	t     testing.TB
+	// Replicas are the replicas StartClusterWithReplicas started, one per
+	// master (which one follows which is redis-cli's choice).
+	Replicas []*Server
+	t        testing.TB
 }
 
 // StartCluster starts n (at least 3) cluster-enabled servers, joins them with
 // `redis-cli --cluster create … --cluster-replicas 0` and waits until every
 // node reports cluster_state:ok and knows all 16384 slots.
 func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	return startCluster(t, n, false)
+}
+
+// StartClusterWithReplicas is StartCluster with one replica per master
+// (`--cluster-replicas 1`): a master that dies is replaced by its replica
+// after the cluster-node-timeout (2s). It waits, besides, until every
+// replica's link to its master is up, so that a replica can be promoted.
+func StartClusterWithReplicas(t testing.TB, n int) *Cluster {
+	t.Helper()
+	return startCluster(t, n, true)
+}
+
+func startCluster(t testing.TB, n int, replicas bool) *Cluster {
 	t.Helper()
 	if n < 3 {
 		t.Fatalf("StartCluster: got %d nodes, want at least 3", n)
@@ -455,16 +475,29 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			}
 		}
 	}
-	for len(c.Nodes) < n {
-		c.Nodes = append(c.Nodes, startServer(t, pick, []string{
+	start := func() *Server {
+		return startServer(t, pick, []string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", "2000",
-		}))
+		})
 	}
+	for len(c.Nodes) < n {
+		c.Nodes = append(c.Nodes, start())
+	}
+	perMaster := "0"
+	for replicas && len(c.Replicas) < n {
+		c.Replicas = append(c.Replicas, start())
+		perMaster = "1"
+	}
+	// redis-cli makes masters of the first n addresses (they share one
+	// host), replicas of the rest.
 	args := []string{"--cluster", "create"}
 	args = append(args, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	for _, r := range c.Replicas {
+		args = append(args, r.Addr())
+	}
+	args = append(args, "--cluster-replicas", perMaster, "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput()
@@ -492,11 +525,13 @@ func (c *Cluster) Client() *redis.ClusterClient {
 }
 
 // waitOK polls every node's CLUSTER INFO until all report cluster_state:ok
-// with all slots assigned and ok, and all nodes know each other.
+// with all slots assigned and ok, and all nodes know each other; and each
+// replica's INFO replication until its link to its master is up.
 func (c *Cluster) waitOK(ctx context.Context) {
 	c.t.Helper()
-	clients := make([]*redis.Client, len(c.Nodes))
-	for i, s := range c.Nodes {
+	nodes := append(slices.Clone(c.Nodes), c.Replicas...)
+	clients := make([]*redis.Client, len(nodes))
+	for i, s := range nodes {
 		clients[i] = redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 		defer clients[i].Close()
 	}
@@ -504,7 +539,7 @@ func (c *Cluster) waitOK(ctx context.Context) {
 		"cluster_state:ok",
 		"cluster_slots_assigned:16384",
 		"cluster_slots_ok:16384",
-		"cluster_known_nodes:" + strconv.Itoa(len(c.Nodes)),
+		"cluster_known_nodes:" + strconv.Itoa(len(nodes)),
 	}
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -527,12 +562,81 @@ func (c *Cluster) waitOK(ctx context.Context) {
 				break
 			}
 		}
+		for _, cl := range clients[len(c.Nodes):] {
+			if !ready {
+				break
+			}
+			info, err := cl.Info(ctx, "replication").Result()
+			if err != nil || !strings.Contains(info, "master_link_status:up") {
+				last, ready = fmt.Sprint(info, err), false
+			}
+		}
 		if ready {
 			return
 		}
 		select {
 		case <-ctx.Done():
 			c.t.Fatalf("cluster not ok after %s; last CLUSTER INFO:\n%s", startTimeout, last)
+		case <-tick.C:
+		}
+	}
+}
+
+// MasterOf returns the address of the master that serves slot, as the
+// running node at addr reports it (CLUSTER SLOTS), or "" when none does.
+func MasterOf(ctx context.Context, addr string, slot int) (string, error) {
+	cl := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer cl.Close()
+	slots, err := cl.ClusterSlots(ctx).Result()
+	if err != nil {
+		return "", err
+	}
+	for _, r := range slots {
+		if slot >= r.Start && slot <= r.End && len(r.Nodes) > 0 {
+			return r.Nodes[0].Addr, nil
+		}
+	}
+	return "", nil
+}
+
+// AwaitFailover waits until a node other than dead, the master of slot that
+// was stopped, serves slot as its master, and every running node reports
+// cluster_state:ok: the dead master's replica was promoted.
+func (c *Cluster) AwaitFailover(dead *Server, slot int) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	var live []*Server
+	for _, s := range append(slices.Clone(c.Nodes), c.Replicas...) {
+		if s != dead {
+			live = append(live, s)
+		}
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var last string
+	for {
+		ok := true
+		for _, s := range live {
+			master, err := MasterOf(ctx, s.Addr(), slot)
+			if err != nil || master == "" || master == dead.Addr() {
+				last, ok = fmt.Sprintf("%s: slot %d served by %q (%v)", s.Addr(), slot, master, err), false
+				break
+			}
+			cl := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+			info, err := cl.ClusterInfo(ctx).Result()
+			_ = cl.Close()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				last, ok = fmt.Sprintf("%s: %v %v", s.Addr(), info, err), false
+				break
+			}
+		}
+		if ok {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			c.t.Fatalf("no failover of %s within %s: %s", dead.Addr(), startTimeout, last)
 		case <-tick.C:
 		}
 	}
