@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -372,5 +373,62 @@ func TestClaimThatCouldNotConnectIsNotUndone(t *testing.T) {
 		if strings.Contains(trip, "eval") {
 			t.Errorf("round trips after a claim that could not connect: got %q, want no undo (release.lua)", trip)
 		}
+	}
+}
+
+// A claim applied whose reply was lost, and whose re-send by go-redis
+// (MaxRetries) could not connect, is undone, not left holding the key for a
+// lease. undoIfUnclear takes a dial error for a claim never sent; that
+// holds because go-redis stamps a pipelined command with the first error of
+// its attempts (the lost reply's), not with the retry's dial error. Were
+// that to change, this test fails.
+func TestClaimSentThenRetryCouldNotConnectIsUndone(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := newCutProxy(t, srv.Addr())
+	var refused, settled atomic.Bool
+	client := redis.NewClient(&redis.Options{
+		Addr: proxy.addr(),
+		// As New configures a client: one retry, one dial per attempt.
+		MaxRetries:    1,
+		DialerRetries: 1,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if proxy.cut.Load() && !settled.Load() {
+				// Redis is unreachable from the cut until the claim failed.
+				refused.Store(true)
+				return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		},
+	})
+	t.Cleanup(func() { _ = client.Close() })
+	client.AddHook(afterPipelineHook(func() { settled.Store(proxy.cut.Load()) }))
+	s := redisstore.NewFromClient(client, uniquePrefix(), redisstore.Options{})
+	k := dedup.Key{Namespace: "n", ID: "evt_sent"}
+	if _, err := s.Claim(context.Background(), k, dedup.ClaimOptions{Lease: time.Minute}); err == nil {
+		t.Fatal("Claim whose reply was cut and whose retry could not connect: got nil, want an error")
+	}
+	if !proxy.cut.Load() || !refused.Load() {
+		t.Fatalf("got cut %v, retry refused %v, want both", proxy.cut.Load(), refused.Load())
+	}
+	if err := s.Close(); err != nil { // waits for the undos started
+		t.Fatalf("Close: %v", err)
+	}
+	if got := srv.Client().Exists(context.Background(), s.Key(k)).Val(); got != 0 {
+		t.Errorf("key of a claim applied, its reply lost and its retry unable to connect: got it held (%d), want it undone", got)
+	}
+}
+
+// afterPipelineHook calls done after each pipeline (its retries included)
+// returned, before its caller sees the answer.
+type afterPipelineHook func()
+
+func (h afterPipelineHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h afterPipelineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h afterPipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h()
+		return err
 	}
 }
