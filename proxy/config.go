@@ -48,9 +48,11 @@ type Route struct {
 	// not deduplicated (no key, no claim, Dedup-Status unkeyed), as the GET,
 	// DELETE and CORS preflight requests an API serves beside its POSTs.
 	// Such a request is not a delivery: dedupgw_deliveries_total does not
-	// count it, and its log line is at debug level. Forward needs a route
-	// without secrets, so nothing reaches a signed route's application
-	// unverified.
+	// count it, and its log line is at debug level. A method of Methods in
+	// another case ("post") still gets 405: an application that upper-cases
+	// the method would take it for one whose key was never claimed. Forward
+	// needs a route without secrets, so nothing reaches a signed route's
+	// application unverified.
 	OnOtherMethod string
 	// PreserveHost sends the sender's Host header to the upstream. False
 	// (the default) sends the upstream URL's host, as

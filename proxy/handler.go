@@ -128,7 +128,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer g.finish(d)
 
 	other := !rt.allows(r.Method)
-	if other && rt.OnOtherMethod != Forward {
+	// A deduplicated method spelt in another case ("post") is refused, not
+	// passed through: many applications upper-case the method, and would
+	// take it for the method whose key was never claimed.
+	if other && (rt.OnOtherMethod != Forward || rt.allowsFold(r.Method)) {
 		closeIfUnread(w, r)
 		w.Header().Set("Allow", strings.Join(rt.methods, ", "))
 		g.reject(w, d, outcomeRejectedMethod, probMethod.with(rt.Name, fmt.Sprintf("this route accepts %s", strings.Join(rt.methods, ", "))))

@@ -303,6 +303,20 @@ func TestDeliveryTable(t *testing.T) {
 			wantUpstream: 5,
 		},
 		{
+			// Django, Flask, Symfony and Laravel read the method upper-cased:
+			// a "post" passed through would reach the application as a POST
+			// with no key claimed.
+			name:   "a deduplicated method in another case, on_other_method: forward: 405",
+			route:  func(r *Route) { r.OnOtherMethod = Forward },
+			handle: ok,
+			steps: []step{
+				{method: "post", headers: []string{"Idempotency-Key: k1"}, wantStatus: 405, wantDedup: "rejected", wantCT: problemJSON},
+				{method: "Post", headers: []string{"Idempotency-Key: k1"}, wantStatus: 405, wantDedup: "rejected", wantCT: problemJSON},
+				{method: "get", wantStatus: 201, wantDedup: "unkeyed"},
+			},
+			wantUpstream: 1,
+		},
+		{
 			name:  "another method, on_other_method: forward, body over max_body_bytes: 413",
 			route: func(r *Route) { r.OnOtherMethod, r.MaxBodyBytes = Forward, 8 },
 			steps: []step{{method: http.MethodPut, body: `{"id":"too long"}`, wantStatus: 413, wantDedup: "rejected", wantCT: problemJSON}},

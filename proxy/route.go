@@ -57,6 +57,12 @@ func routeLabel(i int, name string) string {
 // allows reports whether the route accepts method.
 func (rt *route) allows(method string) bool { return slices.Contains(rt.methods, method) }
 
+// allowsFold reports whether method is one of the route's methods, case
+// aside.
+func (rt *route) allowsFold(method string) bool {
+	return slices.ContainsFunc(rt.methods, func(m string) bool { return strings.EqualFold(m, method) })
+}
+
 // routeTable is one immutable generation of routes. Reload swaps whole tables.
 type routeTable struct {
 	all      []*route
