@@ -136,6 +136,7 @@ routes:
     path: /a
     upstream: https://app.internal/base
     provider: stripe
+    on_other_method: forward
   - name: b
     path: /b/*
     upstream: http://127.0.0.1:3000
@@ -188,6 +189,8 @@ routes:
 		{"a.Provider.Keys", a.Provider.Keys, []string(nil)},
 		{"b.Namespace", b.Namespace, "shared"},
 		{"b.Methods", b.Methods, []string{"POST", "PUT"}},
+		{"a.OnOtherMethod", a.OnOtherMethod, "forward"},
+		{"b.OnOtherMethod", b.OnOtherMethod, ""}, // a route's own key: nothing inherited
 		{"a.PreserveHost", a.PreserveHost, false},
 		{"b.PreserveHost", b.PreserveHost, true},
 		{"a.StripPath", a.StripPath, false},
