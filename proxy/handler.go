@@ -38,6 +38,10 @@ type delivery struct {
 	rt        *route
 	start     time.Time
 	requestID string // the provider's delivery ID, clipped for logs
+	// other marks a request of a method the route passes through
+	// (on_other_method: forward): not a delivery, so not counted, whatever
+	// its answer (forwarded, or 413 and 408 for its body).
+	other bool
 
 	key   dedup.Key
 	keyed bool
@@ -127,11 +131,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d := &delivery{rt: rt, start: time.Now()}
 	defer g.finish(d)
 
-	other := !rt.allows(r.Method)
+	d.other = !rt.allows(r.Method)
 	// A deduplicated method spelt in another case ("post") is refused, not
 	// passed through: many applications upper-case the method, and would
 	// take it for the method whose key was never claimed.
-	if other && (rt.OnOtherMethod != Forward || rt.allowsFold(r.Method)) {
+	if d.other && (rt.OnOtherMethod != Forward || rt.allowsFold(r.Method)) {
 		closeIfUnread(w, r)
 		w.Header().Set("Allow", strings.Join(rt.methods, ", "))
 		g.reject(w, d, outcomeRejectedMethod, probMethod.with(rt.Name, fmt.Sprintf("this route accepts %s", strings.Join(rt.methods, ", "))))
@@ -169,7 +173,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	if other {
+	if d.other {
 		// on_other_method: forward. Not a delivery: no key, no claim.
 		d.outcome = outcomeOtherMethod
 		g.forward(w, r, d, body, statusUnkeyed)
@@ -469,7 +473,7 @@ func (d *delivery) detach(parent context.Context) context.Context {
 
 // finish counts the delivery and writes its log line.
 func (g *Gateway) finish(d *delivery) {
-	if d.outcome != "" && d.outcome != outcomeRejectedMethod && d.outcome != outcomeOtherMethod {
+	if d.outcome != "" && d.outcome != outcomeRejectedMethod && !d.other {
 		d.rt.metrics.delivery(d.outcome)
 	}
 	status := d.answer
