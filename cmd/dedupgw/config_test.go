@@ -673,6 +673,12 @@ func TestReplayHeadersNeverReplayedAreWarned(t *testing.T) {
 			"routes[0].methods[1]", `routes[0].methods[1]: route "api" replays stored answers and takes HEAD`},
 		{"HEAD on an ack route", fmt.Sprintf(route, "ack", "    methods: [POST, HEAD]\n"),
 			"routes[0].methods[1]", ""},
+		{"replay without Content-Type", fmt.Sprintf(route, "replay", "    replay_headers: [Location]\n"),
+			"routes[0].replay_headers", `routes[0].replay_headers: route "api" replays stored answers without their Content-Type`},
+		{"replay with content-type in lower case", fmt.Sprintf(route, "replay", "    replay_headers: [content-type, Location]\n"),
+			"routes[0].replay_headers", ""},
+		{"ack without Content-Type", fmt.Sprintf(route, "ack", "    replay_headers: [Location]\n"),
+			"routes[0].replay_headers", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { wantWarning(t, tt.text, tt.key, tt.want) })

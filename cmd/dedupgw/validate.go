@@ -587,7 +587,8 @@ func (f *File) unsetNote(key string) string {
 //
 // A replay_headers entry the gateway never replays as stored
 // (notReplayed) does nothing. A route that replays stored answers and takes
-// HEAD replays a HEAD's empty answer to later requests with its key.
+// HEAD replays a HEAD's empty answer to later requests with its key; one
+// whose replay_headers leaves out Content-Type replays bodies untyped.
 //
 // store.redis.wait_replicas makes a claim fail while too few replicas
 // acknowledge it; a route with on_store_error: forward then forwards every
@@ -670,9 +671,19 @@ func (f *File) Warnings() []Problem {
 		ws = append(ws, replayHeaderWarnings(fmt.Sprintf("routes[%d]", i), r.ReplayHeaders)...)
 		if p.DuplicateResponse != nil && *p.DuplicateResponse == proxy.Replay {
 			if j := slices.Index(r.Methods, http.MethodHead); j >= 0 {
+				pass := ""
+				if len(r.Secrets) == 0 {
+					pass = ", and set on_other_method: forward to pass it through"
+				}
 				ws = append(ws, Problem{
 					Key: fmt.Sprintf("routes[%d].methods[%d]", i, j),
-					Msg: fmt.Sprintf("route %q replays stored answers and takes HEAD: a HEAD's answer has no body, so a HEAD first with a key is replayed, empty, to every later request with that key; a safe method needs no idempotency key, so leave HEAD (and GET) out of methods, and set on_other_method: forward to pass them through", r.Name),
+					Msg: fmt.Sprintf("route %q replays stored answers and takes HEAD: a HEAD's answer has no body, so a HEAD first with a key is replayed, empty, to every later request with that key; a safe method needs no idempotency key, so leave HEAD out of methods%s", r.Name, pass),
+				})
+			}
+			if !slices.ContainsFunc(p.ReplayHeaders, func(h string) bool { return strings.EqualFold(h, "Content-Type") }) {
+				ws = append(ws, Problem{
+					Key: fmt.Sprintf("routes[%d].replay_headers", i),
+					Msg: fmt.Sprintf("route %q replays stored answers without their Content-Type (replay_headers does not list it): a client cannot tell what a replayed body is; list Content-Type", r.Name),
 				})
 			}
 		}
