@@ -400,3 +400,28 @@ func TestHeldKeysPrunesByLastUse(t *testing.T) {
 		t.Errorf("a retry %v after the claim, minutes after its first settle: got %d, want the first settle's time", staleHeld, got-t0)
 	}
 }
+
+// TestDialFailed: only a failure to connect means a claim was never sent;
+// a connection cut or timed out after the write may have carried it, and
+// must be undone.
+func TestDialFailed(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"dial refused", refused, true},
+		{"dial refused, wrapped", fmt.Errorf("redisstore: claim: %w", refused), true},
+		{"read reset", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, false},
+		{"write broken", &net.OpError{Op: "write", Net: "tcp", Err: syscall.EPIPE}, false},
+		{"read timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, false},
+		{"EOF", io.EOF, false},
+		{"context deadline", context.DeadlineExceeded, false},
+	}
+	for _, tt := range tests {
+		if got := dialFailed(tt.err); got != tt.want {
+			t.Errorf("%s: dialFailed(%v): got %v, want %v", tt.name, tt.err, got, tt.want)
+		}
+	}
+}

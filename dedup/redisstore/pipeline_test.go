@@ -3,11 +3,15 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -511,5 +515,33 @@ func TestStampPipelineErr(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStaleTopology: what makes a Cluster client reload its slot map after
+// a pipeline: a node it could not reach, or CLUSTERDOWN; not Redis's own
+// answers, a caller's context ending or a closed store.
+func TestStaleTopology(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"no error", nil, false},
+		{"key absent", redis.Nil, false},
+		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
+		{"read timeout (a hung master)", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, true},
+		{"connection cut", io.EOF, true},
+		{"CLUSTERDOWN", errorReply("CLUSTERDOWN The cluster is down"), true},
+		{"Redis's own answer", errorReply("ERR dedupgw: undecodable record"), false},
+		{"caller's context", context.Canceled, false},
+		{"caller's deadline", context.DeadlineExceeded, false},
+		{"store closed", dedup.ErrClosed, false},
+		{"client closed", redis.ErrClosed, false},
+	}
+	for _, tt := range tests {
+		if got := staleTopology(tt.err); got != tt.want {
+			t.Errorf("%s: staleTopology(%v): got %v, want %v", tt.name, tt.err, got, tt.want)
+		}
 	}
 }
