@@ -38,9 +38,10 @@ type delivery struct {
 	rt        *route
 	start     time.Time
 	requestID string // the provider's delivery ID, clipped for logs
-	// other marks a request of a method the route passes through
-	// (on_other_method: forward): not a delivery, so not counted, whatever
-	// its answer (forwarded, or 413 and 408 for its body).
+	// other marks a request whose method is not one of the route's:
+	// refused with 405, or passed through (on_other_method: forward). It
+	// is not a delivery, so it is not counted, whatever its answer (405,
+	// forwarded, or 413 and 408 for its body).
 	other bool
 
 	key   dedup.Key
