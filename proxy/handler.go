@@ -38,14 +38,14 @@ type delivery struct {
 	rt        *route
 	start     time.Time
 	requestID string // the provider's delivery ID, clipped for logs
+
+	key   dedup.Key
+	keyed bool
 	// other marks a request whose method is not one of the route's:
 	// refused with 405, or passed through (on_other_method: forward). It
 	// is not a delivery, so it is not counted, whatever its answer (405,
 	// forwarded, or 413 and 408 for its body).
 	other bool
-
-	key   dedup.Key
-	keyed bool
 	// clientKey is the key as the sender gave it: key.ID without the client
 	// scope of a client_identity route. Logs and the duplicate ack show it.
 	clientKey string
