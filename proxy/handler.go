@@ -400,13 +400,33 @@ func (g *Gateway) wait(w http.ResponseWriter, r *http.Request, d *delivery, body
 	}
 }
 
-// inFlight answers 409 with Retry-After until the holder's lease ends.
+// inFlight answers 409 with Retry-After: when the holder's delivery should
+// be settled (see settledBy).
 func (g *Gateway) inFlight(w http.ResponseWriter, d *delivery, rec dedup.Record) {
 	d.outcome = outcomeInFlight
 	d.answer = http.StatusConflict
 	setDedupStatus(w.Header(), statusInFlight)
+	now := g.now()
 	writeProblem(w, probInFlight.with(d.rt.Name, "another delivery of this event is being forwarded; retry after it finished"),
-		retryAfterSeconds(g.now(), rec.LeaseUntil, d.rt.Lease))
+		retryAfterSeconds(now, g.settledBy(d.rt, rec.LeaseUntil, now), d.rt.Lease))
+}
+
+// settledBy returns when a claim whose lease ends at leaseUntil should be
+// settled: its forward ends within upstream_timeout of the claim (the
+// route's lease before leaseUntil) and its commit or release within the
+// store timeout after that, so a retry then finds the key processed or
+// claimable, not in flight. Where that time has passed (a holder that
+// crashed, or a commit retried in the background) or is not earlier, it is
+// the lease's end, after which the key is taken over.
+func (g *Gateway) settledBy(rt *route, leaseUntil, now time.Time) time.Time {
+	if leaseUntil.IsZero() {
+		return leaseUntil
+	}
+	by := leaseUntil.Add(-rt.Lease + rt.UpstreamTimeout + g.storeTimeout)
+	if by.After(now) && by.Before(leaseUntil) {
+		return by
+	}
+	return leaseUntil
 }
 
 // get reads d's key's record under the store timeout, on a context the sender

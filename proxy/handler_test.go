@@ -374,6 +374,36 @@ func TestDeliveryTable(t *testing.T) {
 	}
 }
 
+// TestSettledBy: the in-flight 409's Retry-After points at when the
+// holder's forward and settle end (upstream_timeout and the store timeout
+// after the claim), not at its lease's end, unless that time has passed
+// (the holder crashed, or retries its commit) or comes no earlier.
+func TestSettledBy(t *testing.T) {
+	g := &Gateway{storeTimeout: 5 * time.Second}
+	claimed := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name            string
+		lease, upstream time.Duration
+		since           time.Duration // now - claimed
+		want            time.Duration // settledBy - claimed
+	}{
+		{"just claimed", 60 * time.Second, 30 * time.Second, time.Second, 35 * time.Second},
+		{"forward under way", 30 * time.Second, 10 * time.Second, 12 * time.Second, 15 * time.Second},
+		{"should have settled: the lease's end", 30 * time.Second, 10 * time.Second, 16 * time.Second, 30 * time.Second},
+		{"no earlier than the lease's end", 12 * time.Second, 10 * time.Second, time.Second, 12 * time.Second},
+	}
+	for _, tt := range tests {
+		rt := &route{Route: Route{Lease: tt.lease, UpstreamTimeout: tt.upstream}}
+		got := g.settledBy(rt, claimed.Add(tt.lease), claimed.Add(tt.since)).Sub(claimed)
+		if got != tt.want {
+			t.Errorf("%s: got settled %v after the claim, want %v", tt.name, got, tt.want)
+		}
+	}
+	if got := g.settledBy(&route{}, time.Time{}, claimed); !got.IsZero() {
+		t.Errorf("no lease end known: got %v, want the zero time (retryAfterSeconds then uses the lease)", got)
+	}
+}
+
 // deliveriesCounted returns dedupgw_deliveries_total summed over every
 // outcome of route.
 func deliveriesCounted(t *testing.T, h *harness, route string) float64 {
@@ -829,7 +859,7 @@ func wantProblemOf(t *testing.T, resp response, p problem) {
 }
 
 // TestInFlightReject: a duplicate arriving while the first is forwarded gets
-// 409 with Retry-After until the lease ends.
+// 409 with Retry-After until the first should be settled.
 func TestInFlightReject(t *testing.T) {
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 1)
@@ -855,9 +885,11 @@ func TestInFlightReject(t *testing.T) {
 	if got := counterValue(t, h.gw.metrics.deliveries, "orders", outcomeInFlight); got != 1 {
 		t.Errorf("got %v in_flight deliveries, want 1", got)
 	}
+	// Settled within upstream_timeout (30s) and the store timeout (5s) of
+	// the claim, well before its 90s lease ends.
 	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
-	if err != nil || ra < 80 || ra > 90 {
-		t.Errorf("got Retry-After %q, want about 90 seconds", resp.Header.Get("Retry-After"))
+	if err != nil || ra < 30 || ra > 35 {
+		t.Errorf("got Retry-After %q, want about 35 seconds", resp.Header.Get("Retry-After"))
 	}
 	if got := (<-first).Status; got != http.StatusOK {
 		t.Errorf("first delivery: got %d, want 200", got)
