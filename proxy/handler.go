@@ -418,9 +418,18 @@ func (g *Gateway) inFlight(w http.ResponseWriter, d *delivery, rec dedup.Record)
 // claimable, not in flight. Where that time has passed (a holder that
 // crashed, or a commit retried in the background) or is not earlier, it is
 // the lease's end, after which the key is taken over.
+//
+// The claim is in the store, so it was made no later than now: a lease that
+// ends more than a lease from now was granted on a clock ahead of ours
+// (another replica's on Redis, or ours before a step back), and is read as
+// ending one lease from now. Otherwise a holder's clock 10 minutes ahead
+// would tell every copy to come back in 10 minutes and 35 s.
 func (g *Gateway) settledBy(rt *route, leaseUntil, now time.Time) time.Time {
 	if leaseUntil.IsZero() {
 		return leaseUntil
+	}
+	if latest := now.Add(rt.Lease); leaseUntil.After(latest) {
+		leaseUntil = latest
 	}
 	by := leaseUntil.Add(-rt.Lease + rt.UpstreamTimeout + g.storeTimeout)
 	if by.After(now) && by.Before(leaseUntil) {

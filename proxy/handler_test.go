@@ -391,6 +391,10 @@ func TestSettledBy(t *testing.T) {
 		{"forward under way", 30 * time.Second, 10 * time.Second, 12 * time.Second, 15 * time.Second},
 		{"should have settled: the lease's end", 30 * time.Second, 10 * time.Second, 16 * time.Second, 30 * time.Second},
 		{"no earlier than the lease's end", 12 * time.Second, 10 * time.Second, time.Second, 12 * time.Second},
+		// The lease was granted on a clock 10 minutes ahead of ours: the
+		// claim, already in the store, is read as made now.
+		{"holder's clock ahead", 60 * time.Second, 30 * time.Second, -10 * time.Minute, -10*time.Minute + 35*time.Second},
+		{"holder's clock ahead, no earlier than the lease's end", 12 * time.Second, 10 * time.Second, -10 * time.Minute, -10*time.Minute + 12*time.Second},
 	}
 	for _, tt := range tests {
 		rt := &route{Route: Route{Lease: tt.lease, UpstreamTimeout: tt.upstream}}
@@ -887,6 +891,42 @@ func TestInFlightReject(t *testing.T) {
 	}
 	// Settled within upstream_timeout (30s) and the store timeout (5s) of
 	// the claim, well before its 90s lease ends.
+	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || ra < 30 || ra > 35 {
+		t.Errorf("got Retry-After %q, want about 35 seconds", resp.Header.Get("Retry-After"))
+	}
+	if got := (<-first).Status; got != http.StatusOK {
+		t.Errorf("first delivery: got %d, want 200", got)
+	}
+}
+
+// TestInFlightRejectHolderClockAhead: a lease granted on a clock ahead of
+// the gateway's (another replica's on Redis) does not stretch the in-flight
+// 409's Retry-After beyond when the holder should be settled: the claim was
+// made no later than now.
+func TestInFlightRejectHolderClockAhead(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+		arrived <- struct{}{}
+		<-release
+	})
+	r := genericRoute("orders", "/hooks/orders", up.URL)
+	ahead := memstore.New(memstore.Options{Now: func() time.Time { return time.Now().Add(10 * time.Minute) }, SweepInterval: -1})
+	t.Cleanup(func() { _ = ahead.Close() })
+	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{store: ahead})
+	first := make(chan response, 1)
+	go func() {
+		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+		first <- resp
+	}()
+	recv(t, arrived, "the first delivery at the upstream")
+	resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
+	close(release)
+	if resp.Status != http.StatusConflict {
+		t.Fatalf("got %d, want 409", resp.Status)
+	}
+	// upstream_timeout (30s) plus the store timeout (5s), not 10m35s.
 	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
 	if err != nil || ra < 30 || ra > 35 {
 		t.Errorf("got Retry-After %q, want about 35 seconds", resp.Header.Get("Retry-After"))
