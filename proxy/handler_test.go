@@ -863,76 +863,56 @@ func wantProblemOf(t *testing.T, resp response, p problem) {
 }
 
 // TestInFlightReject: a duplicate arriving while the first is forwarded gets
-// 409 with Retry-After until the first should be settled.
+// 409 with Retry-After until the first should be settled: within
+// upstream_timeout (30s) and the store timeout (5s) of the claim, well
+// before its lease ends, also when the lease was granted on a clock ahead of
+// the gateway's (another replica's on Redis): the claim was made no later
+// than now, so not 10m35s.
 func TestInFlightReject(t *testing.T) {
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 1)
-	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
-		arrived <- struct{}{}
-		<-release
-	})
-	r := genericRoute("orders", "/hooks/orders", up.URL)
-	r.Lease = 90 * time.Second
-	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
-	first := make(chan response, 1)
-	go func() {
-		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
-		first <- resp
-	}()
-	recv(t, arrived, "the first delivery at the upstream")
-	resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
-	close(release)
-	if resp.Status != http.StatusConflict || resp.Header.Get(HeaderDedupStatus) != "in-flight" {
-		t.Errorf("got %d %q, want 409 in-flight", resp.Status, resp.Header.Get(HeaderDedupStatus))
+	tests := []struct {
+		name  string
+		lease time.Duration
+		ahead time.Duration // the store's clock less the gateway's
+	}{
+		{"a 90s lease", 90 * time.Second, 0},
+		{"the holder's clock 10 minutes ahead", 0, 10 * time.Minute},
 	}
-	wantProblemOf(t, resp, probInFlight)
-	if got := counterValue(t, h.gw.metrics.deliveries, "orders", outcomeInFlight); got != 1 {
-		t.Errorf("got %v in_flight deliveries, want 1", got)
-	}
-	// Settled within upstream_timeout (30s) and the store timeout (5s) of
-	// the claim, well before its 90s lease ends.
-	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
-	if err != nil || ra < 30 || ra > 35 {
-		t.Errorf("got Retry-After %q, want about 35 seconds", resp.Header.Get("Retry-After"))
-	}
-	if got := (<-first).Status; got != http.StatusOK {
-		t.Errorf("first delivery: got %d, want 200", got)
-	}
-}
-
-// TestInFlightRejectHolderClockAhead: a lease granted on a clock ahead of
-// the gateway's (another replica's on Redis) does not stretch the in-flight
-// 409's Retry-After beyond when the holder should be settled: the claim was
-// made no later than now.
-func TestInFlightRejectHolderClockAhead(t *testing.T) {
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 1)
-	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
-		arrived <- struct{}{}
-		<-release
-	})
-	r := genericRoute("orders", "/hooks/orders", up.URL)
-	ahead := memstore.New(memstore.Options{Now: func() time.Time { return time.Now().Add(10 * time.Minute) }, SweepInterval: -1})
-	t.Cleanup(func() { _ = ahead.Close() })
-	h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{store: ahead})
-	first := make(chan response, 1)
-	go func() {
-		resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
-		first <- resp
-	}()
-	recv(t, arrived, "the first delivery at the upstream")
-	resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
-	close(release)
-	if resp.Status != http.StatusConflict {
-		t.Fatalf("got %d, want 409", resp.Status)
-	}
-	// upstream_timeout (30s) plus the store timeout (5s), not 10m35s.
-	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
-	if err != nil || ra < 30 || ra > 35 {
-		t.Errorf("got Retry-After %q, want about 35 seconds", resp.Header.Get("Retry-After"))
-	}
-	if got := (<-first).Status; got != http.StatusOK {
-		t.Errorf("first delivery: got %d, want 200", got)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			release := make(chan struct{})
+			arrived := make(chan struct{}, 1)
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int) {
+				arrived <- struct{}{}
+				<-release
+			})
+			r := genericRoute("orders", "/hooks/orders", up.URL)
+			r.Lease = tt.lease
+			store := memstore.New(memstore.Options{Now: func() time.Time { return time.Now().Add(tt.ahead) }, SweepInterval: -1})
+			t.Cleanup(func() { _ = store.Close() })
+			h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{store: store})
+			first := make(chan response, 1)
+			go func() {
+				resp, _ := h.try(context.Background(), http.MethodPost, "/hooks/orders", `{"id":"evt_1"}`)
+				first <- resp
+			}()
+			recv(t, arrived, "the first delivery at the upstream")
+			resp := h.send("/hooks/orders", `{"id":"evt_1"}`)
+			close(release)
+			if resp.Status != http.StatusConflict || resp.Header.Get(HeaderDedupStatus) != "in-flight" {
+				t.Errorf("got %d %q, want 409 in-flight", resp.Status, resp.Header.Get(HeaderDedupStatus))
+			}
+			wantProblemOf(t, resp, probInFlight)
+			if got := counterValue(t, h.gw.metrics.deliveries, "orders", outcomeInFlight); got != 1 {
+				t.Errorf("got %v in_flight deliveries, want 1", got)
+			}
+			ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+			if err != nil || ra < 30 || ra > 35 {
+				t.Errorf("got Retry-After %q, want about 35 seconds", resp.Header.Get("Retry-After"))
+			}
+			if got := (<-first).Status; got != http.StatusOK {
+				t.Errorf("first delivery: got %d, want 200", got)
+			}
+		})
 	}
 }
 
