@@ -191,7 +191,7 @@ func (c *claimCall) ttlMS() int64 { return c.leaseMS + leaseGrace.Milliseconds()
 func (s *Store) claimFast(ctx context.Context, c *claimCall) (dedup.ClaimResult, bool, error) {
 	leaseUntil := c.now + c.leaseMS
 	value := newRecord(c.now, leaseUntil, c.token, c.claim)
-	cmd, waitErr := s.pipe.commandWaited(ctx, "set", c.key, value, "nx", "get", "px", c.ttlMS())
+	cmd, waitErr := s.pipeFor(ctx, c.key).commandWaited(ctx, "set", c.key, value, "nx", "get", "px", c.ttlMS())
 	c.waitErr = waitErr
 	old, err := cmd.Result()
 	if isNil(err) {
@@ -416,7 +416,7 @@ func (s *Store) fastPathOff(err error) {
 
 // claimScript runs c with claim.lua.
 func (s *Store) claimScript(ctx context.Context, c *claimCall) (dedup.ClaimResult, error) {
-	cmd, waitErr := s.pipe.runWaited(ctx, claimScript, c.key,
+	cmd, waitErr := s.pipeFor(ctx, c.key).runWaited(ctx, claimScript, c.key,
 		c.now, base36(c.now), base36(c.now+c.leaseMS),
 		c.ttlMS(), c.token, c.claim, c.bind,
 	)

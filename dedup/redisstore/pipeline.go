@@ -23,8 +23,11 @@ import (
 // does, and each caller gets its own reply. The contract:
 //
 //   - The Store owns inFlight worker goroutines, the dispatchers, started by
-//     New and NewFromClient and stopped by Close.
-//   - At most inFlight pipelines are on the wire at once. A caller whose
+//     New and NewFromClient and stopped by Close (on a Cluster, inFlight
+//     more per master, started with its first command).
+//   - At most inFlight pipelines are on the wire at once. On a Cluster the
+//     Store runs one pipeliner per master (see nodePipes), so this holds
+//     per master, and a batch holds one master's keys. A caller whose
 //     command finds another queued, or every pipeline slot taken, queues it
 //     and waits. A worker, once a slot is free, takes the first queued
 //     command plus every command queued meanwhile, at most maxBatch, and

@@ -115,6 +115,7 @@ type Store struct {
 	now        dedup.Clock
 	log        *zap.Logger
 	pipe       *pipeliner
+	nodes      *nodePipes // on a Cluster: a pipeliner per master; else nil
 	closed     atomic.Bool
 	scriptOnly atomic.Bool // the server refused SET NX GET: claims run claim.lua alone
 	held       heldKeys    // keys this Store claimed and has not finished
@@ -167,13 +168,26 @@ func newStore(client redis.UniversalClient, prefix string, opts Options, waitRep
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	return &Store{
+	s := &Store{
 		client: client,
 		prefix: prefix,
 		now:    opts.Now,
 		log:    opts.Logger.Named("redisstore"),
 		pipe:   newPipeliner(client, defaultInFlight, defaultMaxBatch, waitReplicas, waitTimeout),
 	}
+	if cc, ok := client.(*redis.ClusterClient); ok && waitReplicas == 0 {
+		s.nodes = newNodePipes(cc)
+	}
+	return s
+}
+
+// pipeFor returns the pipeliner that sends key's commands: on a Cluster
+// its master's own (see nodePipes), else the Store's one.
+func (s *Store) pipeFor(ctx context.Context, key string) *pipeliner {
+	if s.nodes == nil {
+		return s.pipe
+	}
+	return s.nodes.forKey(ctx, key, s.pipe)
 }
 
 // Key returns the Redis key that holds k's record, for operators and tests.
@@ -355,7 +369,7 @@ func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk,
 	}()
 	for attempt := 0; ; attempt++ {
 		var cmd *redis.Cmd
-		cmd, waitErr = s.pipe.runWaited(ctx, script, rk, args...)
+		cmd, waitErr = s.pipeFor(ctx, rk).runWaited(ctx, script, rk, args...)
 		if n, err = cmd.Int64(); err == nil || !s.again(ctx, op, err, attempt) {
 			return n, waitErr, err
 		}
@@ -443,7 +457,8 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return dedup.Record{}, fmt.Errorf("redisstore: get: %w", err)
 	}
-	value, err := s.pipe.get(ctx, s.Key(key)).Result()
+	rk := s.Key(key)
+	value, err := s.pipeFor(ctx, rk).get(ctx, rk).Result()
 	if isNil(err) {
 		return dedup.Record{}, dedup.ErrNotFound
 	}
@@ -881,6 +896,9 @@ func evictionRank(policy string) int {
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
+	}
+	if s.nodes != nil {
+		s.nodes.close()
 	}
 	s.pipe.close()
 	s.undoMu.Lock()

@@ -744,3 +744,85 @@ func TestClusterFailoverFollowedWithoutPing(t *testing.T) {
 	}
 	t.Logf("%d claims failed after the promotion, the first one to succeed %s after it", failed, time.Since(promoted).Round(time.Millisecond))
 }
+
+// TestClusterHungMasterHoldsOnlyItsKeys: a master that stops answering (a
+// stopped host, a partition) holds the claims of its own keys until the
+// read timeout, and no others: each master's commands travel in pipelines
+// of their own. With one set of pipelines for the whole Cluster, the hung
+// master's claims took every pipeline slot and the other masters' claims
+// queued behind them.
+func TestClusterHungMasterHoldsOnlyItsKeys(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	prefix := uniquePrefix()
+	s := newStore(t, redisstore.Config{Addrs: cl.Addrs(), KeyPrefix: prefix, ReadTimeout: time.Minute}, nil)
+	ctx := context.Background()
+	probe := cl.Client()
+
+	// Keys by master.
+	byMaster := map[string][]dedup.Key{}
+	for i := 0; len(byMaster) < 3 || minLen(byMaster) < 4; i++ {
+		k := dedup.Key{Namespace: "n", ID: "evt_" + strconv.Itoa(i)}
+		slot, err := probe.ClusterKeySlot(ctx, s.Key(k)).Result()
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT: %v", err)
+		}
+		addr, err := redistest.MasterOf(ctx, cl.Nodes[0].Addr(), int(slot))
+		if err != nil {
+			t.Fatalf("master of slot %d: %v", slot, err)
+		}
+		byMaster[addr] = append(byMaster[addr], k)
+	}
+	hung := cl.Nodes[0]
+	for _, k := range byMaster[hung.Addr()] { // the slot map loaded, connections made
+		claimCommit(t, s, dedup.Key{Namespace: k.Namespace, ID: k.ID + "_warm"})
+	}
+	hung.Pause()
+	t.Cleanup(hung.Resume)
+
+	held := make(chan error, len(byMaster[hung.Addr()]))
+	for _, k := range byMaster[hung.Addr()] {
+		go func() {
+			_, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+			held <- err
+		}()
+	}
+	for addr, keys := range byMaster {
+		if addr == hung.Addr() {
+			continue
+		}
+		for _, k := range keys {
+			done := make(chan error, 1)
+			go func() {
+				_, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Claim(%s) on %s while %s hangs: got %v, want nil", k.ID, addr, hung.Addr(), err)
+				}
+			case err := <-held:
+				t.Fatalf("a claim on the hung master returned (%v) before the claim of %s on %s: want the other masters answered first", err, k.ID, addr)
+			case <-time.After(20 * time.Second): // far below the minute's read timeout
+				t.Fatalf("Claim(%s) on %s still waiting 20s after %s hung: want it answered by its own master", k.ID, addr, hung.Addr())
+			}
+		}
+	}
+	hung.Resume()
+	for range byMaster[hung.Addr()] {
+		if err := <-held; err != nil {
+			t.Errorf("a claim on the hung master, once it resumed: got %v, want nil", err)
+		}
+	}
+}
+
+// minLen returns the length of m's shortest list.
+func minLen(m map[string][]dedup.Key) int {
+	n := -1
+	for _, ks := range m {
+		if n < 0 || len(ks) < n {
+			n = len(ks)
+		}
+	}
+	return n
+}
