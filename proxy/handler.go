@@ -503,7 +503,7 @@ func (d *delivery) detach(parent context.Context) context.Context {
 
 // finish counts the delivery and writes its log line.
 func (g *Gateway) finish(d *delivery) {
-	if d.outcome != "" && d.outcome != outcomeRejectedMethod && !d.other {
+	if d.outcome != "" && !d.other {
 		d.rt.metrics.delivery(d.outcome)
 	}
 	status := d.answer
