@@ -424,17 +424,13 @@ func (o *op) err() error {
 // CLUSTERDOWN, or a failure to reach a node (not Redis's own answer, nor
 // the caller's context ending, nor a closed client).
 func staleTopology(err error) bool {
-	var rerr redis.Error
 	switch {
-	case err == nil || isNil(err):
+	case err == nil:
 		return false
 	case redis.IsClusterDownError(err):
 		return true
-	case errors.As(err, &rerr), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, dedup.ErrClosed), errors.Is(err, redis.ErrClosed):
-		return false
 	}
-	return true
+	return !notTransport(err) // redis.Nil is a reply too
 }
 
 // appendWait queues WAIT at the end of pipe when p waits for replicas and

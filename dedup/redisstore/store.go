@@ -409,20 +409,25 @@ func (s *Store) again(ctx context.Context, op string, err error, attempt int) bo
 // retryable reports whether a Commit or Release that failed with err may be
 // sent again: see "Commit and Release retry".
 func retryable(err error, waiting bool) bool {
-	var rerr redis.Error
 	switch {
 	case redis.IsReadOnlyError(err), redis.IsLoadingError(err), redis.IsMasterDownError(err),
 		redis.IsTryAgainError(err), redis.IsClusterDownError(err):
 		return true // refused, nothing done
-	case errors.As(err, &rerr), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, dedup.ErrClosed), errors.Is(err, redis.ErrClosed):
+	case notTransport(err):
 		return false
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) {
+	case dialFailed(err), errors.Is(err, redis.ErrPoolTimeout):
 		return true // nothing was sent
 	}
 	return !waiting
+}
+
+// notTransport reports whether err is Redis's own answer, the caller's
+// context ending, or a closed Store or client: anything but a failure of
+// the connection to carry the command.
+func notTransport(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, dedup.ErrClosed) || errors.Is(err, redis.ErrClosed)
 }
 
 // Release implements dedup.Store. A zero Retain deletes the key.
