@@ -50,9 +50,12 @@ type Route struct {
 	// Such a request is not a delivery: dedupgw_deliveries_total does not
 	// count it, and its log line is at debug level. A method of Methods in
 	// another case ("post") still gets 405: an application that upper-cases
-	// the method would take it for one whose key was never claimed. Forward
-	// needs a route without secrets, so nothing reaches a signed route's
-	// application unverified.
+	// the method would take it for one whose key was never claimed. On a
+	// route with secrets, Forward passes only a GET or HEAD without a body
+	// (Meta's subscription check, GET ?hub.challenge=…), unverified, since
+	// no provider signs one; any other request of another method gets 405,
+	// so nothing the application might take for an event reaches it
+	// unverified.
 	OnOtherMethod string
 	// PreserveHost sends the sender's Host header to the upstream. False
 	// (the default) sends the upstream URL's host, as

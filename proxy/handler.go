@@ -133,13 +133,15 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer g.finish(d)
 
 	d.other = !rt.allows(r.Method)
-	// A deduplicated method spelt in another case ("post") is refused, not
-	// passed through: many applications upper-case the method, and would
-	// take it for the method whose key was never claimed.
-	if d.other && (rt.OnOtherMethod != Forward || rt.allowsFold(r.Method)) {
+	if d.other && !rt.passes(r) {
 		closeIfUnread(w, r)
-		w.Header().Set("Allow", strings.Join(rt.methods, ", "))
-		g.reject(w, d, outcomeRejectedMethod, probMethod.with(rt.Name, fmt.Sprintf("this route accepts %s", strings.Join(rt.methods, ", "))))
+		allow := rt.allowHeader()
+		w.Header().Set("Allow", allow)
+		detail := "this route accepts " + allow
+		if rt.OnOtherMethod == Forward && rt.provider.Verifier != nil {
+			detail = fmt.Sprintf("this route accepts %s; being signed, it passes other methods only as a GET or HEAD without a body", strings.Join(rt.methods, ", "))
+		}
+		g.reject(w, d, outcomeRejectedMethod, probMethod.with(rt.Name, detail))
 		return
 	}
 
@@ -164,7 +166,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rt.provider.RequestID != nil {
 		d.requestID = clipForLog(rt.provider.RequestID(r)) // only logged
 	}
-	if v := rt.provider.Verifier; v != nil {
+	// A request passed through (d.other) is unsigned: on a signed route
+	// only a bodiless GET or HEAD gets here (route.passes).
+	if v := rt.provider.Verifier; v != nil && !d.other {
 		if err := v.Verify(r, body); err != nil {
 			// Sampled: anyone can send forged deliveries as fast as
 			// they like; dedupgw_deliveries_total counts them all.

@@ -313,6 +313,42 @@ func TestDeliveryTable(t *testing.T) {
 			wantUpstream: 1,
 		},
 		{
+			// Meta (WhatsApp, Instagram, Messenger) checks a subscription with
+			// an unsigned GET ?hub.challenge=… that the application answers;
+			// nothing unsigned it might take for an event gets through.
+			name: "signed route, on_other_method: forward: only a GET or HEAD without a body passes, unverified",
+			route: func(r *Route) {
+				r.OnOtherMethod = Forward
+				r.Provider = providers.Config{Provider: providers.Stripe, Secrets: []string{stripeSecret}}
+			},
+			handle: ok,
+			steps: []step{
+				{method: http.MethodGet, path: "/hooks/orders?hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=meatyhamhock", wantStatus: 201, wantDedup: "unkeyed"},
+				{method: http.MethodHead, wantStatus: 201, wantDedup: "unkeyed"},
+				{method: http.MethodGet, body: `{"id":"evt_s"}`, wantStatus: 405, wantDedup: "rejected", wantCT: problemJSON, wantBodyHas: "only as a GET or HEAD without a body"},
+				{method: http.MethodDelete, wantStatus: 405, wantDedup: "rejected"},
+				{method: http.MethodPut, body: `{"id":"evt_s"}`, headers: []string{stripeHeader(`{"id":"evt_s"}`, time.Now())}, wantStatus: 405, wantDedup: "rejected"},
+				{method: "get", wantStatus: 405, wantDedup: "rejected"},
+				{body: `{"id":"evt_s"}`, wantStatus: 401, wantDedup: "rejected"},
+				{body: `{"id":"evt_s"}`, headers: []string{stripeHeader(`{"id":"evt_s"}`, time.Now())}, wantStatus: 201, wantDedup: "forwarded"},
+			},
+			check: func(t *testing.T, h *harness) {
+				for i, want := range []string{http.MethodGet, http.MethodHead, http.MethodPost} {
+					if got := h.up().request(i).Method; got != want {
+						t.Errorf("upstream request %d: got method %s, want %s", i, got, want)
+					}
+				}
+				if got := h.up().request(0).Query; !strings.Contains(got, "hub.challenge=1158201444") {
+					t.Errorf("the subscription check's query upstream: got %q, want it as sent", got)
+				}
+				resp := h.do(context.Background(), http.MethodDelete, "/hooks/orders", "")
+				if got, want := resp.Header.Get("Allow"), "POST, GET, HEAD"; got != want {
+					t.Errorf("405's Allow: got %q, want %q", got, want)
+				}
+			},
+			wantUpstream: 3,
+		},
+		{
 			name:  "another method, on_other_method: forward, body over max_body_bytes: 413",
 			route: func(r *Route) { r.OnOtherMethod, r.MaxBodyBytes = Forward, 8 },
 			steps: []step{{method: http.MethodPut, body: `{"id":"too long"}`, wantStatus: 413, wantDedup: "rejected", wantCT: problemJSON}},

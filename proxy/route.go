@@ -63,6 +63,40 @@ func (rt *route) allowsFold(method string) bool {
 	return slices.ContainsFunc(rt.methods, func(m string) bool { return strings.EqualFold(m, method) })
 }
 
+// passes reports whether r, whose method is not one of the route's, is
+// forwarded unchanged (on_other_method: forward) rather than answered 405.
+// A method of the route's in another case ("post") is refused: many
+// applications upper-case the method, and would take it for one whose key
+// was never claimed. A signed route passes only a GET or HEAD without a
+// body, which no provider signs (Meta's subscription check, GET
+// ?hub.challenge=…, which the application answers after checking its
+// verify token): anything the application might act on as an event
+// reaches it verified or not at all.
+func (rt *route) passes(r *http.Request) bool {
+	switch {
+	case rt.OnOtherMethod != Forward || rt.allowsFold(r.Method):
+		return false
+	case rt.provider.Verifier != nil:
+		return (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.ContentLength == 0
+	}
+	return true
+}
+
+// allowHeader is the Allow header of the route's 405: its methods, and on
+// a signed forward route the bodiless reads it passes.
+func (rt *route) allowHeader() string {
+	if rt.OnOtherMethod == Forward && rt.provider.Verifier != nil {
+		var more []string
+		for _, m := range []string{http.MethodGet, http.MethodHead} {
+			if !rt.allows(m) {
+				more = append(more, m)
+			}
+		}
+		return strings.Join(append(slices.Clip(rt.methods), more...), ", ")
+	}
+	return strings.Join(rt.methods, ", ")
+}
+
 // routeTable is one immutable generation of routes. Reload swaps whole tables.
 type routeTable struct {
 	all      []*route
@@ -428,10 +462,6 @@ func buildRoute(i int, r Route, newProvider newProviderFunc, now func() time.Tim
 		if !slices.Contains(p.allowed, *p.v) {
 			bad(p.field, "%q must be one of %s", *p.v, strings.Join(p.allowed, ", "))
 		}
-	}
-
-	if rt.OnOtherMethod == Forward && len(r.Provider.Secrets) > 0 {
-		bad("on_other_method", "forward needs a route without secrets: a request of another method would reach the application unverified (give the other methods a route of their own)")
 	}
 
 	// Neither message shows the secret.

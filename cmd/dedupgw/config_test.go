@@ -1199,8 +1199,6 @@ func TestProblems(t *testing.T) {
 			`routes[0].on_fingerprint_mismatch: invalid value "forward" (want ack or reject)`,
 		}},
 		{"bad default policy", "defaults:\n  on_in_flight: queue\n" + minimal, nil, []string{`defaults.on_in_flight: invalid value "queue" (want reject or wait)`}},
-		{"other methods forwarded on a signed route", route("    on_other_method: forward\n    secrets: [s3cret]\n"), nil,
-			[]string{"routes[0].on_other_method: forward needs a route without secrets: a request of another method would reach the application unverified (give the other methods a route of their own)"}},
 		{"on_other_method is a route's own key", "defaults:\n  on_other_method: forward\n" + minimal, nil,
 			[]string{`defaults.on_other_method: unknown key`}},
 		{"no routes", "listen: \":1\"\n", nil, []string{"routes: at least one route is required"}},

@@ -8,16 +8,20 @@ import (
 	"encoding/hex"
 	"errors"
 	"hash"
+	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/dedupgw/dedupgw/dedup/memstore"
 	"github.com/dedupgw/dedupgw/providers"
+	"github.com/dedupgw/dedupgw/proxy"
 )
 
 // readmeRecipes returns the YAML snippets of the README's "Recipes for other
@@ -137,7 +141,19 @@ func recipeDeliveries() map[string]recipeDelivery {
 		calendlyBody = `{"created_at":"2020-11-23T17:51:19.000000Z","created_by":"https://api.calendly.com/users/AAAAAAAAAAAAAAAA","event":"invitee.created","payload":{"uri":"https://api.calendly.com/scheduled_events/GBGBDCAADAEDCRZ2/invitees/AAAAAAAAAAAAAAAA"}}`
 	)
 
+	// Meta: "sha256=" + hex HMAC-SHA256 of the body in X-Hub-Signature-256,
+	// keyed with the app secret
+	// (https://developers.facebook.com/docs/graph-api/webhooks/getting-started);
+	// a WhatsApp Cloud API message notification.
+	const metaBody = `{"object":"whatsapp_business_account","entry":[{"id":"102290129340398","changes":[{"value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881","phone_number_id":"106540352242922"},"messages":[{"from":"16505551234","id":"wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA=","timestamp":"1749416383","type":"text","text":{"body":"Does it come in another color?"}}]},"field":"messages"}]}]}`
+
 	return map[string]recipeDelivery{
+		"meta": {
+			env:      map[string]string{"META_APP_SECRET": "meta-app-secret"},
+			headers:  map[string]string{"X-Hub-Signature-256": "sha256=" + hex.EncodeToString(macOf(sha256.New, "meta-app-secret", metaBody))},
+			body:     metaBody,
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){"body": changeBody},
+		},
 		"paddle": {
 			env: map[string]string{"PADDLE_WEBHOOK_SECRET": "pdl_ntfset_01gkpjp8bkm3tm53kdgkx6sms7_6h3qd3uFSi9YCD3OLYAShQI90XTI5vEI"},
 			now: 1671552780,
@@ -345,5 +361,87 @@ func TestRecipesCheckTimestamps(t *testing.T) {
 				t.Errorf("delivery past the tolerance: got %v, want %v", err, providers.ErrStale)
 			}
 		})
+	}
+}
+
+// TestMetaRecipePassesTheSubscriptionCheck serves the README's Meta recipe
+// in front of an application that answers Meta's subscription check: the
+// unsigned GET ?hub.challenge=… reaches it and its answer comes back, a
+// signed notification is forwarded once, and neither an unsigned one nor
+// a GET with a body gets through.
+func TestMetaRecipePassesTheSubscriptionCheck(t *testing.T) {
+	var posts atomic.Int32
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			q := r.URL.Query()
+			if q.Get("hub.mode") != "subscribe" || q.Get("hub.verify_token") != "meatyhamhock" {
+				http.Error(w, "wrong verify token", http.StatusForbidden)
+				return
+			}
+			io.WriteString(w, q.Get("hub.challenge"))
+			return
+		}
+		posts.Add(1)
+	}))
+	t.Cleanup(app.Close)
+
+	d := recipeDeliveries()["meta"]
+	text := strings.Replace("routes:\n"+readmeRecipes(t)["meta"], "http://127.0.0.1:3000", app.URL, 1)
+	f, problems := loadText(t, text, d.env)
+	if len(problems) > 0 {
+		t.Fatalf("validate: got %q, want no problems", problems)
+	}
+	store := memstore.New(memstore.Options{})
+	t.Cleanup(func() { store.Close() })
+	gw, err := proxy.New(f.GatewayConfig(), store, proxy.Options{})
+	if err != nil {
+		t.Fatalf("proxy.New: %v", err)
+	}
+	t.Cleanup(func() { gw.Close() })
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+
+	send := func(method, query, body string, headers map[string]string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, srv.URL+"/webhooks/meta"+query, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	tests := []struct {
+		name, method, query, body string
+		headers                   map[string]string
+		wantStatus                int
+		wantBody                  string
+	}{
+		{"subscription check", "GET", "?hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=meatyhamhock", "", nil, 200, "1158201444"},
+		{"subscription check, wrong token: the application's answer", "GET", "?hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=guess", "", nil, 403, ""},
+		{"signed notification", "POST", "", d.body, d.headers, 200, ""},
+		{"its retry", "POST", "", d.body, d.headers, 200, `"status":"duplicate"`},
+		{"unsigned notification", "POST", "", d.body, nil, 401, ""},
+		{"a GET with a body", "GET", "", d.body, d.headers, 405, ""},
+		{"signed, another method", "PUT", "", d.body, d.headers, 405, ""},
+	}
+	for _, tt := range tests {
+		status, body := send(tt.method, tt.query, tt.body, tt.headers)
+		if status != tt.wantStatus {
+			t.Errorf("%s: got status %d, want %d (body %s)", tt.name, status, tt.wantStatus, body)
+		}
+		if tt.wantBody != "" && !strings.Contains(body, tt.wantBody) {
+			t.Errorf("%s: got body %q, want it to contain %q", tt.name, body, tt.wantBody)
+		}
+	}
+	if got := posts.Load(); got != 1 {
+		t.Errorf("notifications the application got: %d, want 1", got)
 	}
 }

@@ -380,9 +380,6 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		}
 	}
 	oneOfOrEmpty(ps, key+".on_other_method", r.OnOtherMethod, proxy.Reject, proxy.Forward)
-	if r.OnOtherMethod == proxy.Forward && len(r.Secrets) > 0 {
-		ps.add(key+".on_other_method", "forward needs a route without secrets: a request of another method would reach the application unverified (give the other methods a route of their own)")
-	}
 	if r.Signature != (Signature{}) {
 		before := len(*ps)
 		if provider != providers.Generic {
