@@ -1,14 +1,18 @@
 package providers
 
 import (
+	"crypto/ecdsa"
 	"crypto/hmac"
 	"crypto/sha1"
 	"crypto/sha256"
 	"crypto/sha512"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/pem"
 	"fmt"
 	"hash"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -22,20 +26,24 @@ const (
 
 // Validate checks a generic signature configuration. Its errors name the
 // field as written in a route's YAML ("signature.algorithm: unknown algorithm
-// \"md5\" (want sha1, sha256 or sha512)"), so a config loader can prefix them
-// with the route.
+// \"md5\" (want sha1, sha256, sha512 or ecdsa-sha256)"), so a config loader
+// can prefix them with the route.
 func (s GenericSignature) Validate() error {
 	_, err := newGenericVerifier(s, nil, clock{})
 	return err
 }
 
-// genericVerifier checks an HMAC over a templated content, carried hex or
-// base64 encoded in one header after an optional prefix, or in the items of
-// a structured header (see GenericSignature.SignatureField).
+// genericVerifier checks an HMAC, or an ECDSA signature, over a templated
+// content, carried hex or base64 encoded in one header after an optional
+// prefix, or in the items of a structured header (see
+// GenericSignature.SignatureField).
 type genericVerifier struct {
-	header    string
-	hash      func() hash.Hash
+	header string
+	hash   func() hash.Hash
+	// size is the decoded signature's length: the HMAC's, or 0 for an
+	// ECDSA signature (ASN.1 DER, of varying length up to maxECDSASig).
 	size      int
+	ecdsaKeys []*ecdsa.PublicKey // ecdsa-sha256: the secrets, parsed
 	base64    bool
 	prefix    string
 	tsHeader  string
@@ -48,6 +56,10 @@ type genericVerifier struct {
 	clock     clock
 	needsTime bool
 }
+
+// maxECDSASig bounds an ECDSA signature's DER encoding: P-521's takes at
+// most 139 bytes.
+const maxECDSASig = 144
 
 // maxSignatureItems bounds the signature items of one structured header
 // that are compared: a sender lists one per secret it holds (two during a
@@ -102,8 +114,17 @@ func newGenericVerifier(s GenericSignature, secrets []string, c clock) (*generic
 		v.hash, v.size = sha1.New, sha1.Size
 	case "sha512":
 		v.hash, v.size = sha512.New, sha512.Size
+	case "ecdsa-sha256":
+		v.hash, v.secrets = sha256.New, nil
+		for i, k := range secrets {
+			key, err := parseECDSAKey(k)
+			if err != nil {
+				return nil, fmt.Errorf("secrets[%d]: %w", i, err)
+			}
+			v.ecdsaKeys = append(v.ecdsaKeys, key)
+		}
 	default:
-		return nil, fmt.Errorf("signature.algorithm: unknown algorithm %q (want sha1, sha256 or sha512)", s.Algorithm)
+		return nil, fmt.Errorf("signature.algorithm: unknown algorithm %q (want sha1, sha256, sha512 or ecdsa-sha256)", s.Algorithm)
 	}
 	switch strings.ToLower(s.Encoding) {
 	case "", "hex":
@@ -250,8 +271,8 @@ func (v *genericVerifier) Verify(r *http.Request, body []byte) error {
 			return fmt.Errorf("%w: %s header lacks the configured prefix", ErrBadSignature, v.header)
 		}
 		got, err := v.decode(enc)
-		if err != nil || len(got) != v.size {
-			return fmt.Errorf("%w: %s header does not hold an encoded HMAC of the configured size", ErrBadSignature, v.header)
+		if err != nil || !v.sizeOK(len(got)) {
+			return fmt.Errorf("%w: %s header does not hold an encoded signature of the configured size", ErrBadSignature, v.header)
 		}
 		sigs = [][]byte{got}
 	}
@@ -266,31 +287,98 @@ func (v *genericVerifier) Verify(r *http.Request, body []byte) error {
 			return fmt.Errorf("%w: %s header: missing or malformed %s= item", ErrBadSignature, v.header, v.tsField)
 		}
 	}
-	for _, key := range v.secrets {
-		m := hmac.New(v.hash, key)
-		for _, p := range v.template {
-			switch p.kind {
-			case 'l':
-				m.Write([]byte(p.literal))
-			case 'b':
-				m.Write(body)
-			case 't':
-				m.Write([]byte(tsText))
-			case 'h':
-				m.Write([]byte(r.Header.Get(p.literal)))
+	if v.matches(r, body, tsText, sigs) {
+		if v.tsHeader != "" || v.tsField != "" {
+			return v.clock.check(ts)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: %s does not match", ErrBadSignature, v.header)
+}
+
+// matches reports whether one of sigs signs r's content (v.template) under
+// one of v's secrets: an HMAC compared in constant time, or an ECDSA
+// signature checked with each verification key.
+func (v *genericVerifier) matches(r *http.Request, body []byte, tsText string, sigs [][]byte) bool {
+	if v.ecdsaKeys != nil {
+		h := v.hash()
+		v.writeContent(h, r, body, tsText)
+		digest := h.Sum(nil)
+		for _, key := range v.ecdsaKeys {
+			for _, got := range sigs {
+				if ecdsa.VerifyASN1(key, digest, got) {
+					return true
+				}
 			}
 		}
+		return false
+	}
+	for _, key := range v.secrets {
+		m := hmac.New(v.hash, key)
+		v.writeContent(m, r, body, tsText)
 		want := m.Sum(nil)
 		for _, got := range sigs {
 			if hmac.Equal(got, want) {
-				if v.tsHeader != "" || v.tsField != "" {
-					return v.clock.check(ts)
-				}
-				return nil
+				return true
 			}
 		}
 	}
-	return fmt.Errorf("%w: %s does not match", ErrBadSignature, v.header)
+	return false
+}
+
+// writeContent writes the signed content, v.template filled in, to w.
+func (v *genericVerifier) writeContent(w io.Writer, r *http.Request, body []byte, tsText string) {
+	for _, p := range v.template {
+		switch p.kind {
+		case 'l':
+			io.WriteString(w, p.literal)
+		case 'b':
+			w.Write(body)
+		case 't':
+			io.WriteString(w, tsText)
+		case 'h':
+			io.WriteString(w, r.Header.Get(p.literal))
+		}
+	}
+}
+
+// sizeOK reports whether a decoded signature of n bytes may be one of v's:
+// an HMAC's exact size, or an ECDSA signature's DER encoding.
+func (v *genericVerifier) sizeOK(n int) bool {
+	if v.size == 0 {
+		return 0 < n && n <= maxECDSASig
+	}
+	return n == v.size
+}
+
+// parseECDSAKey reads an ECDSA public key: the base64 of its DER
+// (SubjectPublicKeyInfo) encoding, as SendGrid shows its verification
+// key, or a PEM "PUBLIC KEY" block. White space around either is skipped.
+// The error does not show the key.
+func parseECDSAKey(s string) (*ecdsa.PublicKey, error) {
+	s = strings.TrimSpace(s)
+	var der []byte
+	if strings.HasPrefix(s, "-----BEGIN") {
+		b, _ := pem.Decode([]byte(s))
+		if b == nil || b.Type != "PUBLIC KEY" {
+			return nil, fmt.Errorf("not a PEM PUBLIC KEY block (want an ECDSA public key: base64 of its DER encoding, or PEM)")
+		}
+		der = b.Bytes
+	} else {
+		var err error
+		if der, err = base64.StdEncoding.DecodeString(s); err != nil {
+			return nil, fmt.Errorf("not base64 (want an ECDSA public key: base64 of its DER encoding, as SendGrid's verification key, or PEM)")
+		}
+	}
+	key, err := x509.ParsePKIXPublicKey(der)
+	if err != nil {
+		return nil, fmt.Errorf("not a public key (want an ECDSA public key: base64 of its DER encoding, as SendGrid's verification key, or PEM)")
+	}
+	ek, ok := key.(*ecdsa.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("a %T, not an ECDSA public key", key)
+	}
+	return ek, nil
 }
 
 // maxRFC3339 bounds an RFC 3339 timestamp's length: nanoseconds and a
@@ -336,7 +424,7 @@ func (v *genericVerifier) parseItems(h string) (sigs [][]byte, ts string, err er
 			if len(sigs) == maxSignatureItems {
 				continue
 			}
-			if b, err := v.decode(strings.TrimSpace(val)); err == nil && len(b) == v.size {
+			if b, err := v.decode(strings.TrimSpace(val)); err == nil && v.sizeOK(len(b)) {
 				sigs = append(sigs, b)
 			}
 		case v.tsField != "" && k == v.tsField:
@@ -350,7 +438,7 @@ func (v *genericVerifier) parseItems(h string) (sigs [][]byte, ts string, err er
 	case !seenSig:
 		return nil, "", fmt.Errorf("no %s= item", v.sigField)
 	case len(sigs) == 0:
-		return nil, "", fmt.Errorf("no %s= item holds an encoded HMAC of the configured size", v.sigField)
+		return nil, "", fmt.Errorf("no %s= item holds an encoded signature of the configured size", v.sigField)
 	}
 	return sigs, ts, nil
 }

@@ -1,10 +1,15 @@
 package providers
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/hmac"
+	"crypto/rand"
+	"crypto/rsa"
 	"crypto/sha1"
 	"crypto/sha256"
 	"crypto/sha512"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -171,7 +176,8 @@ func TestGenericSignatureValidate(t *testing.T) {
 	}{
 		{GenericSignature{}, ""},
 		{GenericSignature{Algorithm: "SHA512", Encoding: "Base64"}, ""},
-		{GenericSignature{Algorithm: "md5"}, `signature.algorithm: unknown algorithm "md5" (want sha1, sha256 or sha512)`},
+		{GenericSignature{Algorithm: "md5"}, `signature.algorithm: unknown algorithm "md5" (want sha1, sha256, sha512 or ecdsa-sha256)`},
+		{GenericSignature{Algorithm: "ECDSA-SHA256", Encoding: "base64", TimestampHeader: "X-Ts", Template: "{timestamp}{body}"}, ""},
 		{GenericSignature{Encoding: "base32"}, `signature.encoding: unknown encoding "base32" (want hex or base64)`},
 		{GenericSignature{Header: "Bad Header"}, `signature.header: invalid header name "Bad Header"`},
 		{GenericSignature{TimestampHeader: "a:b"}, `signature.timestamp_header: invalid header name "a:b"`},
@@ -253,6 +259,116 @@ func FuzzGenericStructuredHeader(f *testing.F) {
 		err = p.Verifier.Verify(newRequest(map[string]string{"Paddle-Signature": header}), []byte(body))
 		if err == nil && !strings.Contains(strings.ToLower(header), good) {
 			t.Errorf("Verify(%q): got nil, want an error (no h1= item holds the HMAC)", header)
+		}
+	})
+}
+
+// SendGrid's Signed Event Webhook vector (sendgrid/sendgrid-go,
+// helpers/eventwebhook/eventwebhook_test.go): ECDSA P-256 over SHA-256 of
+// the timestamp followed by the body, base64 DER in a header, verified
+// with the base64 DER public key SendGrid shows as the verification key.
+const (
+	sendgridKey       = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEEDr2LjtURuePQzplybdC+u4CwrqDqBaWjcMMsTbhdbcwHBcepxo7yAQGhHPTnlvFYPAZFceEu/1FwCM/QmGUhA=="
+	sendgridSignature = "MEUCIQCtIHJeH93Y+qpYeWrySphQgpNGNr/U+UyUlBkU6n7RAwIgJTz2C+8a8xonZGi6BpSzoQsbVRamr2nlxFDWYNH2j/0="
+	sendgridTimestamp = "1588788367"
+	sendgridBody      = `{"category":"example_payload","event":"test_event","message_id":"message_id"}`
+)
+
+// TestGenericECDSA: algorithm ecdsa-sha256 checks a public-key signature
+// with the verification keys given as secrets (base64 DER or PEM; any may
+// verify), and refuses a tampered body, timestamp or signature, another
+// key, and a stale timestamp.
+func TestGenericECDSA(t *testing.T) {
+	sig := GenericSignature{
+		Header: "X-Twilio-Email-Event-Webhook-Signature", Algorithm: "ecdsa-sha256", Encoding: "base64",
+		TimestampHeader: "X-Twilio-Email-Event-Webhook-Timestamp", Template: "{timestamp}{body}",
+	}
+	pemKey := "-----BEGIN PUBLIC KEY-----\n" + sendgridKey + "\n-----END PUBLIC KEY-----\n"
+	other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherDER, err := x509.MarshalPKIXPublicKey(&other.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherKey := base64.StdEncoding.EncodeToString(otherDER)
+	headers := func(sig, ts string) map[string]string {
+		return map[string]string{"X-Twilio-Email-Event-Webhook-Signature": sig, "X-Twilio-Email-Event-Webhook-Timestamp": ts}
+	}
+	tests := []struct {
+		name    string
+		secrets []string
+		now     int64
+		headers map[string]string
+		body    string
+		want    error
+	}{
+		{"SendGrid's vector", []string{sendgridKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, nil},
+		{"the key as PEM", []string{pemKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, nil},
+		{"the key with a trailing newline", []string{sendgridKey + "\n"}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, nil},
+		{"rotation: the second key verifies", []string{otherKey, sendgridKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, nil},
+		{"another key", []string{otherKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, ErrBadSignature},
+		{"tampered body", []string{sendgridKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), strings.Replace(sendgridBody, "test_event", "test_evenu", 1), ErrBadSignature},
+		{"tampered timestamp", []string{sendgridKey}, 1588788400, headers(sendgridSignature, "1588788368"), sendgridBody, ErrBadSignature},
+		{"tampered signature", []string{sendgridKey}, 1588788400, headers(strings.Replace(sendgridSignature, "MEUCIQCt", "MEUCIQCu", 1), sendgridTimestamp), sendgridBody, ErrBadSignature},
+		{"not DER", []string{sendgridKey}, 1588788400, headers(base64.StdEncoding.EncodeToString([]byte("not a signature")), sendgridTimestamp), sendgridBody, ErrBadSignature},
+		{"too long to be a signature", []string{sendgridKey}, 1588788400, headers(base64.StdEncoding.EncodeToString(make([]byte, maxECDSASig+1)), sendgridTimestamp), sendgridBody, ErrBadSignature},
+		{"stale", []string{sendgridKey}, 1588788367 + 301, headers(sendgridSignature, sendgridTimestamp), sendgridBody, ErrStale},
+		{"no signature", []string{sendgridKey}, 1588788400, nil, sendgridBody, ErrNoSignature},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := New(Config{Keys: []string{"body"}, Secrets: tt.secrets, Signature: sig, Now: fixedClock(tt.now)})
+			if err != nil {
+				t.Fatalf("New: got %v, want nil", err)
+			}
+			err = p.Verifier.Verify(newRequest(tt.headers), []byte(tt.body))
+			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("Verify: got %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestGenericECDSAKeys: a verification key that is not an ECDSA public key
+// fails New, naming the secret and never showing it.
+func TestGenericECDSAKeys(t *testing.T) {
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsaDER, err := x509.MarshalPKIXPublicKey(&rsaKey.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, key, want string
+	}{
+		{"an HMAC secret", "whsec_not-base64!", "secrets[1]: not base64 (want an ECDSA public key: base64 of its DER encoding, as SendGrid's verification key, or PEM)"},
+		{"base64 of something else", base64.StdEncoding.EncodeToString([]byte("a shared secret")), "secrets[1]: not a public key (want an ECDSA public key: base64 of its DER encoding, as SendGrid's verification key, or PEM)"},
+		{"an RSA key", base64.StdEncoding.EncodeToString(rsaDER), "secrets[1]: a *rsa.PublicKey, not an ECDSA public key"},
+		{"a PEM private key", "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIEQmZgBEh9DcU9zMl34czK3xov4AYvm9P3r7rNB2dNXtoAoGCCqGSM49\n-----END EC PRIVATE KEY-----\n", "secrets[1]: not a PEM PUBLIC KEY block (want an ECDSA public key: base64 of its DER encoding, or PEM)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(Config{Keys: []string{"body"}, Secrets: []string{sendgridKey, tt.key}, Signature: GenericSignature{Algorithm: "ecdsa-sha256", Encoding: "base64"}})
+			if err == nil || err.Error() != tt.want {
+				t.Errorf("New: got %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzECDSAKey: parseECDSAKey never panics and accepts only ECDSA keys.
+func FuzzECDSAKey(f *testing.F) {
+	f.Add(sendgridKey)
+	f.Add("-----BEGIN PUBLIC KEY-----\n" + sendgridKey + "\n-----END PUBLIC KEY-----\n")
+	f.Add("-----BEGIN")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, s string) {
+		if k, err := parseECDSAKey(s); (k == nil) == (err == nil) {
+			t.Fatalf("parseECDSAKey(%q): got %v, %v; want a key or an error", s, k, err)
 		}
 	})
 }

@@ -72,23 +72,29 @@ type Config struct {
 	// "json:PATH", "query:NAME", "body"). Required for Generic.
 	Keys []string
 	// Secrets enables signature verification when non-empty; any one may
-	// verify (rotation). An empty string is an error, never a skip.
+	// verify (rotation). An empty string is an error, never a skip. With
+	// the generic ecdsa-sha256 algorithm they are the verification (public)
+	// keys: base64 DER, or PEM.
 	Secrets []string
 	// Tolerance is the allowed clock difference for signed timestamps, both
 	// past and future. Zero means 300s.
 	Tolerance time.Duration
-	// Signature configures the generic HMAC verifier. Ignored by the other
+	// Signature configures the generic verifier. Ignored by the other
 	// providers.
 	Signature GenericSignature
 	// Now is the clock used for timestamp tolerance. Nil means time.Now.
 	Now func() time.Time
 }
 
-// GenericSignature configures the generic HMAC verifier.
+// GenericSignature configures the generic verifier: an HMAC, or an ECDSA
+// signature, over a templated content.
 type GenericSignature struct {
 	// Header carries the signature. Empty means "X-Signature".
 	Header string
-	// Algorithm is sha1, sha256 or sha512. Empty means sha256.
+	// Algorithm is sha1, sha256 or sha512 (an HMAC keyed with each secret),
+	// or ecdsa-sha256: an ECDSA signature (ASN.1 DER) of the content's
+	// SHA-256, checked with each secret read as a public key (SendGrid's
+	// Signed Event Webhook). Empty means sha256.
 	Algorithm string
 	// Encoding is hex or base64. Empty means hex.
 	Encoding string

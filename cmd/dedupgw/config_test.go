@@ -627,6 +627,9 @@ func TestSecretWithWhiteSpaceIsWarned(t *testing.T) {
 	sw := "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: standard-webhooks\n    secrets: [%q]\n"
 	wantWarning(t, fmt.Sprintf(sw, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n"), "routes[0].secrets[0]", "")
 	wantWarning(t, fmt.Sprintf(sw, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\r\n"), "routes[0].secrets[0]", "")
+	// An ECDSA verification key is read with white space skipped.
+	ec := "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    keys: [body]\n    secrets: [%q]\n    signature:\n      algorithm: ecdsa-sha256\n"
+	wantWarning(t, fmt.Sprintf(ec, "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEEDr2LjtURuePQzplybdC+u4CwrqDqBaWjcMMsTbhdbcwHBcepxo7yAQGhHPTnlvFYPAZFceEu/1FwCM/QmGUhA==\n"), "routes[0].secrets[0]", "")
 	f, _ := loadText(t, fmt.Sprintf(route, "whsec_s3cret\n"), nil)
 	for _, w := range f.Warnings() {
 		if strings.Contains(w.String(), "s3cret") {
@@ -1293,6 +1296,14 @@ func TestProblems(t *testing.T) {
 			"routes[0].secrets[1]: a standard-webhooks secret must be whsec_ followed by base64",
 			"routes[0].secrets[2]: a whpk_ secret must be a base64 Ed25519 public key",
 		}},
+		{"ecdsa-sha256 verification keys, beside another problem", "log:\n  level: loud\n" +
+			"routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    keys: [body]\n" +
+			"    secrets: [\"a shared s3cret\", \"c2VjcmV0\", \"MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEEDr2LjtURuePQzplybdC+u4CwrqDqBaWjcMMsTbhdbcwHBcepxo7yAQGhHPTnlvFYPAZFceEu/1FwCM/QmGUhA==\\n\"]\n" +
+			"    signature:\n      algorithm: ECDSA-sha256\n      encoding: base64\n", nil, []string{
+			`log.level: invalid value "loud" (want debug, info, warn or error)`,
+			"routes[0].secrets[0]: not base64 (want an ECDSA public key: base64 of its DER encoding, as SendGrid's verification key, or PEM)",
+			"routes[0].secrets[1]: not a public key (want an ECDSA public key: base64 of its DER encoding, as SendGrid's verification key, or PEM)",
+		}},
 		// YAML would read these as numbers (42798, 100000, a rounded
 		// float, true): the secret would silently be another key.
 		{"unquoted numeric secrets", route("    secrets: [0123456, 1e5, 123456789012345678901234567890, \"0123456\", yes, true]\n"), nil, []string{
@@ -1333,7 +1344,7 @@ func TestProblems(t *testing.T) {
       template: "{timestamp}.{body}"
       timestamp_format: iso8601
 `), nil, []string{
-			`routes[0].signature.algorithm: invalid value "md5" (want sha1, sha256 or sha512)`,
+			`routes[0].signature.algorithm: invalid value "md5" (want sha1, sha256, sha512 or ecdsa-sha256)`,
 			`routes[0].signature.encoding: invalid value "base32" (want hex or base64)`,
 			`routes[0].signature.timestamp_format: invalid value "iso8601" (want unix or rfc3339)`,
 			`routes[0].signature.header: invalid header name "X Sig"`,

@@ -147,7 +147,30 @@ func recipeDeliveries() map[string]recipeDelivery {
 	// a WhatsApp Cloud API message notification.
 	const metaBody = `{"object":"whatsapp_business_account","entry":[{"id":"102290129340398","changes":[{"value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881","phone_number_id":"106540352242922"},"messages":[{"from":"16505551234","id":"wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA=","timestamp":"1749416383","type":"text","text":{"body":"Does it come in another color?"}}]},"field":"messages"}]}]}`
 
+	// SendGrid: ECDSA P-256 over SHA-256 of timestamp + body, the vector
+	// of sendgrid/sendgrid-go helpers/eventwebhook/eventwebhook_test.go
+	// (its public key, signature, timestamp, and the payload it marshals).
+	const (
+		sendgridKey  = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEEDr2LjtURuePQzplybdC+u4CwrqDqBaWjcMMsTbhdbcwHBcepxo7yAQGhHPTnlvFYPAZFceEu/1FwCM/QmGUhA=="
+		sendgridSig  = "MEUCIQCtIHJeH93Y+qpYeWrySphQgpNGNr/U+UyUlBkU6n7RAwIgJTz2C+8a8xonZGi6BpSzoQsbVRamr2nlxFDWYNH2j/0="
+		sendgridTS   = "1588788367"
+		sendgridBody = `{"category":"example_payload","event":"test_event","message_id":"message_id"}`
+	)
+
 	return map[string]recipeDelivery{
+		"sendgrid": {
+			env: map[string]string{"SENDGRID_VERIFICATION_KEY": sendgridKey},
+			now: 1588788400,
+			headers: map[string]string{
+				"X-Twilio-Email-Event-Webhook-Signature": sendgridSig,
+				"X-Twilio-Email-Event-Webhook-Timestamp": sendgridTS,
+			},
+			body: sendgridBody,
+			tampered: map[string]func(map[string]string, string) (map[string]string, string){
+				"body":      changeBody,
+				"timestamp": changeHeader("X-Twilio-Email-Event-Webhook-Timestamp", "1588788368"),
+			},
+		},
 		"meta": {
 			env:      map[string]string{"META_APP_SECRET": "meta-app-secret"},
 			headers:  map[string]string{"X-Hub-Signature-256": "sha256=" + hex.EncodeToString(macOf(sha256.New, "meta-app-secret", metaBody))},
@@ -334,12 +357,12 @@ func TestReadmeRecipes(t *testing.T) {
 }
 
 // TestRecipesCheckTimestamps checks that the recipes that sign a timestamp
-// (Zoom's header, Paddle's and Calendly's signature items in Unix seconds,
-// Twitch's header in RFC 3339) refuse a correctly signed delivery older
-// than their tolerance.
+// (Zoom's and SendGrid's headers, Paddle's and Calendly's signature items
+// in Unix seconds, Twitch's header in RFC 3339) refuse a correctly signed
+// delivery older than their tolerance.
 func TestRecipesCheckTimestamps(t *testing.T) {
 	recipes := readmeRecipes(t)
-	for _, name := range []string{"zoom", "paddle", "calendly", "twitch"} {
+	for _, name := range []string{"zoom", "paddle", "calendly", "sendgrid", "twitch"} {
 		t.Run(name, func(t *testing.T) {
 			d := recipeDeliveries()[name]
 			f, problems := loadText(t, "routes:\n"+recipes[name], d.env)

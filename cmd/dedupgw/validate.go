@@ -352,15 +352,21 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 			addPartlyUnset(ps, k, why)
 		}
 	}
-	if provider == providers.StandardWebhooks {
-		// The secret's format (whsec_<base64>, whpk_<base64>) is checked
-		// here too, so it is listed with every other problem and names
-		// its route, not found only when the gateway is built.
+	publicKeys := provider == providers.Generic && strings.EqualFold(r.Signature.Algorithm, "ecdsa-sha256")
+	if provider == providers.StandardWebhooks || publicKeys {
+		// The secret's format (whsec_<base64>, whpk_<base64>; an ECDSA
+		// verification key) is checked here too, so it is listed with
+		// every other problem and names its route, not found only when
+		// the gateway is built.
 		for i, s := range r.Secrets {
 			if s == "" {
 				continue
 			}
-			if err := (providers.Config{Provider: provider, Secrets: []string{s}}).Validate(); err != nil {
+			cfg := providers.Config{Provider: provider, Secrets: []string{s}}
+			if publicKeys {
+				cfg.Keys, cfg.Signature.Algorithm = []string{"body"}, r.Signature.Algorithm
+			}
+			if err := cfg.Validate(); err != nil {
 				_, msg, _ := strings.Cut(err.Error(), ": ")
 				ps.add(fmt.Sprintf("%s.secrets[%d]", key, i), "%s", msg)
 			}
@@ -385,7 +391,7 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		if provider != providers.Generic {
 			ps.add(key+".signature", "only provider generic takes a signature block; %s has its own scheme", provider)
 		}
-		oneOfFold(ps, key+".signature.algorithm", r.Signature.Algorithm, "sha1", "sha256", "sha512")
+		oneOfFold(ps, key+".signature.algorithm", r.Signature.Algorithm, "sha1", "sha256", "sha512", "ecdsa-sha256")
 		oneOfFold(ps, key+".signature.encoding", r.Signature.Encoding, "hex", "base64")
 		oneOfFold(ps, key+".signature.timestamp_format", r.Signature.TimestampFormat, "unix", "rfc3339")
 		if h := r.Signature.Header; h != "" && !isToken(h) {
@@ -606,7 +612,11 @@ func (f *File) Warnings() []Problem {
 				Msg: fmt.Sprintf("route %q keeps failed keys (%v) longer than processed ones (window %v)", r.Name, *p.FailedRetention, *p.Window),
 			})
 		}
+		publicKeys := providerOf(r) == providers.Generic && strings.EqualFold(r.Signature.Algorithm, "ecdsa-sha256")
 		for j, secret := range r.Secrets {
+			if publicKeys {
+				continue // a verification key is read with white space skipped
+			}
 			if providerOf(r) == providers.StandardWebhooks {
 				// A base64 secret's line breaks are skipped as it is
 				// decoded: a trailing newline signs nothing else.

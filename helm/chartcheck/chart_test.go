@@ -889,3 +889,47 @@ dedupgw:
 		})
 	}
 }
+
+// TestReadmeRecipesRender renders the chart with every route of the
+// README's "Recipes for other providers" as its routes: the values schema
+// must accept each documented scheme (a signature algorithm, a structured
+// header, on_other_method), and each route must reach the config.
+func TestReadmeRecipesRender(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n#### Recipes for other providers\n")
+	if !ok {
+		t.Fatal("README: no section \"Recipes for other providers\"")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var values strings.Builder
+	values.WriteString("routes:\n")
+	var names []string
+	for _, block := range strings.Split(section, "```yaml\n")[1:] {
+		snippet, _, _ := strings.Cut(block, "```")
+		values.WriteString(snippet)
+		if _, rest, ok := strings.Cut(snippet, "  - name: "); ok {
+			name, _, _ := strings.Cut(rest, "\n")
+			names = append(names, name)
+		}
+	}
+	if len(names) < 10 {
+		t.Fatalf("README recipes: got %d (%q), want at least 10", len(names), names)
+	}
+	file := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(file, []byte(values.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := decodeStrict(t, render(t, "dedupgw", "x", "default", "-f", file))
+	var config string
+	for _, cm := range r.ConfigMaps {
+		config += cm.Data["config.yaml"]
+	}
+	for _, name := range names {
+		if !strings.Contains(config, "name: "+name+"\n") {
+			t.Errorf("rendered config: got no route %q, want every recipe's", name)
+		}
+	}
+}
