@@ -198,4 +198,14 @@ func TestAlertRulesQueryKnownMetrics(t *testing.T) {
 	if alerts == 0 {
 		t.Fatal("got no alert in the rule file")
 	}
+	// README counts the alerts its table shares with the file ("holds the
+	// first twelve"): an alert added without the count left it one short.
+	words := map[string]int{"ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15, "sixteen": 16}
+	counted := regexp.MustCompile(`holds the first ([a-z]+) as a Prometheus rule file`).FindSubmatch(readme)
+	if counted == nil {
+		t.Fatal(`README's "Alerts worth having" does not say how many alerts the rule file holds ("holds the first … as a Prometheus rule file")`)
+	}
+	if got := words[string(counted[1])]; got != alerts {
+		t.Errorf("README says the rule file holds the first %q alerts: got %d, want %d, the rules in the file", counted[1], got, alerts)
+	}
 }
