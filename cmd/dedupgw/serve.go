@@ -603,7 +603,7 @@ func (s *server) reload() {
 		return
 	}
 	if len(restart) > 0 {
-		s.log.Warn("changes that need a restart are ignored until then", zap.String("keys", strings.Join(restart, ", ")))
+		s.log.Warn("changes that need a restart are ignored until then", zap.Strings("keys", restart))
 	}
 	if err := s.gw.Reload(f.GatewayConfig()); err != nil {
 		// The gateway counted the failure and kept its routes.

@@ -207,6 +207,42 @@ func TestServeLifecycleInProcess(t *testing.T) {
 	}
 }
 
+// TestReloadNamesRestartKeys: a reload that changes keys only a restart
+// applies names them in "keys" as a list, as the store-change warning
+// does, so one log query (keys contains "listen") finds both.
+func TestReloadNamesRestartKeys(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	const msg = "changes that need a restart are ignored until then"
+	tests := []struct {
+		name string
+		edit func(text string) string
+		want []any
+	}{
+		{"listen", func(s string) string { return strings.Replace(s, "listen: 127.0.0.1:0\n", "listen: 127.0.0.1:1\n", 1) }, []any{"listen"}},
+		{"admin.listen and log.format", func(s string) string {
+			return strings.Replace(s, "  listen: 127.0.0.1:0\n", "  listen: 127.0.0.1:1\n", 1) + "log:\n  format: console\n"
+		}, []any{"admin.listen", "log.format"}},
+		{"server", func(s string) string { return s + "server:\n  idle_timeout: 60s\n" }, []any{"server"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, text := tokenConfig(t, t.TempDir(), "http://127.0.0.1:1")
+			p := startInProcess(t, cfg)
+			writeFileAtomic(t, cfg, tt.edit(text))
+			p.sigs <- syscall.SIGHUP
+			p.waitLog("config reloaded", 1)
+			if w := p.logs.FilterMessage(msg).All(); len(w) != 1 {
+				t.Errorf("log: got %d lines %q, want 1", len(w), msg)
+			} else if got, ok := w[0].ContextMap()["keys"].([]any); !ok || !slices.Equal(got, tt.want) {
+				t.Errorf("%q keys: got %#v, want the list %v", msg, w[0].ContextMap()["keys"], tt.want)
+			}
+			if err := p.stop(); err != nil {
+				t.Errorf("run: got %v, want nil", err)
+			}
+		})
+	}
+}
+
 // TestReloadLogsConfigWarnings: a file a reload brings in gets the warnings
 // validate and serve's start give, naming the key and never the secret.
 func TestReloadLogsConfigWarnings(t *testing.T) {
