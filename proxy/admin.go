@@ -262,7 +262,10 @@ func (a *admin) key(w http.ResponseWriter, r *http.Request) (*route, dedup.Key, 
 // client_identity_secret the scope cannot be worked out from the
 // credential without the secret: the hint says so, and never shows it.
 func notFoundDetail(rt *route, id string) string {
-	const detail = "the store has no record of this key"
+	// A claim whose lease lapsed unsettled (its gateway stopped
+	// mid-forward) reads as not found too, on Redis and memory, until the
+	// next claim takes it over: the detail must not rule it out.
+	const detail = "the store has no live record of this key: never delivered, expired or forgotten, or claimed by a gateway that stopped mid-forward and whose lease lapsed (the application may have processed that attempt; the next delivery takes the key over)"
 	if rt.ClientIdentity == "" {
 		return detail
 	}

@@ -602,3 +602,54 @@ func TestAddressedByIP(t *testing.T) {
 		}
 	}
 }
+
+// A key's GET answers 404 both when the store never saw it and when a
+// gateway claimed it and stopped mid-forward, once the claim's lease
+// lapsed (Redis and memory keep the lapsed claim, but read it as not
+// found until the next claim takes it over). So the 404 must not tell an
+// operator asking "what happened to this event?" after a crash that there
+// is no record of it: the application may have processed that attempt.
+// (Found by an operator trial: a kill -9 mid-forward, then keys get said
+// "the store has no record of this key" while Redis held it.)
+func TestAdminKeyNotFoundAllowsALapsedClaim(t *testing.T) {
+	clock := newManualClock(time.Unix(1_700_000_000, 0))
+	ms := memstore.New(memstore.Options{Now: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { _ = ms.Close() })
+	gw, err := New(Config{Routes: []Route{genericRoute("orders", "/hooks/*", "http://127.0.0.1:1")}}, ms,
+		Options{Logger: zap.NewNop(), Registerer: prometheus.NewRegistry(), Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.Close() })
+	srv := httptest.NewServer(NewAdmin(gw, ms, AdminOptions{}))
+	t.Cleanup(srv.Close)
+	if _, err := ms.Claim(context.Background(), dedup.Key{Namespace: "orders", ID: "crashed"}, dedup.ClaimOptions{Lease: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second)
+	for _, tt := range []struct{ name, key string }{
+		{"never delivered", "unknown"},
+		{"claim whose lease lapsed unsettled", "crashed"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, err := srv.Client().Get(srv.URL + "/v1/keys/orders/" + tt.key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var p problem
+			err = json.NewDecoder(resp.Body).Decode(&p)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusNotFound {
+				t.Errorf("GET %s: got %d, want 404", tt.key, resp.StatusCode)
+			}
+			for _, want := range []string{"no live record", "lease lapsed", "may have processed"} {
+				if !strings.Contains(p.Detail, want) {
+					t.Errorf("GET %s: got detail %q, want it to say %q", tt.key, p.Detail, want)
+				}
+			}
+		})
+	}
+}

@@ -490,7 +490,7 @@ func TestClientScopedKeyAddressing(t *testing.T) {
 			// spell it; a scoped key that is absent gets the plain answer.
 			for _, tt := range []struct{ key, want, not string }{
 				{"k1", tc.hint, ""},
-				{tc.other, "the store has no record of this key", "scopes keys"},
+				{tc.other, "the store has no live record of this key", "scopes keys"},
 			} {
 				resp, err := admin.Client().Get(admin.URL + "/v1/keys/payments/" + tt.key)
 				if err != nil {
