@@ -568,13 +568,12 @@ func (s *server) reload() {
 		return
 	}
 	old := s.file
-	var restart []string
+	var restart, storeKeys []string
 	if !reflect.DeepEqual(f.Store, old.Store) {
-		keys := changedKeys("store", reflect.ValueOf(old.Store), reflect.ValueOf(f.Store))
-		if len(keys) == 0 {
-			keys = []string{"store"} // a field without a config name
+		storeKeys = changedKeys("store", reflect.ValueOf(old.Store), reflect.ValueOf(f.Store))
+		if len(storeKeys) == 0 {
+			storeKeys = []string{"store"} // a field without a config name
 		}
-		s.log.Warn("store change needs a restart: keeping the running store, applying the rest", zap.Strings("keys", keys))
 		f.Store = old.Store
 	}
 	if f.Listen != old.Listen {
@@ -602,13 +601,18 @@ func (s *server) reload() {
 			zap.Strings("problems", []string{fmt.Sprintf("admin.token: the running admin.listen %q is not a loopback address and stays until a restart; keep the token (or set admin.insecure: true)", f.Admin.Listen)}))
 		return
 	}
-	if len(restart) > 0 {
-		s.log.Warn("changes that need a restart are ignored until then", zap.Strings("keys", restart))
-	}
 	if err := s.gw.Reload(f.GatewayConfig()); err != nil {
 		// The gateway counted the failure and kept its routes.
 		s.log.Error("config reload rejected: keeping the running config", zap.String("config", s.path), zap.Error(err))
 		return
+	}
+	// Said once the rest is applied: a reload rejected above ignores
+	// everything, and one line saying so is enough.
+	if len(storeKeys) > 0 {
+		s.log.Warn("store change needs a restart: keeping the running store, applying the rest", zap.Strings("keys", storeKeys))
+	}
+	if len(restart) > 0 {
+		s.log.Warn("changes that need a restart are ignored until then", zap.Strings("keys", restart))
 	}
 	if err := s.level.UnmarshalText([]byte(f.Log.Level)); err != nil {
 		s.log.Warn("log.level not applied", zap.Error(err))
