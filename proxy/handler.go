@@ -522,6 +522,11 @@ func (g *Gateway) finish(d *delivery) {
 	case d.outcome == outcomeOtherMethod:
 		// An API's GETs, its 404s included: not deliveries, and many.
 		level = zap.DebugLevel
+	case d.outcome == outcomeRejectedSignature:
+		// Anyone can send forgeries as fast as they like: the sampled
+		// "signature rejected" warning says it, and
+		// dedupgw_deliveries_total counts them all.
+		level = zap.DebugLevel
 	case d.forwarded && d.upstreamStatus != 0 && (d.upstreamStatus < 200 || d.upstreamStatus > 299):
 		level = zap.WarnLevel
 	}

@@ -850,7 +850,9 @@ func TestDeliveryLogLine(t *testing.T) {
 	}
 	// An upstream that answered other than 2xx makes its line a warning,
 	// which log.level: warn still shows.
-	levels := []zapcore.Level{zapcore.InfoLevel, zapcore.InfoLevel, zapcore.InfoLevel, zapcore.InfoLevel, zapcore.InfoLevel, zapcore.InfoLevel, zapcore.WarnLevel}
+	// A rejected signature's is at debug: its sampled warning stands for
+	// it.
+	levels := []zapcore.Level{zapcore.InfoLevel, zapcore.InfoLevel, zapcore.DebugLevel, zapcore.InfoLevel, zapcore.InfoLevel, zapcore.InfoLevel, zapcore.WarnLevel}
 	// Fields without a value are left out.
 	absent := [][]string{{"request_id"}, {"request_id", "upstream_status"}, nil, {"request_id"}, {"request_id", "upstream_status"}, nil, {"upstream_error"}}
 	for i, l := range lines {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zapcore"
+
 	"github.com/dedupgw/dedupgw/dedup"
 	"github.com/dedupgw/dedupgw/dedup/memstore"
 	"github.com/dedupgw/dedupgw/providers"
@@ -230,6 +232,16 @@ func TestRejectedSignaturesAreSampledInTheLog(t *testing.T) {
 	}
 	if got := counterValue(t, h.gw.metrics.deliveries, "stripe", outcomeRejectedSignature); got != forgeries {
 		t.Errorf("rejected_signature: got %v, want %d", got, forgeries)
+	}
+	// Nor does each forgery's delivery line show at the default level.
+	var shown int
+	for _, e := range h.logs.FilterMessage("delivery").All() {
+		if e.Level >= zapcore.InfoLevel {
+			shown++
+		}
+	}
+	if shown != 0 {
+		t.Errorf("delivery lines at info or above: got %d, want 0 (a forgery's is at debug)", shown)
 	}
 }
 
