@@ -83,6 +83,7 @@ func NewAdmin(g *Gateway, store dedup.Store, opts AdminOptions) http.Handler {
 		store: newInstrumentedStore(store, g.metrics, g.backend),
 		log:   g.log.Named("admin"),
 	}
+	a.refused = sampled(a.log)
 	if opts.Token != "" {
 		sum := sha256.Sum256([]byte(opts.Token))
 		a.tokenSum = sum[:]
@@ -170,8 +171,9 @@ type admin struct {
 	g        *Gateway
 	store    dedup.Store
 	log      *zap.Logger
-	tokenSum []byte // SHA-256 of the token; nil when /v1 is open
-	anyHost  bool   // see AdminOptions.AnyHost
+	refused  *zap.Logger // sampled: anyone who reaches the listener can be refused
+	tokenSum []byte      // SHA-256 of the token; nil when /v1 is open
+	anyHost  bool        // see AdminOptions.AnyHost
 }
 
 func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
@@ -210,6 +212,10 @@ func (a *admin) auth(next http.Handler) http.Handler {
 			scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 			sum := sha256.Sum256([]byte(strings.TrimLeft(got, " "))) // 1*SP, RFC 9110 11.4
 			if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(sum[:], a.tokenSum) != 1 {
+				// Who tried, never what they sent.
+				a.refused.Warn("keys API: request refused without a valid token",
+					zap.String("method", r.Method), zap.String("path", clipForLog(r.URL.Path)),
+					zap.String("remote_addr", r.RemoteAddr), zap.Bool("authorization_sent", r.Header.Get("Authorization") != ""))
 				w.Header().Set("WWW-Authenticate", `Bearer realm="dedupgw"`)
 				writeProblem(w, probUnauthorized, 0)
 				return
@@ -355,7 +361,8 @@ func (a *admin) forgetKey(w http.ResponseWriter, r *http.Request) {
 		a.log.Warn("keys API: forget failed", zap.String("route", rt.Name), zap.Error(err))
 		writeProblem(w, probStoreError.with(rt.Name, "the dedup store did not answer"), retryLaterSeconds)
 	default:
-		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), keyField(key.ID), zap.Bool("force", force), zap.Bool("maybe_processed", rec.MaybeProcessed))
+		a.log.Info("keys API: key forgotten", zap.String("route", rt.Name), keyField(key.ID), zap.Bool("force", force), zap.Bool("maybe_processed", rec.MaybeProcessed),
+			zap.String("remote_addr", r.RemoteAddr))
 		w.WriteHeader(http.StatusNoContent)
 	}
 }

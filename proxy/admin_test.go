@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -225,6 +226,31 @@ func TestAdminKeysAPI(t *testing.T) {
 		})
 	}
 
+	// Refusals leave an audit trail (sampled: anyone who reaches the
+	// listener can be refused), with who asked and never what they sent.
+	t.Run("refusals are logged without the credential", func(t *testing.T) {
+		lines := a.logs.FilterMessage("keys API: request refused without a valid token").All()
+		if len(lines) == 0 || len(lines) > 7 {
+			t.Fatalf("refusal log lines: got %d, want 1 to 7 (7 refused, sampled)", len(lines))
+		}
+		for _, l := range lines {
+			f := l.ContextMap()
+			if addr, _ := f["remote_addr"].(string); !strings.HasPrefix(addr, "127.0.0.1:") {
+				t.Errorf("refusal line: got remote_addr %v, want the caller's", f["remote_addr"])
+			}
+			if f["path"] != keyPath("evt_1") {
+				t.Errorf("refusal line: got path %v, want %s", f["path"], keyPath("evt_1"))
+			}
+			for k, v := range f {
+				for _, sent := range []string{"nope", "s3cret", "czNjcmV0"} {
+					if strings.Contains(fmt.Sprint(v), sent) {
+						t.Errorf("refusal line: got %s=%v, want nothing the caller sent as a credential", k, v)
+					}
+				}
+			}
+		}
+	})
+
 	t.Run("record fields", func(t *testing.T) {
 		_, _, body := a.call(http.MethodGet, keyPath("evt_1"), bearer)
 		var got map[string]any
@@ -326,6 +352,8 @@ func TestAdminKeysAPI(t *testing.T) {
 		lines := a.logs.FilterMessage("keys API: key forgotten").FilterField(zap.String("key", "evt_busy")).All()
 		if len(lines) != 1 || lines[0].ContextMap()["force"] != true {
 			t.Errorf("log of the forced forget: got %v, want one line with force=true", lines)
+		} else if addr, _ := lines[0].ContextMap()["remote_addr"].(string); !strings.HasPrefix(addr, "127.0.0.1:") {
+			t.Errorf("log of the forced forget: got remote_addr %v, want who asked", lines[0].ContextMap()["remote_addr"])
 		}
 	})
 
