@@ -20,7 +20,7 @@ import (
 // TestDashboardQueriesKnownMetrics keeps the Grafana dashboard the Helm chart
 // ships honest: every dedupgw_* series one of its panels queries must be a
 // metric the gateway or the bolt store registers, so a renamed metric cannot
-// leave an empty panel behind.
+// leave an empty panel behind, and filters by namespace and job.
 func TestDashboardQueriesKnownMetrics(t *testing.T) {
 	raw, err := os.ReadFile("../helm/dedupgw/dashboards/dedupgw.json")
 	if err != nil {
@@ -41,12 +41,20 @@ func TestDashboardQueriesKnownMetrics(t *testing.T) {
 	known, byRoute := gatherMetrics(t)
 
 	metricName := regexp.MustCompile(`dedupgw_[a-z_]+`)
+	// Every selector filters by the dashboard's namespace and job, so two
+	// deployments one Prometheus scrapes are not summed together.
+	selector := regexp.MustCompile(`\b(dedupgw_[a-z_]+|process_[a-z_]+|go_[a-z_]+)(\{[^}]*\})?`)
 	queried := 0
 	for _, p := range dash.Panels {
 		if len(p.Targets) == 0 {
 			t.Errorf("panel %q has no query", p.Title)
 		}
 		for _, tg := range p.Targets {
+			for _, m := range selector.FindAllStringSubmatch(tg.Expr, -1) {
+				if !strings.Contains(m[2], `namespace=~"$namespace"`) || !strings.Contains(m[2], `job=~"$job"`) {
+					t.Errorf("panel %q: got selector %s, want it to filter by namespace=~\"$namespace\" and job=~\"$job\"", p.Title, m[0])
+				}
+			}
 			for _, name := range metricName.FindAllString(tg.Expr, -1) {
 				queried++
 				if byRoute[name] && !strings.Contains(tg.Expr, name+`{route=~"$route"`) {
