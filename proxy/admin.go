@@ -183,21 +183,15 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
-	if err := a.store.Ping(ctx); err != nil {
-		// The first failure is logged, then one a minute while the store
-		// stays down: the kubelet probes every few seconds, and each
-		// replica would otherwise write a line per probe.
-		now := a.g.now().UnixNano()
-		last := a.g.unreadyLogged.Load()
-		if !a.g.unready.Swap(true) || (now-last >= int64(notReadyLogEvery) && a.g.unreadyLogged.CompareAndSwap(last, now)) {
-			a.g.unreadyLogged.Store(now)
-			a.log.Warn("not ready: the store failed its ping", zap.Error(err))
-		}
+	err := a.store.Ping(ctx)
+	// Logged as the background ping's answers are (Gateway.storeAnswered):
+	// the first failure, then one a minute while the store stays down, as
+	// the kubelet probes every few seconds and each replica would
+	// otherwise write a line per probe.
+	a.g.storeAnswered(err)
+	if err != nil {
 		writeProblem(w, probNotReady.with("", "the dedup store failed its ping (unreachable, or on bolt a disk that cannot record); the gateway's log says why"), 0)
 		return
-	}
-	if a.g.unready.Swap(false) {
-		a.log.Info("ready again: the store answers its ping")
 	}
 	writeJSON(w, http.StatusOK, "application/json", map[string]string{"status": "ready"})
 }

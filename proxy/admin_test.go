@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -126,6 +127,41 @@ func TestReadinessLogsTheRecovery(t *testing.T) {
 		if i == 3 {
 			newAdmin()
 		}
+	}
+}
+
+// TestStoreWatchedWithoutTraffic: with StorePingInterval (serve sets it),
+// a store that goes down shows in dedupgw_store_up, the ping errors and
+// the log although no delivery arrives and nothing probes /readyz (the
+// chart probes /healthz), and its return shows too. (Found by an operator
+// trial: a Redis that died on a quiet night showed nowhere.)
+func TestStoreWatchedWithoutTraffic(t *testing.T) {
+	ms := memstore.New(memstore.Options{})
+	t.Cleanup(func() { _ = ms.Close() })
+	fs := &flakyStore{Store: ms}
+	clock := newManualClock(time.Unix(1_700_000_000, 0)) // still: one "not ready" line
+	core, logs := observer.New(zapcore.DebugLevel)
+	gw, err := New(Config{Routes: []Route{genericRoute("orders", "/hooks/*", "http://127.0.0.1:1")}}, fs,
+		Options{Logger: zap.New(core), Registerer: prometheus.NewRegistry(), Backend: "memory", Now: clock.Now, StorePingInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := func() float64 { return testutil.ToFloat64(gw.metrics.storeUp.WithLabelValues("memory")) }
+	lines := func(msg string) int { return len(logs.FilterMessage(msg).All()) }
+	const failed, back = "not ready: the store failed its ping", "ready again: the store answers its ping"
+
+	waitFor(t, "dedupgw_store_up 1", func() bool { return up() == 1 })
+	fs.down.Store(true)
+	waitFor(t, "dedupgw_store_up 0 and a not-ready line", func() bool { return up() == 0 && lines(failed) == 1 })
+	waitFor(t, "several failed pings", func() bool { return counterValue(t, gw.metrics.storeErrors, "memory", opPing) >= 3 })
+	fs.down.Store(false)
+	waitFor(t, "dedupgw_store_up 1 and a ready-again line", func() bool { return up() == 1 && lines(back) == 1 })
+	if err := gw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Close stopped the pings (goleak checks the goroutine is gone).
+	if got := lines(failed); got != 1 {
+		t.Errorf("%q lines: got %d, want 1 (the first failure; then one a minute)", failed, got)
 	}
 }
 

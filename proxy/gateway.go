@@ -59,7 +59,17 @@ type Options struct {
 	// X-Forwarded-Host the upstream gets (see keepForwarded). Nil means
 	// DefaultTrustedProxies.
 	TrustedProxies []netip.Prefix
+	// StorePingInterval, when positive, is how often the Gateway pings its
+	// store in the background (once at New, then until Close), so that
+	// dedupgw_store_up, dedupgw_store_errors_total{op="ping"} and the log
+	// show a store that went down even while no delivery arrives and
+	// nothing probes /readyz. Zero means no background ping: the store is
+	// pinged only by /readyz. serve uses DefaultStorePingInterval.
+	StorePingInterval time.Duration
 }
+
+// DefaultStorePingInterval is the StorePingInterval serve uses.
+const DefaultStorePingInterval = 10 * time.Second
 
 // DefaultTrustedProxies are the peers trusted with X-Forwarded-Proto and
 // X-Forwarded-Host when Options.TrustedProxies is nil: loopback, the
@@ -132,7 +142,10 @@ type Gateway struct {
 	// ready" line was written: while the store stays down, at most one a
 	// minute (see notReadyLogEvery).
 	unreadyLogged atomic.Int64
-	active        sync.WaitGroup // deliveries being served, and store writes tried again in the background
+	// pinger is the background store ping (see watchStore), stopped by
+	// Close.
+	pinger sync.WaitGroup
+	active sync.WaitGroup // deliveries being served, and store writes tried again in the background
 	// settleRetries counts the commits and releases being tried again in
 	// the background (see settleLater).
 	settleRetries atomic.Int64
@@ -220,8 +233,61 @@ func New(cfg Config, store dedup.Store, opts Options) (*Gateway, error) {
 	g.store = newInstrumentedStore(store, g.metrics, g.backend)
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.routes.Store(t)
+	if every := opts.StorePingInterval; every > 0 {
+		g.pinger.Go(func() { g.watchStore(every) })
+	}
 	return g, nil
 }
+
+// watchStore pings the store at once and then every interval until Close,
+// reporting each answer to storeAnswered. Without it a store that went
+// down would show nowhere while no delivery arrives and nothing probes
+// /readyz (the chart probes /healthz unless every route rejects on store
+// errors).
+func (g *Gateway) watchStore(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(g.ctx, readyTimeout)
+		err := g.store.Ping(ctx)
+		cancel()
+		if g.ctx.Err() != nil {
+			return // Close cut the ping short: not the store's answer
+		}
+		g.storeAnswered(err)
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// storeAnswered records the answer to a store ping (the background one,
+// or /readyz's): dedupgw_store_up, a "not ready" warning on the first
+// failure and then at most one a minute while the store stays down, and
+// one "ready again" line when it answers again.
+func (g *Gateway) storeAnswered(err error) {
+	up := g.metrics.storeUp.WithLabelValues(g.backend)
+	if err != nil {
+		up.Set(0)
+		now := g.now().UnixNano()
+		last := g.unreadyLogged.Load()
+		if !g.unready.Swap(true) || (now-last >= int64(notReadyLogEvery) && g.unreadyLogged.CompareAndSwap(last, now)) {
+			g.unreadyLogged.Store(now)
+			g.adminLog().Warn("not ready: the store failed its ping", zap.Error(err))
+		}
+		return
+	}
+	up.Set(1)
+	if g.unready.Swap(false) {
+		g.adminLog().Info("ready again: the store answers its ping")
+	}
+}
+
+// adminLog is the logger of the readiness lines, named as when only
+// /readyz wrote them.
+func (g *Gateway) adminLog() *zap.Logger { return g.log.Named("admin") }
 
 // build validates cfg and returns a complete route table.
 func (g *Gateway) build(cfg Config) (*routeTable, error) {
@@ -314,6 +380,7 @@ func (g *Gateway) Close() error {
 		g.reading.cutAll()
 		g.writing.cutAll()
 		g.active.Wait()
+		g.pinger.Wait()
 		if g.ownTransport != nil {
 			g.ownTransport.CloseIdleConnections()
 		}

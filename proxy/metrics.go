@@ -98,6 +98,7 @@ type metrics struct {
 	takeovers      *prometheus.CounterVec
 	bodyDiffers    *prometheus.CounterVec
 	unrouted       *prometheus.CounterVec
+	storeUp        *prometheus.GaugeVec
 }
 
 // Reasons of dedupgw_unrouted_requests_total.
@@ -179,6 +180,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name:      "duplicate_body_differs_total",
 			Help:      "Duplicates whose body differs from the one the key's first delivery forwarded. Providers resend an event unchanged (or nearly: one that re-serialises it may change a count inside), so a steady rate means the route's key names something other than the event, such as an object's ID, and events were acknowledged as duplicates without reaching the application.",
 		}, []string{"route"}),
+		storeUp: f.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "dedupgw",
+			Name:      "store_up",
+			Help:      "1 when the dedup store answered its last ping, 0 when it failed. dedupgw serve pings it every 10s, traffic or not, and on each /readyz.",
+		}, []string{"backend"}),
 		unrouted: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dedupgw",
 			Name:      "unrouted_requests_total",

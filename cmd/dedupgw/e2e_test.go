@@ -862,6 +862,8 @@ func TestE2EReloadOnSIGHUP(t *testing.T) {
 		`dedupgw_bolt_checkpoint_failures_total`:   "0",
 		`dedupgw_bolt_swept_records_total`:         "0",
 		`dedupgw_bolt_journal_backlog_limit_bytes`: "6.7108864e+07",
+		// pinged at start, and every 10 s, with nothing probing /readyz
+		`dedupgw_store_up{backend="bolt"}`: "1",
 	} {
 		if got := metricValue(t, g, series); got != want {
 			t.Errorf("%s: got %q, want %q", series, got, want)

@@ -293,12 +293,13 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	}
 	trusted, _, _ := f.Server.trustedProxies() // validated by loadConfig
 	gw, err := proxy.New(f.GatewayConfig(), store, proxy.Options{
-		Logger:         s.log,
-		Registerer:     s.reg,
-		Backend:        f.Store.Backend,
-		Version:        version,
-		BodyTimeout:    bodyTimeout(f),
-		TrustedProxies: trusted,
+		Logger:            s.log,
+		Registerer:        s.reg,
+		Backend:           f.Store.Backend,
+		Version:           version,
+		BodyTimeout:       bodyTimeout(f),
+		TrustedProxies:    trusted,
+		StorePingInterval: proxy.DefaultStorePingInterval,
 	})
 	if err != nil {
 		return fmt.Errorf("build gateway: %w", err)
