@@ -191,7 +191,7 @@ func (c *claimCall) ttlMS() int64 { return c.leaseMS + leaseGrace.Milliseconds()
 func (s *Store) claimFast(ctx context.Context, c *claimCall) (dedup.ClaimResult, bool, error) {
 	leaseUntil := c.now + c.leaseMS
 	value := newRecord(c.now, leaseUntil, c.token, c.claim)
-	cmd, waitErr := s.pipeFor(ctx, c.key).commandWaited(ctx, "set", c.key, value, "nx", "get", "px", c.ttlMS())
+	cmd, waitErr := s.commandWaited(ctx, c.key, "set", c.key, value, "nx", "get", "px", c.ttlMS())
 	c.waitErr = waitErr
 	old, err := cmd.Result()
 	if isNil(err) {
@@ -396,10 +396,11 @@ func isNil(err error) bool {
 // accept SET … NX GET: a generic "ERR" error reply, as Redis before 7.0 gives
 // ("ERR syntax error"). Network errors, redis.Nil and the typed replies
 // (WRONGTYPE, OOM, READONLY, LOADING, NOPERM…) are not: a claim with the
-// script would meet them as well.
+// script would meet them as well. Nor is a command never sent, whatever
+// error it wraps: a *slotMapError may carry CLUSTER SLOTS's own "ERR".
 func refusesFastPath(err error) bool {
 	var rerr redis.Error
-	if isNil(err) || !errors.As(err, &rerr) || redis.IsMaxClientsError(err) {
+	if isNil(err) || !errors.As(err, &rerr) || redis.IsMaxClientsError(err) || nothingSent(err) {
 		return false
 	}
 	return strings.HasPrefix(rerr.Error(), "ERR")
@@ -416,7 +417,7 @@ func (s *Store) fastPathOff(err error) {
 
 // claimScript runs c with claim.lua.
 func (s *Store) claimScript(ctx context.Context, c *claimCall) (dedup.ClaimResult, error) {
-	cmd, waitErr := s.pipeFor(ctx, c.key).runWaited(ctx, claimScript, c.key,
+	cmd, waitErr := s.runWaited(ctx, claimScript, c.key,
 		c.now, base36(c.now), base36(c.now+c.leaseMS),
 		c.ttlMS(), c.token, c.claim, c.bind,
 	)

@@ -206,6 +206,7 @@ func TestRefusesFastPath(t *testing.T) {
 	// parse, as Redis < 7.0 does for NX with GET, and a WRONGTYPE.
 	syntaxErr := client.Do(ctx, "set", "k", "v", "nx", "xx").Err()
 	wrongType := client.Do(ctx, "set", "list", "v", "nx", "get", "px", 1000).Err()
+	noCluster := client.ClusterSlots(ctx).Err() // "ERR This instance has cluster support disabled"
 	tests := []struct {
 		name string
 		err  error
@@ -216,6 +217,7 @@ func TestRefusesFastPath(t *testing.T) {
 		{"nil reply", redis.Nil, false},
 		{"network", errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), false},
 		{"context", context.DeadlineExceeded, false},
+		{"CLUSTER SLOTS's ERR, finding a key's master", &slotMapError{err: noCluster}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -291,6 +293,10 @@ func TestRetryable(t *testing.T) {
 		{"the caller gave up", context.Canceled, false, false},
 		{"a closed store", dedup.ErrClosed, false, false},
 		{"a closed client", redis.ErrClosed, false, false},
+		{"no slot map: could not connect", &slotMapError{err: dial}, true, true},
+		{"no slot map: a read timeout", &slotMapError{err: read}, true, true},
+		{"no slot map: an error reply", &slotMapError{err: errorReply("NOPERM User has no permissions to run the 'cluster|slots' command")}, false, false},
+		{"no slot map: the caller's deadline", &slotMapError{err: context.DeadlineExceeded}, false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -182,12 +182,49 @@ func newStore(client redis.UniversalClient, prefix string, opts Options, waitRep
 }
 
 // pipeFor returns the pipeliner that sends key's commands: on a Cluster
-// its master's own (see nodePipes), else the Store's one.
-func (s *Store) pipeFor(ctx context.Context, key string) *pipeliner {
+// its master's own (see nodePipes), else the Store's one. Its error means
+// nothing was sent: a *slotMapError, or dedup.ErrClosed.
+func (s *Store) pipeFor(ctx context.Context, key string) (*pipeliner, error) {
 	if s.nodes == nil {
-		return s.pipe
+		return s.pipe, nil
 	}
-	return s.nodes.forKey(ctx, key, s.pipe)
+	return s.nodes.forKey(ctx, key)
+}
+
+// runWaited is pipeliner.runWaited on key's pipeliner (see pipeFor); an
+// error finding it is the reply's.
+func (s *Store) runWaited(ctx context.Context, script *redis.Script, key string, args ...any) (*redis.Cmd, error) {
+	p, err := s.pipeFor(ctx, key)
+	if err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd, nil
+	}
+	return p.runWaited(ctx, script, key, args...)
+}
+
+// get is pipeliner.get on key's pipeliner (see pipeFor); an error finding
+// it is the reply's.
+func (s *Store) get(ctx context.Context, key string) *redis.StringCmd {
+	p, err := s.pipeFor(ctx, key)
+	if err != nil {
+		cmd := redis.NewStringCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return p.get(ctx, key)
+}
+
+// commandWaited is pipeliner.commandWaited on key's pipeliner (see
+// pipeFor), key being the command's; an error finding it is the reply's.
+func (s *Store) commandWaited(ctx context.Context, key string, args ...any) (*redis.StringCmd, error) {
+	p, err := s.pipeFor(ctx, key)
+	if err != nil {
+		cmd := redis.NewStringCmd(ctx)
+		cmd.SetErr(err)
+		return cmd, nil
+	}
+	return p.commandWaited(ctx, args...)
 }
 
 // Key returns the Redis key that holds k's record, for operators and tests.
@@ -250,7 +287,7 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 // The undo is token-guarded, so it cannot remove anyone else's claim.
 func (s *Store) undoIfUnclear(c *claimCall, err error) {
 	var rerr redis.Error
-	if errors.As(err, &rerr) || errors.Is(err, dedup.ErrClosed) || dialFailed(err) {
+	if errors.As(err, &rerr) || errors.Is(err, dedup.ErrClosed) || nothingSent(err) {
 		return // Redis answered with an error, or nothing was sent
 	}
 	s.undoMu.Lock()
@@ -261,8 +298,17 @@ func (s *Store) undoIfUnclear(c *claimCall, err error) {
 	s.undos.Go(func() { _ = s.undoClaim(context.Background(), c) })
 }
 
+// nothingSent reports whether err says the command was never sent, so
+// there is nothing to undo: a failure to connect (see dialFailed), or a
+// Cluster key whose master could not be found (a *slotMapError, whatever
+// it wraps).
+func nothingSent(err error) bool {
+	var sm *slotMapError
+	return dialFailed(err) || errors.As(err, &sm)
+}
+
 // dialFailed reports whether err is a failure to connect: the command was
-// never sent, so there is nothing to undo.
+// never sent.
 func dialFailed(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
@@ -337,8 +383,9 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 // eight tries over some 3.5s), when the failure left
 // Redis unchanged or the command is safe to repeat:
 //
-//   - a connection that could not be made or taken from the pool in time
-//     (nothing was sent), and a
+//   - a connection that could not be made or taken from the pool in time,
+//     or a Cluster slot map that could not be loaded to find the key's
+//     master (nothing was sent, see nothingSent), and a
 //     refusal by which Redis did nothing (READONLY from a master being
 //     demoted, LOADING after a restart, MASTERDOWN, TRYAGAIN, CLUSTERDOWN),
 //     always;
@@ -369,7 +416,7 @@ func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk,
 	}()
 	for attempt := 0; ; attempt++ {
 		var cmd *redis.Cmd
-		cmd, waitErr = s.pipeFor(ctx, rk).runWaited(ctx, script, rk, args...)
+		cmd, waitErr = s.runWaited(ctx, script, rk, args...)
 		if n, err = cmd.Int64(); err == nil || !s.again(ctx, op, err, attempt) {
 			return n, waitErr, err
 		}
@@ -415,7 +462,7 @@ func retryable(err error, waiting bool) bool {
 		return true // refused, nothing done
 	case notTransport(err):
 		return false
-	case dialFailed(err), errors.Is(err, redis.ErrPoolTimeout):
+	case nothingSent(err), errors.Is(err, redis.ErrPoolTimeout):
 		return true // nothing was sent
 	}
 	return !waiting
@@ -463,7 +510,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 		return dedup.Record{}, fmt.Errorf("redisstore: get: %w", err)
 	}
 	rk := s.Key(key)
-	value, err := s.pipeFor(ctx, rk).get(ctx, rk).Result()
+	value, err := s.get(ctx, rk).Result()
 	if isNil(err) {
 		return dedup.Record{}, dedup.ErrNotFound
 	}
