@@ -3,7 +3,12 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"net"
+	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -156,5 +161,215 @@ func TestClusterWithoutSlotMapSendsNothing(t *testing.T) {
 				t.Error("claim fast path: got off, want on (the server never answered SET NX GET)")
 			}
 		})
+	}
+}
+
+// slotMapCluster is a Store on a Cluster client whose slot map
+// (ClusterSlots) gives every slot to one of two plain servers, a or b:
+// moveTo makes another the master, once the client has loaded the map
+// naming it.
+type slotMapCluster struct {
+	t      *testing.T
+	s      *Store
+	cc     *redis.ClusterClient
+	a, b   string
+	master atomic.Value // string
+}
+
+func newSlotMapCluster(t *testing.T) *slotMapCluster {
+	t.Helper()
+	// By name: go-redis replaces a loopback IP in a slot map it did not
+	// load from a node.
+	addr := func(s *redistest.Server) string { return net.JoinHostPort("localhost", strconv.Itoa(s.Port())) }
+	c := &slotMapCluster{t: t, a: addr(redistest.Start(t)), b: addr(redistest.Start(t))}
+	c.master.Store(c.a)
+	c.cc = redis.NewClusterClient(&redis.ClusterOptions{
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: c.master.Load().(string)}}}}, nil
+		},
+	})
+	t.Cleanup(func() { _ = c.cc.Close() })
+	c.s = NewFromClient(c.cc, "", Options{})
+	t.Cleanup(func() { _ = c.s.Close() })
+	return c
+}
+
+func (c *slotMapCluster) moveTo(addr string) {
+	c.t.Helper()
+	c.master.Store(addr)
+	waitFor(c.t, "the client to load the slot map naming "+addr, func() bool {
+		node, err := c.cc.MasterForKey(context.Background(), "k")
+		if err == nil && node.Options().Addr == addr {
+			return true
+		}
+		// Again: go-redis drops a reload asked for while one runs.
+		c.cc.ReloadState(context.Background())
+		return false
+	})
+}
+
+// claim claims a new key, failing t unless it is claimed.
+func (c *slotMapCluster) claim(id string) {
+	c.t.Helper()
+	res, err := c.s.Claim(context.Background(), dedup.Key{Namespace: "n", ID: id}, dedup.ClaimOptions{Lease: time.Minute})
+	if err != nil || res.Outcome != dedup.Claimed {
+		c.t.Fatalf("Claim(%s) on %s: got (%v, %v), want claimed", id, c.master.Load(), res.Outcome, err)
+	}
+}
+
+// TestClusterDepartedMasterPipelinerClosed: the pipeliner of a master
+// address that left the slot map is closed, and its workers exit, once a
+// new master's arrival shows the map changed; but never under a caller it
+// was handed to: that caller's command still goes through, and its
+// release closes it. Kept until Close, pipeliners piled up with every
+// Redis pod restart (a new address each) over a gateway's life.
+func TestClusterDepartedMasterPipelinerClosed(t *testing.T) {
+	c := newSlotMapCluster(t)
+	ctx := context.Background()
+
+	c.claim("on_a")
+	pa := c.s.nodes.pipeliner(c.a)
+	awaitWorkers(t, pa, defaultInFlight)
+	// A caller handed a's pipeliner, about to send on it.
+	held, err := c.s.nodes.forKey(ctx, c.s.Key(dedup.Key{Namespace: "n", ID: "held"}))
+	if err != nil || held.p != pa {
+		t.Fatalf("forKey: got (%+v, %v), want a's pipeliner", held, err)
+	}
+
+	c.moveTo(c.b)
+	c.claim("on_b") // b arrives: a is retired, but still in use
+	c.s.nodes.awaitCloses()
+	if got := c.s.nodes.addrs(); !slices.Equal(got, []string{c.b}) {
+		t.Errorf("pipelined masters after a left: got %v, want [%s]", got, c.b)
+	}
+	if pa.isClosed() || pipelineWorkers(pa) != defaultInFlight {
+		t.Errorf("a's pipeliner, handed out and not released: got closed %v with %d workers, want open with %d",
+			pa.isClosed(), pipelineWorkers(pa), defaultInFlight)
+	}
+	if err := pa.get(ctx, "absent").Err(); !isNil(err) {
+		t.Errorf("GET on a's pipeliner, handed out before a left: got %v, want redis.Nil", err)
+	}
+	c.s.nodes.release(held) // the last user: closes it
+	c.s.nodes.awaitCloses()
+	if !pa.isClosed() || pipelineWorkers(pa) != 0 {
+		t.Errorf("a's pipeliner after its last user released it: got closed %v with %d workers, want closed with 0",
+			pa.isClosed(), pipelineWorkers(pa))
+	}
+
+	pb := c.s.nodes.pipeliner(c.b)
+	awaitWorkers(t, pb, defaultInFlight)
+	c.moveTo(c.a)
+	c.claim("on_a_again") // a arrives: b's pipeliner, unused, is closed at once
+	c.s.nodes.awaitCloses()
+	if got := c.s.nodes.addrs(); !slices.Equal(got, []string{c.a}) {
+		t.Errorf("pipelined masters after b left: got %v, want [%s]", got, c.a)
+	}
+	if !pb.isClosed() || pipelineWorkers(pb) != 0 {
+		t.Errorf("b's pipeliner, unused when b left: got closed %v with %d workers, want closed with 0",
+			pb.isClosed(), pipelineWorkers(pb))
+	}
+	c.claim("after")
+}
+
+// TestClusterMasterChurnUnderLoad: claims running while the master moves
+// back and forth never fail, none meets a pipeliner closed under it; once
+// the moves end, the last master's pipeliner is the one left.
+func TestClusterMasterChurnUnderLoad(t *testing.T) {
+	c := newSlotMapCluster(t)
+	stop := make(chan struct{})
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for w := range cap(errs) {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := dedup.Key{Namespace: "n", ID: strconv.Itoa(w) + "_" + strconv.Itoa(i)}
+				if _, err := c.s.Claim(context.Background(), k, dedup.ClaimOptions{Lease: time.Minute}); err != nil {
+					errs <- fmt.Errorf("Claim(%s): %w", k.ID, err)
+					return
+				}
+			}
+		})
+	}
+	for i := range 10 {
+		c.moveTo([]string{c.b, c.a}[i%2])
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("while the master moved: got %v, want nil", err)
+	}
+	c.claim("after")
+	c.s.nodes.awaitCloses()
+	if got := c.s.nodes.addrs(); !slices.Equal(got, []string{c.a}) {
+		t.Errorf("pipelined masters: got %v, want [%s], the last master", got, c.a)
+	}
+	others := pipelineWorkers(nil) - pipelineWorkers(c.s.pipe) - pipelineWorkers(c.s.nodes.pipeliner(c.a))
+	if others != 0 {
+		t.Errorf("workers of pipeliners other than the Store's and the last master's: got %d, want 0", others)
+	}
+}
+
+// addrs returns the master addresses n has a pipeliner for, sorted.
+func (n *nodePipes) addrs() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Sorted(maps.Keys(n.m))
+}
+
+// awaitCloses waits until the pipeliners n retired so far are closed. No
+// forKey or release may run meanwhile.
+func (n *nodePipes) awaitCloses() { n.closing.Wait() }
+
+// open returns the master addresses of n's pipeliners not closed, those
+// retired and still in use too, sorted.
+func (n *nodePipes) open() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	addrs := slices.Collect(maps.Keys(n.m))
+	for np := range n.retired {
+		addrs = append(addrs, np.addr)
+	}
+	slices.Sort(addrs)
+	return addrs
+}
+
+// pipeliner returns n's pipeliner for the master at addr, or nil.
+func (n *nodePipes) pipeliner(addr string) *pipeliner {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if np := n.m[addr]; np != nil {
+		return np.p
+	}
+	return nil
+}
+
+// awaitWorkers waits until want of p's workers run: every worker it
+// started has begun to run.
+func awaitWorkers(t *testing.T, p *pipeliner, want int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d pipeline workers", want), func() bool { return pipelineWorkers(p) == want })
+}
+
+// pipelineWorkers returns how many of p's workers run, or of every
+// pipeliner's when p is nil. A worker started and not yet scheduled is
+// not counted.
+func pipelineWorkers(p *pipeliner) int {
+	frame := "redisstore.(*pipeliner).work("
+	if p != nil {
+		frame += fmt.Sprintf("%p", p)
+	}
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), frame)
+		}
+		buf = make([]byte, 2*len(buf))
 	}
 }

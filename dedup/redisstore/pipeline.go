@@ -24,7 +24,8 @@ import (
 //
 //   - The Store owns inFlight worker goroutines, the dispatchers, started by
 //     New and NewFromClient and stopped by Close (on a Cluster, inFlight
-//     more per master, started with its first command).
+//     more per master, started with its first command and stopped when
+//     the master is gone, see nodePipes).
 //   - At most inFlight pipelines are on the wire at once. On a Cluster the
 //     Store runs one pipeliner per master (see nodePipes), so this holds
 //     per master, and a batch holds one master's keys. A caller whose

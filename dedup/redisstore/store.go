@@ -182,48 +182,64 @@ func newStore(client redis.UniversalClient, prefix string, opts Options, waitRep
 }
 
 // pipeFor returns the pipeliner that sends key's commands: on a Cluster
-// its master's own (see nodePipes), else the Store's one. Its error means
-// nothing was sent: a *slotMapError, or dedup.ErrClosed.
-func (s *Store) pipeFor(ctx context.Context, key string) (*pipeliner, error) {
+// its master's own (see nodePipes), else the Store's one. On a Cluster it
+// also returns its nodePipe, which the caller hands to donePipe once its
+// command returned; nil elsewhere. Its error means nothing was sent: a
+// *slotMapError, or dedup.ErrClosed.
+func (s *Store) pipeFor(ctx context.Context, key string) (*pipeliner, *nodePipe, error) {
 	if s.nodes == nil {
-		return s.pipe, nil
+		return s.pipe, nil, nil
 	}
-	return s.nodes.forKey(ctx, key)
+	np, err := s.nodes.forKey(ctx, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return np.p, np, nil
+}
+
+// donePipe ends the use of np, from pipeFor.
+func (s *Store) donePipe(np *nodePipe) {
+	if np != nil {
+		s.nodes.release(np)
+	}
 }
 
 // runWaited is pipeliner.runWaited on key's pipeliner (see pipeFor); an
 // error finding it is the reply's.
 func (s *Store) runWaited(ctx context.Context, script *redis.Script, key string, args ...any) (*redis.Cmd, error) {
-	p, err := s.pipeFor(ctx, key)
+	p, np, err := s.pipeFor(ctx, key)
 	if err != nil {
 		cmd := redis.NewCmd(ctx)
 		cmd.SetErr(err)
 		return cmd, nil
 	}
+	defer s.donePipe(np)
 	return p.runWaited(ctx, script, key, args...)
 }
 
 // get is pipeliner.get on key's pipeliner (see pipeFor); an error finding
 // it is the reply's.
 func (s *Store) get(ctx context.Context, key string) *redis.StringCmd {
-	p, err := s.pipeFor(ctx, key)
+	p, np, err := s.pipeFor(ctx, key)
 	if err != nil {
 		cmd := redis.NewStringCmd(ctx)
 		cmd.SetErr(err)
 		return cmd
 	}
+	defer s.donePipe(np)
 	return p.get(ctx, key)
 }
 
 // commandWaited is pipeliner.commandWaited on key's pipeliner (see
 // pipeFor), key being the command's; an error finding it is the reply's.
 func (s *Store) commandWaited(ctx context.Context, key string, args ...any) (*redis.StringCmd, error) {
-	p, err := s.pipeFor(ctx, key)
+	p, np, err := s.pipeFor(ctx, key)
 	if err != nil {
 		cmd := redis.NewStringCmd(ctx)
 		cmd.SetErr(err)
 		return cmd, nil
 	}
+	defer s.donePipe(np)
 	return p.commandWaited(ctx, args...)
 }
 

@@ -687,6 +687,8 @@ func concurrentFlush(t *testing.T, s *redisstore.Store, admins []*redis.Client) 
 // reloaded the map (on_store_error: reject answered 503, forward forwarded
 // them undeduplicated), and only a replica whose /readyz was polled
 // followed at once. Nothing here pings: the store's own failures must do.
+// Once the promoted replica's keys are served, the dead master's
+// pipeliner is closed.
 func TestClusterFailoverFollowedWithoutPing(t *testing.T) {
 	cl := redistest.StartClusterWithReplicas(t, 3)
 	// A hash tag in the prefix puts every key in one slot, on one master.
@@ -743,6 +745,12 @@ func TestClusterFailoverFollowedWithoutPing(t *testing.T) {
 		<-tick.C
 	}
 	t.Logf("%d claims failed after the promotion, the first one to succeed %s after it", failed, time.Since(promoted).Round(time.Millisecond))
+
+	// The dead master's pipeliner is closed: kept, those of departed
+	// addresses piled up with every restart of a Redis pod.
+	if got := s.OpenPipelines(); len(got) != 1 || got[0] == victim.Addr() {
+		t.Errorf("open pipelines after the failover: got %v, want the promoted replica's alone, not the dead %s's", got, victim.Addr())
+	}
 }
 
 // TestClusterHungMasterHoldsOnlyItsKeys: a master that stops answering (a

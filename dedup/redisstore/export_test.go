@@ -1,0 +1,12 @@
+package redisstore
+
+// OpenPipelines returns the master addresses s has an open pipeliner for
+// (a Cluster's, see nodePipes), sorted, once the closes of those it
+// retired finished. No operation may run meanwhile.
+func (s *Store) OpenPipelines() []string {
+	if s.nodes == nil {
+		return nil
+	}
+	s.nodes.awaitCloses()
+	return s.nodes.open()
+}
