@@ -31,7 +31,8 @@ RUN set -e; \
     cp /etc/ssl/certs/ca-certificates.crt /out/etc/ssl/certs/ca-certificates.crt; \
     printf '%s\n' \
       '# Default dedupgw configuration baked into the image.' \
-      '# Mount your own file over /etc/dedupgw/config.yaml, or keep this one and' \
+      '# Mount a directory with your own config.yaml over /etc/dedupgw (a file' \
+      '# mounted alone never sees edits), or keep this one and' \
       '# set UPSTREAM_URL: every POST is deduplicated by its Idempotency-Key or' \
       '# Webhook-Id header, else by the SHA-256 of its (canonical JSON) body.' \
       'listen: ":8080"' \
