@@ -14,6 +14,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"hash"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -307,7 +309,12 @@ func TestGenericECDSA(t *testing.T) {
 		{"SendGrid's vector", []string{sendgridKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, nil},
 		{"the key as PEM", []string{pemKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, nil},
 		{"the key with a trailing newline", []string{sendgridKey + "\n"}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, nil},
+		{"the key with spaces around it", []string{" " + sendgridKey + " "}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, nil},
+		{"the PEM key after a blank line", []string{"\n" + pemKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, nil},
 		{"rotation: the second key verifies", []string{otherKey, sendgridKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, nil},
+		// The verification key is public: an HMAC keyed with it must never
+		// verify, or anyone could sign.
+		{"an HMAC keyed with the verification key", []string{sendgridKey}, 1588788400, headers(base64.StdEncoding.EncodeToString(genericMAC(sha256.New, sendgridKey, sendgridTimestamp+sendgridBody)), sendgridTimestamp), sendgridBody, ErrBadSignature},
 		{"another key", []string{otherKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), sendgridBody, ErrBadSignature},
 		{"tampered body", []string{sendgridKey}, 1588788400, headers(sendgridSignature, sendgridTimestamp), strings.Replace(sendgridBody, "test_event", "test_evenu", 1), ErrBadSignature},
 		{"tampered timestamp", []string{sendgridKey}, 1588788400, headers(sendgridSignature, "1588788368"), sendgridBody, ErrBadSignature},
@@ -360,15 +367,28 @@ func TestGenericECDSAKeys(t *testing.T) {
 	}
 }
 
-// FuzzECDSAKey: parseECDSAKey never panics and accepts only ECDSA keys.
+// FuzzECDSAKey: parseECDSAKey never panics, accepts only ECDSA keys, and
+// its error is one of a few fixed messages, so it never shows what the
+// secret held.
 func FuzzECDSAKey(f *testing.F) {
 	f.Add(sendgridKey)
 	f.Add("-----BEGIN PUBLIC KEY-----\n" + sendgridKey + "\n-----END PUBLIC KEY-----\n")
 	f.Add("-----BEGIN")
 	f.Add("")
+	f.Add("MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=") // an Ed25519 key
+	fixed := []string{
+		"not a PEM PUBLIC KEY block (want an ECDSA public key: base64 of its DER encoding, or PEM)",
+		"not base64 (want an ECDSA public key: base64 of its DER encoding, as SendGrid's verification key, or PEM)",
+		"not a public key (want an ECDSA public key: base64 of its DER encoding, as SendGrid's verification key, or PEM)",
+	}
+	ofType := regexp.MustCompile(`^a \*?[a-z0-9]+\.[A-Za-z0-9]+, not an ECDSA public key$`)
 	f.Fuzz(func(t *testing.T, s string) {
-		if k, err := parseECDSAKey(s); (k == nil) == (err == nil) {
+		k, err := parseECDSAKey(s)
+		if (k == nil) == (err == nil) {
 			t.Fatalf("parseECDSAKey(%q): got %v, %v; want a key or an error", s, k, err)
+		}
+		if err != nil && !slices.Contains(fixed, err.Error()) && !ofType.MatchString(err.Error()) {
+			t.Fatalf("parseECDSAKey(%q): got error %q, want one of the fixed messages (never the key)", s, err)
 		}
 	})
 }
