@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -162,6 +163,47 @@ func TestStoreWatchedWithoutTraffic(t *testing.T) {
 	// Close stopped the pings (goleak checks the goroutine is gone).
 	if got := lines(failed); got != 1 {
 		t.Errorf("%q lines: got %d, want 1 (the first failure; then one a minute)", failed, got)
+	}
+}
+
+// hangingPing is a store whose Ping hangs until its context ends, and
+// says on pinging when the first one started.
+type hangingPing struct {
+	dedup.Store
+	pinging chan struct{}
+	once    sync.Once
+}
+
+func (s *hangingPing) Ping(ctx context.Context) error {
+	s.once.Do(func() { close(s.pinging) })
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestCloseDuringAStorePing: a background ping that Close cuts short is
+// not the store's answer. Taken for one, every shutdown of a gateway
+// whose store is slow to answer would log "not ready: the store failed
+// its ping" and set dedupgw_store_up to 0 on its way out.
+func TestCloseDuringAStorePing(t *testing.T) {
+	ms := memstore.New(memstore.Options{})
+	t.Cleanup(func() { _ = ms.Close() })
+	hs := &hangingPing{Store: ms, pinging: make(chan struct{})}
+	core, logs := observer.New(zapcore.DebugLevel)
+	reg := prometheus.NewRegistry()
+	gw, err := New(Config{Routes: []Route{genericRoute("orders", "/hooks/*", "http://127.0.0.1:1")}}, hs,
+		Options{Logger: zap.New(core), Registerer: reg, Backend: "memory", StorePingInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv(t, hs.pinging, "the first background ping")
+	if err := gw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.FilterMessage("not ready: the store failed its ping").Len(); got != 0 {
+		t.Errorf("not-ready lines after Close cut the ping short: got %d, want 0", got)
+	}
+	if got := testutil.CollectAndCount(reg, "dedupgw_store_up"); got != 0 {
+		t.Errorf("dedupgw_store_up series after a ping that never answered: got %d, want 0", got)
 	}
 }
 
