@@ -54,8 +54,9 @@ type Route struct {
 	// route with secrets, Forward passes only a GET or HEAD without a body
 	// (Meta's subscription check, GET ?hub.challenge=…), unverified, since
 	// no provider signs one; any other request of another method gets 405,
-	// so nothing the application might take for an event reaches it
-	// unverified.
+	// so no body reaches the application unverified. The GET's query and
+	// headers do: the application must answer such a GET only as the
+	// subscription check, never act on it.
 	OnOtherMethod string
 	// PreserveHost sends the sender's Host header to the upstream. False
 	// (the default) sends the upstream URL's host, as

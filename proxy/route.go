@@ -70,8 +70,9 @@ func (rt *route) allowsFold(method string) bool {
 // was never claimed. A signed route passes only a GET or HEAD without a
 // body, which no provider signs (Meta's subscription check, GET
 // ?hub.challenge=…, which the application answers after checking its
-// verify token): anything the application might act on as an event
-// reaches it verified or not at all.
+// verify token): a body reaches the application verified or not at all.
+// The GET's query and headers are not verified; the application must not
+// act on them.
 func (rt *route) passes(r *http.Request) bool {
 	switch {
 	case rt.OnOtherMethod != Forward || rt.allowsFold(r.Method):
