@@ -61,6 +61,10 @@ type genericVerifier struct {
 // most 139 bytes.
 const maxECDSASig = 144
 
+// maxECDSAItems bounds the ECDSA signatures of one structured header that
+// are checked, each costing a verification per key: two cover a rotation.
+const maxECDSAItems = 2
+
 // maxSignatureItems bounds the signature items of one structured header
 // that are compared: a sender lists one per secret it holds (two during a
 // rotation). Later ones are ignored.
@@ -125,6 +129,15 @@ func newGenericVerifier(s GenericSignature, secrets []string, c clock) (*generic
 		}
 	default:
 		return nil, fmt.Errorf("signature.algorithm: unknown algorithm %q (want sha1, sha256, sha512 or ecdsa-sha256)", s.Algorithm)
+	}
+	if v.ecdsaKeys == nil {
+		// A sender's public verification key (SendGrid's) taken for an
+		// HMAC secret: whoever reads it, and anyone may, could sign.
+		for i, k := range secrets {
+			if _, err := parseECDSAKey(k); err == nil {
+				return nil, fmt.Errorf("secrets[%d]: is an ECDSA public key, which anyone may hold: as an HMAC secret it would let anyone sign; set signature.algorithm: ecdsa-sha256", i)
+			}
+		}
 	}
 	switch strings.ToLower(s.Encoding) {
 	case "", "hex":
@@ -287,8 +300,17 @@ func (v *genericVerifier) Verify(r *http.Request, body []byte) error {
 			return fmt.Errorf("%w: %s header: missing or malformed %s= item", ErrBadSignature, v.header, v.tsField)
 		}
 	}
+	timed := v.tsHeader != "" || v.tsField != ""
+	if timed && v.ecdsaKeys != nil {
+		// An ECDSA check costs some 50µs a key, an HMAC's well under one:
+		// a stale delivery is refused before it is paid for, the answer
+		// being the same 401 either way.
+		if err := v.clock.check(ts); err != nil {
+			return err
+		}
+	}
 	if v.matches(r, body, tsText, sigs) {
-		if v.tsHeader != "" || v.tsField != "" {
+		if timed {
 			return v.clock.check(ts)
 		}
 		return nil
@@ -407,7 +429,8 @@ func (v *genericVerifier) parseTimestamp(s string) (int64, bool) {
 
 // parseItems reads a structured signature header: items separated by
 // v.separator, each "key=value" (spaces around either trimmed). It returns
-// the decoded values of the first maxSignatureItems items keyed
+// the decoded values of the first maxSignatureItems (maxECDSAItems for an
+// ECDSA scheme) items keyed
 // v.sigField that decode to an HMAC of the configured size (others could
 // never match, and are skipped, as stripe-go does), and the value of the
 // v.tsField item, which must appear exactly once when v.tsField is set.
@@ -421,7 +444,7 @@ func (v *genericVerifier) parseItems(h string) (sigs [][]byte, ts string, err er
 		switch k = strings.TrimSpace(k); {
 		case k == v.sigField:
 			seenSig = true
-			if len(sigs) == maxSignatureItems {
+			if len(sigs) == maxSignatureItems || v.size == 0 && len(sigs) == maxECDSAItems {
 				continue
 			}
 			if b, err := v.decode(strings.TrimSpace(val)); err == nil && v.sizeOK(len(b)) {

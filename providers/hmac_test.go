@@ -367,6 +367,65 @@ func TestGenericECDSAKeys(t *testing.T) {
 	}
 }
 
+// TestGenericECDSACost: an ECDSA check costs far more than an HMAC, so a
+// forgery is refused as cheaply as can be: a stale timestamp before any
+// signature is checked (ErrStale for a forged signature too), and of a
+// structured header's signature items only the first maxECDSAItems.
+func TestGenericECDSACost(t *testing.T) {
+	single := GenericSignature{
+		Header: "X-Twilio-Email-Event-Webhook-Signature", Algorithm: "ecdsa-sha256", Encoding: "base64",
+		TimestampHeader: "X-Twilio-Email-Event-Webhook-Timestamp", Template: "{timestamp}{body}",
+	}
+	p, err := New(Config{Keys: []string{"body"}, Secrets: []string{sendgridKey}, Signature: single, Now: fixedClock(1588788367 + 301)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := base64.StdEncoding.EncodeToString([]byte("0\x06\x02\x01\x01\x02\x01\x01")) // DER of r = s = 1
+	err = p.Verifier.Verify(newRequest(map[string]string{"X-Twilio-Email-Event-Webhook-Signature": forged, "X-Twilio-Email-Event-Webhook-Timestamp": sendgridTimestamp}), []byte(sendgridBody))
+	if !errors.Is(err, ErrStale) {
+		t.Errorf("a forged, stale delivery: got %v, want %v (refused before its signature is checked)", err, ErrStale)
+	}
+
+	items := GenericSignature{Header: "Sig", Algorithm: "ecdsa-sha256", Encoding: "base64", SignatureField: "v1", TimestampField: "t", Template: "{timestamp}{body}"}
+	p, err = New(Config{Keys: []string{"body"}, Secrets: []string{sendgridKey}, Signature: items, Now: fixedClock(1588788400)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := func(n int) string { // n forged items, then the genuine one
+		h := "t=" + sendgridTimestamp
+		for range n {
+			h += ",v1=" + forged
+		}
+		return h + ",v1=" + sendgridSignature
+	}
+	for n, want := range map[int]error{0: nil, maxECDSAItems - 1: nil, maxECDSAItems: ErrBadSignature} {
+		err := p.Verifier.Verify(newRequest(map[string]string{"Sig": header(n)}), []byte(sendgridBody))
+		if !errors.Is(err, want) || (want == nil) != (err == nil) {
+			t.Errorf("the genuine signature after %d forged items: got %v, want %v", n, err, want)
+		}
+	}
+}
+
+// TestHMACSecretThatIsAPublicKey: a sender's public key (SendGrid's
+// verification key, which anyone may read) given as an HMAC secret, the
+// algorithm left out, would let anyone sign: New refuses it, naming the
+// secret and the fix.
+func TestHMACSecretThatIsAPublicKey(t *testing.T) {
+	pemKey := "-----BEGIN PUBLIC KEY-----\n" + sendgridKey + "\n-----END PUBLIC KEY-----\n"
+	for _, alg := range []string{"", "sha1", "sha256", "sha512"} {
+		for _, key := range []string{sendgridKey, pemKey} {
+			_, err := New(Config{Keys: []string{"body"}, Secrets: []string{"an-hmac-secret", key}, Signature: GenericSignature{Algorithm: alg}})
+			want := "secrets[1]: is an ECDSA public key, which anyone may hold: as an HMAC secret it would let anyone sign; set signature.algorithm: ecdsa-sha256"
+			if err == nil || err.Error() != want {
+				t.Errorf("algorithm %q, secret a public key: got %v, want %q", alg, err, want)
+			}
+		}
+	}
+	if _, err := New(Config{Keys: []string{"body"}, Secrets: []string{"c2VjcmV0"}}); err != nil {
+		t.Errorf("a base64 HMAC secret: got %v, want it accepted", err)
+	}
+}
+
 // FuzzECDSAKey: parseECDSAKey never panics, accepts only ECDSA keys, and
 // its error is one of a few fixed messages, so it never shows what the
 // secret held.

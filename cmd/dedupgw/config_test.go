@@ -1304,6 +1304,9 @@ func TestProblems(t *testing.T) {
 			"routes[0].secrets[0]: not base64 (want an ECDSA public key: base64 of its DER encoding, as SendGrid's verification key, or PEM)",
 			"routes[0].secrets[1]: not a public key (want an ECDSA public key: base64 of its DER encoding, as SendGrid's verification key, or PEM)",
 		}},
+		{"a public key as an HMAC secret", route("    secrets: [\"MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEEDr2LjtURuePQzplybdC+u4CwrqDqBaWjcMMsTbhdbcwHBcepxo7yAQGhHPTnlvFYPAZFceEu/1FwCM/QmGUhA==\"]\n"), nil, []string{
+			"routes[0].secrets[0]: is an ECDSA public key, which anyone may hold: as an HMAC secret it would let anyone sign; set signature.algorithm: ecdsa-sha256",
+		}},
 		// YAML would read these as numbers (42798, 100000, a rounded
 		// float, true): the secret would silently be another key.
 		{"unquoted numeric secrets", route("    secrets: [0123456, 1e5, 123456789012345678901234567890, \"0123456\", yes, true]\n"), nil, []string{

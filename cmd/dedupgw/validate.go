@@ -353,9 +353,10 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		}
 	}
 	publicKeys := provider == providers.Generic && strings.EqualFold(r.Signature.Algorithm, "ecdsa-sha256")
-	if provider == providers.StandardWebhooks || publicKeys {
+	if provider == providers.StandardWebhooks || provider == providers.Generic {
 		// The secret's format (whsec_<base64>, whpk_<base64>; an ECDSA
-		// verification key) is checked here too, so it is listed with
+		// verification key, and no such key as an HMAC secret) is checked
+		// here too, so it is listed with
 		// every other problem and names its route, not found only when
 		// the gateway is built.
 		for i, s := range r.Secrets {
@@ -363,8 +364,13 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 				continue
 			}
 			cfg := providers.Config{Provider: provider, Secrets: []string{s}}
-			if publicKeys {
-				cfg.Keys, cfg.Signature.Algorithm = []string{"body"}, r.Signature.Algorithm
+			if provider == providers.Generic {
+				// Only the secret is checked here: an ECDSA key's
+				// format, or a public key given as an HMAC secret.
+				cfg.Keys = []string{"body"}
+				if publicKeys {
+					cfg.Signature.Algorithm = r.Signature.Algorithm
+				}
 			}
 			if err := cfg.Validate(); err != nil {
 				_, msg, _ := strings.Cut(err.Error(), ": ")
