@@ -183,12 +183,13 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
+	n := a.g.pings.Add(1)
 	err := a.store.Ping(ctx)
 	// Logged as the background ping's answers are (Gateway.storeAnswered):
 	// the first failure, then one a minute while the store stays down, as
 	// the kubelet probes every few seconds and each replica would
 	// otherwise write a line per probe.
-	a.g.storeAnswered(err)
+	a.g.storeAnswered(n, err)
 	if err != nil {
 		writeProblem(w, probNotReady.with("", "the dedup store failed its ping (unreachable, or on bolt a disk that cannot record); the gateway's log says why"), 0)
 		return

@@ -207,6 +207,39 @@ func TestCloseDuringAStorePing(t *testing.T) {
 	}
 }
 
+// TestStoreAnswersInOrder: a ping's answer that arrives after a later
+// ping's was recorded is dropped (a /readyz ping started during an outage
+// fails after the background ping found the store back), so the store is
+// not read as down again, nor "not ready" logged, until the next ping.
+func TestStoreAnswersInOrder(t *testing.T) {
+	ms := memstore.New(memstore.Options{})
+	t.Cleanup(func() { _ = ms.Close() })
+	core, logs := observer.New(zapcore.DebugLevel)
+	gw, err := New(Config{Routes: []Route{genericRoute("orders", "/hooks/*", "http://127.0.0.1:1")}}, ms,
+		Options{Logger: zap.New(core), Registerer: prometheus.NewRegistry(), Backend: "memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.Close() })
+	up := func() float64 { return testutil.ToFloat64(gw.metrics.storeUp.WithLabelValues("memory")) }
+	const failed = "not ready: the store failed its ping"
+
+	first, second := gw.pings.Add(1), gw.pings.Add(1)
+	gw.storeAnswered(second, nil)
+	gw.storeAnswered(first, errStoreDown) // started earlier, answered later
+	if got := up(); got != 1 {
+		t.Errorf("dedupgw_store_up after an overtaken failure: got %v, want 1", got)
+	}
+	if got := len(logs.FilterMessage(failed).All()); got != 0 {
+		t.Errorf("%q lines after an overtaken failure: got %d, want 0", failed, got)
+	}
+	third := gw.pings.Add(1)
+	gw.storeAnswered(third, errStoreDown)
+	if got := up(); got != 0 {
+		t.Errorf("dedupgw_store_up after a later failure: got %v, want 0", got)
+	}
+}
+
 func TestAdminHealthAndReadiness(t *testing.T) {
 	a := newAdminHarness(t, "")
 	tests := []struct {

@@ -145,7 +145,13 @@ type Gateway struct {
 	// pinger is the background store ping (see watchStore), stopped by
 	// Close.
 	pinger sync.WaitGroup
-	active sync.WaitGroup // deliveries being served, and store writes tried again in the background
+	// pings numbers the store pings as they start; answered is the number
+	// of the latest one storeAnswered recorded, under answerMu, so that an
+	// answer overtaken by a later ping's is dropped.
+	pings    atomic.Uint64
+	answerMu sync.Mutex
+	answered uint64
+	active   sync.WaitGroup // deliveries being served, and store writes tried again in the background
 	// settleRetries counts the commits and releases being tried again in
 	// the background (see settleLater).
 	settleRetries atomic.Int64
@@ -249,12 +255,13 @@ func (g *Gateway) watchStore(every time.Duration) {
 	defer t.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(g.ctx, readyTimeout)
+		n := g.pings.Add(1)
 		err := g.store.Ping(ctx)
 		cancel()
 		if g.ctx.Err() != nil {
 			return // Close cut the ping short: not the store's answer
 		}
-		g.storeAnswered(err)
+		g.storeAnswered(n, err)
 		select {
 		case <-g.ctx.Done():
 			return
@@ -263,11 +270,20 @@ func (g *Gateway) watchStore(every time.Duration) {
 	}
 }
 
-// storeAnswered records the answer to a store ping (the background one,
-// or /readyz's): dedupgw_store_up, a "not ready" warning on the first
-// failure and then at most one a minute while the store stays down, and
-// one "ready again" line when it answers again.
-func (g *Gateway) storeAnswered(err error) {
+// storeAnswered records the answer to store ping n (numbered by g.pings
+// as it started; the background one, or /readyz's): dedupgw_store_up, a
+// "not ready" warning on the first failure and then at most one a minute
+// while the store stays down, and one "ready again" line when it answers
+// again. An answer to a ping older than one already recorded is dropped:
+// a /readyz ping that failed during an outage but answered after a later
+// ping found the store back would otherwise read the store as down again.
+func (g *Gateway) storeAnswered(n uint64, err error) {
+	g.answerMu.Lock()
+	defer g.answerMu.Unlock()
+	if n < g.answered {
+		return
+	}
+	g.answered = n
 	up := g.metrics.storeUp.WithLabelValues(g.backend)
 	if err != nil {
 		up.Set(0)
