@@ -205,6 +205,9 @@ func TestCloseDuringAStorePing(t *testing.T) {
 	if got := testutil.CollectAndCount(reg, "dedupgw_store_up"); got != 0 {
 		t.Errorf("dedupgw_store_up series after a ping that never answered: got %d, want 0", got)
 	}
+	if got := counterValue(t, gw.metrics.storeErrors, "memory", opPing); got != 0 {
+		t.Errorf("ping errors after Close cut the ping short: got %v, want 0 (no answer of the store's)", got)
+	}
 }
 
 // TestStoreAnswersInOrder: a ping's answer that arrives after a later

@@ -109,7 +109,7 @@ type Gateway struct {
 	log          *zap.Logger
 	sampledLog   *zap.Logger // log, sampled (see sampledLogsPerSecond)
 	trusted      []netip.Prefix
-	store        dedup.Store // instrumented
+	store        *instrumentedStore
 	metrics      *metrics
 	gatherer     prometheus.Gatherer // nil unless New made the registry
 	backend      string
@@ -256,7 +256,7 @@ func (g *Gateway) watchStore(every time.Duration) {
 	for {
 		ctx, cancel := context.WithTimeout(g.ctx, readyTimeout)
 		n := g.pings.Add(1)
-		err := g.store.Ping(ctx)
+		err := g.store.pingUnlessCut(ctx, g.ctx)
 		cancel()
 		if g.ctx.Err() != nil {
 			return // Close cut the ping short: not the store's answer

@@ -106,7 +106,7 @@ func TestLeaseBoundsForward(t *testing.T) {
 			h := newHarness(t, Config{Routes: []Route{r}}, harnessOpts{})
 			store := tt.store
 			store.Store = h.mem
-			h.gw.store.(*instrumentedStore).next = &store
+			h.gw.store.next = &store
 
 			start := time.Now()
 			resp := h.send("/hooks/orders", `{"id":"evt_1"}`)

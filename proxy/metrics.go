@@ -400,6 +400,18 @@ func (s *instrumentedStore) Ping(ctx context.Context) error {
 	return err
 }
 
+// pingUnlessCut pings the store as Ping does, but records nothing when
+// stop ended meanwhile: a ping Close cut short is no answer of the store's,
+// and no error of it either.
+func (s *instrumentedStore) pingUnlessCut(ctx, stop context.Context) error {
+	start := time.Now()
+	err := s.next.Ping(ctx)
+	if stop.Err() == nil {
+		s.observe(storeOpPing, start, err)
+	}
+	return err
+}
+
 // Close implements dedup.Store by closing the wrapped store. The Gateway never
 // calls it: the store belongs to the caller.
 func (s *instrumentedStore) Close() error { return s.next.Close() }
