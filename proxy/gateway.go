@@ -134,9 +134,10 @@ type Gateway struct {
 	closed bool
 	// draining is set by Drain: /readyz answers 503 from then on.
 	draining atomic.Bool
-	// unready is set while the store fails /readyz's ping, so that the
-	// recovery is logged once. The Gateway keeps it: an admin handler is
-	// rebuilt when a reload changes admin.token.
+	// unready is set while the store fails its pings (the background
+	// one's and /readyz's, see storeAnswered), so that the recovery is
+	// logged once. The Gateway keeps it: an admin handler is rebuilt when
+	// a reload changes admin.token.
 	unready atomic.Bool
 	// unreadyLogged is when, by g.now in Unix nanoseconds, the last "not
 	// ready" line was written: while the store stays down, at most one a

@@ -356,9 +356,8 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 	if provider == providers.StandardWebhooks || provider == providers.Generic {
 		// The secret's format (whsec_<base64>, whpk_<base64>; an ECDSA
 		// verification key, and no such key as an HMAC secret) is checked
-		// here too, so it is listed with
-		// every other problem and names its route, not found only when
-		// the gateway is built.
+		// here too, so it is listed with every other problem and names
+		// its route, not found only when the gateway is built.
 		for i, s := range r.Secrets {
 			if s == "" {
 				continue
