@@ -302,7 +302,7 @@ func (v *genericVerifier) Verify(r *http.Request, body []byte) error {
 	}
 	timed := v.tsHeader != "" || v.tsField != ""
 	if timed && v.ecdsaKeys != nil {
-		// An ECDSA check costs some 50µs a key, an HMAC's well under one:
+		// An ECDSA check costs tens of µs a key, an HMAC's well under one:
 		// a stale delivery is refused before it is paid for, the answer
 		// being the same 401 either way.
 		if err := v.clock.check(ts); err != nil {
