@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -178,7 +180,7 @@ func isHex(c byte) bool {
 // report that with its other problems.
 func LenientPath(routePath string) string {
 	if prefix, ok := strings.CutSuffix(routePath, "*"); ok && strings.HasSuffix(prefix, "/") {
-		return strings.ToLower(prefix) + "*"
+		return foldCase(prefix) + "*"
 	}
 	return loosePath(routePath)
 }
@@ -216,7 +218,36 @@ func loosePrefixPath(p string) string {
 	if len(p) > 1 && p[len(p)-1] == '/' {
 		p = p[:len(p)-1]
 	}
-	return strings.ToLower(p)
+	return foldCase(p)
+}
+
+// foldCase returns p in lower case with every letter that a case-insensitive
+// comparison takes for another written as that one: "ſ" (long s) as "s" and
+// "ı" (dotless i) as "i", as well as the Kelvin sign as "k". strings.ToLower
+// leaves the first two alone, yet Java's equalsIgnoreCase and Unicode-aware
+// regular expressions (Java's UNICODE_CASE, JavaScript's /iu), and Python's
+// casefold, read "/hooks/ſtripe" as "/hooks/stripe". Each rune is upper- then
+// lower-cased (ı → I → i), then replaced by the least rune of its simple case
+// folding orbit, lower-cased (ſ → S → s), so every spelling gives one form.
+func foldCase(p string) string {
+	ascii := true
+	for i := 0; i < len(p); i++ {
+		if p[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return strings.ToLower(p)
+	}
+	return strings.Map(func(r rune) rune {
+		r = unicode.ToLower(unicode.ToUpper(r))
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		return unicode.ToLower(least)
+	}, p)
 }
 
 // canonicalPath reports whether u's path is one every upstream reads as the
@@ -318,7 +349,7 @@ func buildRoutes(cfg Config, newProvider newProviderFunc, now func() time.Time) 
 			t.looseExact[form] = rt
 		} else {
 			t.prefixes = append(t.prefixes, rt)
-			t.loosePrefixes = append(t.loosePrefixes, loosePrefix{prefix: strings.ToLower(rt.prefix), rt: rt})
+			t.loosePrefixes = append(t.loosePrefixes, loosePrefix{prefix: foldCase(rt.prefix), rt: rt})
 		}
 		if other, dup := loose[form]; dup {
 			errs = append(errs, fmt.Errorf("routes[%d].path: %q and routes[%d].path %q are one path to an upstream that ignores case, a trailing slash, ;parameters or an extension", rt.index, rt.Path, other.index, other.Path))

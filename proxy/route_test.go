@@ -290,6 +290,13 @@ func TestLoosePath(t *testing.T) {
 		{"/hooks;v=1/stripe;jsessionid=1", "/hooks/stripe"},
 		{"/hooks/.well-known", "/hooks/.well-known"},
 		{"/v1.2/stripe", "/v1.2/stripe"},
+		// Letters that Unicode-aware case-insensitive matching (Java's
+		// equalsIgnoreCase, JavaScript's /iu) takes for ASCII ones.
+		{"/hooks/\u017ftripe", "/hooks/stripe"}, // long s
+		{"/hooks/str\u0131pe", "/hooks/stripe"}, // dotless i
+		{"/hooks/STR\u0130PE", "/hooks/stripe"}, // capital I with dot
+		{"/hooks/\u212aey", "/hooks/key"},       // Kelvin sign
+		{"/hooks/\u00e9v\u00c9nement", "/hooks/\u00e9v\u00e9nement"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -309,7 +316,10 @@ func TestLenientPathsCannotReachASignedRoute(t *testing.T) {
 	wantInvalidPath(t, h, "/hooks/stripe/", "/hooks/Stripe", "/hooks/STRIPE/", "/hooks/stripe;jsessionid=1", "/hooks/stripe.json",
 		// Spring's suffix pattern "/hooks/stripe.*" takes every dot after
 		// the name, not only the last extension.
-		"/hooks/stripe.x.json", "/hooks/stripe..", "/hooks/Stripe.tar.gz")
+		"/hooks/stripe.x.json", "/hooks/stripe..", "/hooks/Stripe.tar.gz",
+		// Java's equalsIgnoreCase and JavaScript's /iu read a long s or a
+		// dotless i as "s" and "i".
+		"/hooks/%C5%BFtripe", "/hooks/str%C4%B1pe")
 	// A path no route matches is answered 404 whatever a lenient reading
 	// would match: nothing is forwarded.
 	if resp := h.send("/HOOKS/STRIPE", `{}`); resp.Status != http.StatusNotFound {
