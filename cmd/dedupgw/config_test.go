@@ -838,6 +838,11 @@ func TestReachingSignedRouteIsWarned(t *testing.T) {
 		// Loopback written as a name and as an address.
 		{"stripped, localhost and 127.0.0.1", public("http://localhost:3000", strip) + stripe("http://127.0.0.1:3000"),
 			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to http://localhost:3000/stripe` + rest},
+		// Linux connects to the unspecified address locally.
+		{"stripped, 0.0.0.0 and 127.0.0.1", public("http://0.0.0.0:3000", strip) + stripe("http://127.0.0.1:3000"),
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to http://0.0.0.0:3000/stripe` + rest},
+		{"stripped, [::] and localhost", public("http://[::]:3000", strip) + stripe("http://localhost:3000"),
+			"routes[0].strip_path", `routes[0].strip_path: route "public" (no signature) forwards /public/stripe to http://[::]:3000/stripe` + rest},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { wantWarning(t, "routes:\n"+tt.routes, tt.key, tt.want) })

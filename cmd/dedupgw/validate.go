@@ -910,7 +910,9 @@ func upstreamServer(r Route) string {
 	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
 	if a, err := netip.ParseAddr(host); err == nil {
 		host = a.Unmap().String()
-		if a.IsLoopback() {
+		// 0.0.0.0 and :: reach this host too: Linux connects to them
+		// locally, as to a loopback address.
+		if a.IsLoopback() || a.IsUnspecified() {
 			host = "localhost"
 		}
 	}
