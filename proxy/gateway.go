@@ -134,25 +134,26 @@ type Gateway struct {
 	closed bool
 	// draining is set by Drain: /readyz answers 503 from then on.
 	draining atomic.Bool
-	// unready is set while the store fails its pings (the background
-	// one's and /readyz's, see storeAnswered), so that the recovery is
-	// logged once. The Gateway keeps it: an admin handler is rebuilt when
-	// a reload changes admin.token.
-	unready atomic.Bool
-	// unreadyLogged is when, by g.now in Unix nanoseconds, the last "not
-	// ready" line was written: while the store stays down, at most one a
-	// minute (see notReadyLogEvery).
-	unreadyLogged atomic.Int64
 	// pinger is the background store ping (see watchStore), stopped by
 	// Close.
 	pinger sync.WaitGroup
-	// pings numbers the store pings as they start; answered is the number
-	// of the latest one storeAnswered recorded, under answerMu, so that an
-	// answer overtaken by a later ping's is dropped.
-	pings    atomic.Uint64
+	// pings numbers the store pings as they start.
+	pings atomic.Uint64
+	// answerMu guards what storeAnswered keeps of the pings' answers (the
+	// background one's and /readyz's). The Gateway keeps it: an admin
+	// handler is rebuilt when a reload changes admin.token.
 	answerMu sync.Mutex
+	// answered is the number of the latest ping whose answer was
+	// recorded, so that an answer overtaken by a later one's is dropped.
 	answered uint64
-	active   sync.WaitGroup // deliveries being served, and store writes tried again in the background
+	// unready is set while the store fails its pings, so that the recovery
+	// is logged once.
+	unready bool
+	// unreadyLogged is when, by g.now in Unix nanoseconds, the last "not
+	// ready" line was written: while the store stays down, at most one a
+	// minute (see notReadyLogEvery).
+	unreadyLogged int64
+	active        sync.WaitGroup // deliveries being served, and store writes tried again in the background
 	// settleRetries counts the commits and releases being tried again in
 	// the background (see settleLater).
 	settleRetries atomic.Int64
@@ -289,15 +290,15 @@ func (g *Gateway) storeAnswered(n uint64, err error) {
 	if err != nil {
 		up.Set(0)
 		now := g.now().UnixNano()
-		last := g.unreadyLogged.Load()
-		if !g.unready.Swap(true) || (now-last >= int64(notReadyLogEvery) && g.unreadyLogged.CompareAndSwap(last, now)) {
-			g.unreadyLogged.Store(now)
+		if !g.unready || now-g.unreadyLogged >= int64(notReadyLogEvery) {
+			g.unready, g.unreadyLogged = true, now
 			g.adminLog().Warn("not ready: the store failed its ping", zap.Error(err))
 		}
 		return
 	}
 	up.Set(1)
-	if g.unready.Swap(false) {
+	if g.unready {
+		g.unready = false
 		g.adminLog().Info("ready again: the store answers its ping")
 	}
 }
