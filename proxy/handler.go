@@ -138,7 +138,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		allow := rt.allowHeader()
 		w.Header().Set("Allow", allow)
 		detail := "this route accepts " + allow
-		if rt.OnOtherMethod == Forward && rt.provider.Verifier != nil {
+		if rt.passesReadsOnly() {
 			detail = fmt.Sprintf("this route accepts %s; being signed, it passes other methods only as a GET or HEAD without a body", strings.Join(rt.methods, ", "))
 		}
 		g.reject(w, d, outcomeRejectedMethod, probMethod.with(rt.Name, detail))

@@ -79,16 +79,23 @@ func (rt *route) passes(r *http.Request) bool {
 	switch {
 	case rt.OnOtherMethod != Forward || rt.allowsFold(r.Method):
 		return false
-	case rt.provider.Verifier != nil:
+	case rt.passesReadsOnly():
 		return (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.ContentLength == 0
 	}
 	return true
 }
 
+// passesReadsOnly reports whether the route passes other methods
+// (on_other_method: forward) but, being signed, only as a GET or HEAD
+// without a body (see passes).
+func (rt *route) passesReadsOnly() bool {
+	return rt.OnOtherMethod == Forward && rt.provider.Verifier != nil
+}
+
 // allowHeader is the Allow header of the route's 405: its methods, and on
 // a signed forward route the bodiless reads it passes.
 func (rt *route) allowHeader() string {
-	if rt.OnOtherMethod == Forward && rt.provider.Verifier != nil {
+	if rt.passesReadsOnly() {
 		var more []string
 		for _, m := range []string{http.MethodGet, http.MethodHead} {
 			if !rt.allows(m) {
