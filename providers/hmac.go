@@ -118,7 +118,7 @@ func newGenericVerifier(s GenericSignature, secrets []string, c clock) (*generic
 		v.hash, v.size = sha1.New, sha1.Size
 	case "sha512":
 		v.hash, v.size = sha512.New, sha512.Size
-	case "ecdsa-sha256":
+	case ECDSASHA256:
 		v.hash, v.secrets = sha256.New, nil
 		for i, k := range secrets {
 			key, err := parseECDSAKey(k)
@@ -431,7 +431,7 @@ func (v *genericVerifier) parseTimestamp(s string) (int64, bool) {
 // v.separator, each "key=value" (spaces around either trimmed). It returns
 // the decoded values of the first maxSignatureItems (maxECDSAItems for an
 // ECDSA scheme) items keyed
-// v.sigField that decode to an HMAC of the configured size (others could
+// v.sigField that decode to a signature of the configured size (others could
 // never match, and are skipped, as stripe-go does), and the value of the
 // v.tsField item, which must appear exactly once when v.tsField is set.
 func (v *genericVerifier) parseItems(h string) (sigs [][]byte, ts string, err error) {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -123,6 +124,15 @@ type GenericSignature struct {
 	// means unix. Needs TimestampHeader or TimestampField.
 	TimestampFormat string
 }
+
+// ECDSASHA256 is the generic algorithm that checks an ECDSA signature
+// with public keys (see GenericSignature.Algorithm).
+const ECDSASHA256 = "ecdsa-sha256"
+
+// PublicKeys reports whether s checks signatures with public keys
+// (Algorithm ECDSASHA256, in any case): a route's secrets are then
+// verification keys.
+func (s GenericSignature) PublicKeys() bool { return strings.EqualFold(s.Algorithm, ECDSASHA256) }
 
 // Provider is a route's ready-to-use key extraction and verification.
 type Provider struct {

@@ -315,6 +315,13 @@ func providerOf(r Route) string {
 	return r.Provider
 }
 
+// verifiesWithPublicKeys reports whether r's secrets are public
+// verification keys: a generic route whose signature.algorithm is
+// ecdsa-sha256.
+func verifiesWithPublicKeys(r Route) bool {
+	return providerOf(r) == providers.Generic && providers.GenericSignature(r.Signature).PublicKeys()
+}
+
 // namespaceOf is r's key scope: its namespace, else its name.
 func namespaceOf(r Route) string {
 	if r.Namespace != "" {

@@ -352,7 +352,6 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 			addPartlyUnset(ps, k, why)
 		}
 	}
-	publicKeys := provider == providers.Generic && strings.EqualFold(r.Signature.Algorithm, "ecdsa-sha256")
 	if provider == providers.StandardWebhooks || provider == providers.Generic {
 		// The secret's format (whsec_<base64>, whpk_<base64>; an ECDSA
 		// verification key, and no such key as an HMAC secret) is checked
@@ -367,7 +366,7 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 				// Only the secret is checked here: an ECDSA key's
 				// format, or a public key given as an HMAC secret.
 				cfg.Keys = []string{"body"}
-				if publicKeys {
+				if verifiesWithPublicKeys(r) {
 					cfg.Signature.Algorithm = r.Signature.Algorithm
 				}
 			}
@@ -396,7 +395,7 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 		if provider != providers.Generic {
 			ps.add(key+".signature", "only provider generic takes a signature block; %s has its own scheme", provider)
 		}
-		oneOfFold(ps, key+".signature.algorithm", r.Signature.Algorithm, "sha1", "sha256", "sha512", "ecdsa-sha256")
+		oneOfFold(ps, key+".signature.algorithm", r.Signature.Algorithm, "sha1", "sha256", "sha512", providers.ECDSASHA256)
 		oneOfFold(ps, key+".signature.encoding", r.Signature.Encoding, "hex", "base64")
 		oneOfFold(ps, key+".signature.timestamp_format", r.Signature.TimestampFormat, "unix", "rfc3339")
 		if h := r.Signature.Header; h != "" && !isToken(h) {
@@ -617,7 +616,7 @@ func (f *File) Warnings() []Problem {
 				Msg: fmt.Sprintf("route %q keeps failed keys (%v) longer than processed ones (window %v)", r.Name, *p.FailedRetention, *p.Window),
 			})
 		}
-		publicKeys := providerOf(r) == providers.Generic && strings.EqualFold(r.Signature.Algorithm, "ecdsa-sha256")
+		publicKeys := verifiesWithPublicKeys(r)
 		for j, secret := range r.Secrets {
 			if publicKeys {
 				continue // a verification key is read with white space skipped
