@@ -529,7 +529,7 @@ func (c *Cluster) Client() *redis.ClusterClient {
 // replica's INFO replication until its link to its master is up.
 func (c *Cluster) waitOK(ctx context.Context) {
 	c.t.Helper()
-	nodes := append(slices.Clone(c.Nodes), c.Replicas...)
+	nodes := c.servers()
 	clients := make([]*redis.Client, len(nodes))
 	for i, s := range nodes {
 		clients[i] = redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
@@ -541,46 +541,33 @@ func (c *Cluster) waitOK(ctx context.Context) {
 		"cluster_slots_ok:16384",
 		"cluster_known_nodes:" + strconv.Itoa(len(nodes)),
 	}
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	var last string
-	for {
-		ready := true
+	ok, last := poll(ctx, func() (bool, string) {
 		for _, cl := range clients {
 			info, err := cl.ClusterInfo(ctx).Result()
 			if err != nil {
-				last, ready = err.Error(), false
-				break
+				return false, err.Error()
 			}
 			for _, w := range want {
 				if !strings.Contains(info, w) {
-					last, ready = info, false
-					break
+					return false, info
 				}
-			}
-			if !ready {
-				break
 			}
 		}
 		for _, cl := range clients[len(c.Nodes):] {
-			if !ready {
-				break
-			}
 			info, err := cl.Info(ctx, "replication").Result()
 			if err != nil || !strings.Contains(info, "master_link_status:up") {
-				last, ready = fmt.Sprint(info, err), false
+				return false, fmt.Sprint(info, err)
 			}
 		}
-		if ready {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			c.t.Fatalf("cluster not ok after %s; last CLUSTER INFO:\n%s", startTimeout, last)
-		case <-tick.C:
-		}
+		return true, ""
+	})
+	if !ok {
+		c.t.Fatalf("cluster not ok after %s; last CLUSTER INFO:\n%s", startTimeout, last)
 	}
 }
+
+// servers returns the Cluster's masters, then its replicas.
+func (c *Cluster) servers() []*Server { return append(slices.Clone(c.Nodes), c.Replicas...) }
 
 // MasterOf returns the address of the master that serves slot, as the
 // running node at addr reports it (CLUSTER SLOTS), or "" when none does.
@@ -607,38 +594,28 @@ func (c *Cluster) AwaitFailover(dead *Server, slot int) {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	var live []*Server
-	for _, s := range append(slices.Clone(c.Nodes), c.Replicas...) {
+	for _, s := range c.servers() {
 		if s != dead {
 			live = append(live, s)
 		}
 	}
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	var last string
-	for {
-		ok := true
+	ok, last := poll(ctx, func() (bool, string) {
 		for _, s := range live {
 			master, err := MasterOf(ctx, s.Addr(), slot)
 			if err != nil || master == "" || master == dead.Addr() {
-				last, ok = fmt.Sprintf("%s: slot %d served by %q (%v)", s.Addr(), slot, master, err), false
-				break
+				return false, fmt.Sprintf("%s: slot %d served by %q (%v)", s.Addr(), slot, master, err)
 			}
 			cl := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 			info, err := cl.ClusterInfo(ctx).Result()
 			_ = cl.Close()
 			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				last, ok = fmt.Sprintf("%s: %v %v", s.Addr(), info, err), false
-				break
+				return false, fmt.Sprintf("%s: %v %v", s.Addr(), info, err)
 			}
 		}
-		if ok {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			c.t.Fatalf("no failover of %s within %s: %s", dead.Addr(), startTimeout, last)
-		case <-tick.C:
-		}
+		return true, ""
+	})
+	if !ok {
+		c.t.Fatalf("no failover of %s within %s: %s", dead.Addr(), startTimeout, last)
 	}
 }
 
@@ -887,20 +864,28 @@ func (st *Sentinel) FailoverBy(sent *Server) {
 // explanation when ctx ends.
 func (st *Sentinel) waitFor(ctx context.Context, what string, cond func() (bool, string)) {
 	st.t.Helper()
+	if ok, why := poll(ctx, cond); !ok {
+		log := ""
+		if st.Sentinel != nil {
+			log = st.Sentinel.logTail()
+		}
+		st.t.Fatalf("sentinel set-up: waiting for %s: %s\n%s", what, why, log)
+	}
+}
+
+// poll calls cond every 20ms until it holds or ctx ends. It reports
+// whether cond held, and otherwise cond's last explanation.
+func poll(ctx context.Context, cond func() (bool, string)) (bool, string) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		ok, why := cond()
 		if ok {
-			return
+			return true, ""
 		}
 		select {
 		case <-ctx.Done():
-			log := ""
-			if st.Sentinel != nil {
-				log = st.Sentinel.logTail()
-			}
-			st.t.Fatalf("sentinel set-up: waiting for %s: %s\n%s", what, why, log)
+			return false, why
 		case <-tick.C:
 		}
 	}
