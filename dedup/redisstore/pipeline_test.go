@@ -347,6 +347,83 @@ func TestPipelineLoneCommand(t *testing.T) {
 	}
 }
 
+// recordingPipeliner returns a pipeliner with inFlight workers on a fresh
+// server, whose pipelines the returned hook records without holding any,
+// and a client to set keys with.
+func recordingPipeliner(t *testing.T, inFlight int) (*pipeliner, *gateHook, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	hook := newGateHook(t)
+	hook.hold.Store(false)
+	client.AddHook(hook)
+	p := newPipeliner(client, inFlight, defaultMaxBatch, 0, 0)
+	t.Cleanup(p.close)
+	return p, hook, srv.Client()
+}
+
+// TestPipelineLeaderGathers: a caller that finds the pipeliner idle sends
+// its command together with every command queued while it yielded, in one
+// pipeline, and each caller gets its own reply.
+func TestPipelineLeaderGathers(t *testing.T) {
+	p, hook, admin := recordingPipeliner(t, 1)
+	ctx := context.Background()
+	const others = 5
+	for i := range others + 1 {
+		if err := admin.Set(ctx, "k"+strconv.Itoa(i), "v"+strconv.Itoa(i), 0).Err(); err != nil {
+			t.Fatalf("SET: %v", err)
+		}
+	}
+	errs := make(chan error, others)
+	p.yield = func() {
+		// While the leader yields, other callers arrive.
+		for i := 1; i <= others; i++ {
+			go func() {
+				key := "k" + strconv.Itoa(i)
+				v, err := p.get(ctx, key).Result()
+				if err == nil && v != "v"+strconv.Itoa(i) {
+					err = errors.New("GET " + key + ": got " + v)
+				}
+				errs <- err
+			}()
+		}
+		waitFor(t, "the other callers' commands queued", func() bool { return p.queued() == others+1 })
+	}
+	if v, err := p.get(ctx, "k0").Result(); err != nil || v != "v0" {
+		t.Fatalf("the leader's GET: got %q, %v, want v0", v, err)
+	}
+	for range others {
+		if err := await(t, "a reply", (<-chan error)(errs)); err != nil {
+			t.Error(err)
+		}
+	}
+	if got, want := hook.taken(), []string{strings.Repeat("get ", others) + "get"}; !slices.Equal(got, want) {
+		t.Errorf("pipelines: got %q, want %q", got, want)
+	}
+}
+
+// TestPipelineLeaderCommandTakenByWorker: when a worker, with a slot of its
+// own, takes the leader's command while the leader yields, the leader sends
+// no pipeline of its own and still returns the reply the worker got.
+func TestPipelineLeaderCommandTakenByWorker(t *testing.T) {
+	p, hook, admin := recordingPipeliner(t, 2)
+	ctx := context.Background()
+	if err := admin.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+	p.yield = func() {
+		p.cond.Signal() // a worker wakes, finds the command and a free slot
+		waitFor(t, "a worker to take the leader's command", func() bool { return p.queued() == 0 })
+	}
+	if v, err := p.get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET: got %q, %v, want v", v, err)
+	}
+	if got, want := hook.taken(), []string{"get"}; !slices.Equal(got, want) {
+		t.Errorf("pipelines: got %q, want %q", got, want)
+	}
+}
+
 // panicHook panics in every pipeline that carries a command other than the
 // connection's handshake.
 type panicHook struct{}
