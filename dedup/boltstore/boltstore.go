@@ -8,7 +8,7 @@
 // A Commit or Release returns once it is written to a write-ahead journal
 // beside the file (<file>.journal.<n>, see journal.go), so a processed key
 // survives kill -9; a syncer goroutine fdatasyncs it right behind the
-// writer, at most once a millisecond (minFlushGap), and a power loss can
+// writer, at most once every 5 ms (minFlushGap), and a power loss can
 // forget only what no finished fdatasync covered yet: the flush in
 // progress and the writes queued behind it (writeLoop says why that is the
 // right trade). A Forget returns after its fdatasync.
@@ -768,7 +768,7 @@ func (s *Store) endFinish(rk []byte, l *lease, written bool) {
 
 // Commit implements dedup.Store. It returns once the processed record is
 // written to the journal (it survives a crash of the process) and visible;
-// its fdatasync follows without waiting for it, within a millisecond or so
+// its fdatasync follows without waiting for it, within a few milliseconds
 // (the syncer's pacing, minFlushGap; see writeLoop).
 func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts dedup.CommitOptions) error {
 	if err := s.enter(ctx, "commit"); err != nil {
