@@ -41,8 +41,11 @@ import (
 //     shared cores) to an idle Store's latency. It queues its command and
 //     yields the processor once (runtime.Gosched), so that on a busy
 //     gateway the requests ready to run queue their commands behind it,
-//     then sends what was gathered. On an idle Store the yield returns at
-//     once and the command goes alone. Gathering this way cut the CPU per
+//     then sends what was gathered, at most maxBatch (waking a worker for
+//     the rest when a slot is free). On an idle Store the yield returns at
+//     once and the command goes alone. A worker woken meanwhile (another
+//     pipeline returned) may take the leader's command with the rest: the
+//     leader then waits for it as a queued caller does. Gathering this way cut the CPU per
 //     unique delivery, gateway and redis-server together, by a few percent
 //     in the loopback benchmark (go run ./bench -dedupgw-alt), where a lone
 //     command otherwise often went out as a pipeline of one.
@@ -56,6 +59,8 @@ import (
 //     (GET, SET) travel in the same pipelines and are sent once.
 //   - Each caller honours its own context: if it ends while the command
 //     waits for a worker's pipeline, the call returns the context's error.
+//     A leader sending other callers' commands with its own waits for that
+//     pipeline, which runs under the batch's deadline (below).
 //     The command may still be applied, exactly like a call whose reply was
 //     lost; every script sent here is safe to send again. A command whose context ended
 //     before its batch was sent is dropped. A pipeline of one command runs
@@ -221,8 +226,9 @@ func (p *pipeliner) commandWaited(ctx context.Context, args ...any) (*redis.Stri
 	return cmd, waitErr
 }
 
-// do sends o itself when nothing is queued and a slot is free, else queues o
-// and waits for its reply or the end of its context.
+// do queues o and, when nothing else was queued and a slot is free, leads
+// the next batch itself (see the contract above); else it waits for o's
+// reply or the end of its context.
 func (p *pipeliner) do(o *op) error {
 	if err := o.ctx.Err(); err != nil {
 		return err
@@ -240,7 +246,8 @@ func (p *pipeliner) do(o *op) error {
 		// then sends what was gathered. On an idle Store nothing else is
 		// ready, the yield returns at once and o goes alone. o may have
 		// been taken by a worker meanwhile (with another slot free): then
-		// the worker signals it, and this batch carries the rest, if any.
+		// the worker signals it, this batch carries the rest, if any, and
+		// the caller waits for o as a queued caller does.
 		p.free--
 		p.direct.Add(1)
 		p.queue = append(p.queue, o)
@@ -249,7 +256,13 @@ func (p *pipeliner) do(o *op) error {
 		var buf [16]*op
 		p.mu.Lock()
 		batch := p.take(buf[:0])
+		// o is still queued, then first, unless a worker took it.
+		mine := len(batch) > 0 && batch[0] == o
+		more := len(p.queue) > 0 && p.free > 0
 		p.mu.Unlock()
+		if more {
+			p.cond.Signal() // more gathered than one batch holds: a worker may take the rest
+		}
 		p.send(batch)
 		p.mu.Lock()
 		p.free++
@@ -264,8 +277,11 @@ func (p *pipeliner) do(o *op) error {
 		case wake:
 			p.cond.Signal()
 		}
-		<-o.done
-		return nil
+		if mine {
+			<-o.done // send signalled it
+			return nil
+		}
+		return o.wait()
 	}
 	p.queue = append(p.queue, o)
 	// A worker that is awake takes the whole queue: wake one only when the
@@ -275,6 +291,12 @@ func (p *pipeliner) do(o *op) error {
 	if first {
 		p.cond.Signal()
 	}
+	return o.wait()
+}
+
+// wait waits for o's reply, which a worker sends, or the end of its
+// context; nil means the reply arrived.
+func (o *op) wait() error {
 	select {
 	case <-o.done:
 		return nil

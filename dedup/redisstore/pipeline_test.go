@@ -622,3 +622,104 @@ func TestStaleTopology(t *testing.T) {
 		}
 	}
 }
+
+// waitQuietly polls cond every millisecond until it holds or 5s passed, for
+// a yield hook, which runs on a caller's goroutine and so must not call
+// t.Fatal: the test fails later, on what it then finds.
+func waitQuietly(cond func() bool) {
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// setFree adds d to p's free pipeline slots.
+func setFree(p *pipeliner, d int) {
+	p.mu.Lock()
+	p.free += d
+	p.mu.Unlock()
+}
+
+// TestPipelineLeaderLeavesRestToWorker: when more commands gather behind a
+// leader than one batch holds (maxBatch) and another slot is free, a worker
+// sends the rest at once, not after the leader's pipeline returned.
+func TestPipelineLeaderLeavesRestToWorker(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	gate := make(chan struct{})
+	var openOnce sync.Once
+	open := func() { openOnce.Do(func() { close(gate) }) }
+	h := &keyGate{gates: map[string]chan struct{}{"lead": gate}, entered: make(chan string, 16)}
+	client.AddHook(h)
+	p := newPipeliner(client, 2, 1, 0, 0)
+	t.Cleanup(p.close)
+	t.Cleanup(open) // before close, which waits for the held pipeline
+	ctx := context.Background()
+	rest := make(chan error, 1)
+	p.yield = func() {
+		go func() { rest <- p.get(ctx, "rest").Err() }()
+		waitQuietly(func() bool { return p.queued() == 2 })
+		setFree(p, +1) // free again, and no worker woken
+	}
+	// Keep the other slot taken until rest is queued, so that a worker that
+	// has not parked yet cannot take the leader's command.
+	setFree(p, -1)
+	lead := make(chan error, 1)
+	go func() { lead <- p.get(ctx, "lead").Err() }()
+	// The leader's pipeline is held and the other slot is free: rest goes
+	// out meanwhile, in a pipeline of its own.
+	got := []string{await(t, "a pipeline", h.entered), await(t, "a second pipeline while the leader's is held", h.entered)}
+	if slices.Sort(got); !slices.Equal(got, []string{"lead", "rest"}) {
+		t.Fatalf("pipelines' first keys: got %q, want lead and rest", got)
+	}
+	if err := await(t, "the rest's reply", rest); !errors.Is(err, redis.Nil) {
+		t.Errorf("rest: got %v, want redis.Nil", err)
+	}
+	open()
+	if err := await(t, "the leader's reply", lead); !errors.Is(err, redis.Nil) {
+		t.Errorf("leader: got %v, want redis.Nil", err)
+	}
+}
+
+// TestPipelineLeaderContextInWorkersPipeline: a leader whose command a
+// worker took while it yielded waits for the reply as a queued caller does:
+// when its context ends first, the call returns the context's error.
+func TestPipelineLeaderContextInWorkersPipeline(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	hook := newGateHook(t) // holds the first pipeline
+	client.AddHook(hook)
+	p := newPipeliner(client, 2, defaultMaxBatch, 0, 0)
+	t.Cleanup(p.close)
+	t.Cleanup(hook.open) // before close, which waits for the held pipeline
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	other := make(chan error, 1)
+	p.yield = func() {
+		go func() { other <- p.get(context.Background(), "other").Err() }()
+		waitQuietly(func() bool { return p.queued() == 2 })
+		setFree(p, +1)
+		p.cond.Signal() // a worker wakes and takes both (a batch of two: no caller's context)
+		waitQuietly(func() bool { return p.queued() == 0 })
+		select {
+		case <-hook.entered: // the worker's pipeline is on the wire, held
+		case <-time.After(5 * time.Second):
+		}
+		cancel()
+	}
+	setFree(p, -1) // until other is queued: no worker takes the leader's command alone
+	lead := make(chan error, 1)
+	go func() { lead <- p.get(ctx, "lead").Err() }()
+	if err := await(t, "the leader's call after its context ended", lead); !errors.Is(err, context.Canceled) {
+		t.Errorf("leader: got %v, want context.Canceled", err)
+	}
+	hook.open()
+	if err := await(t, "the other reply", other); !errors.Is(err, redis.Nil) {
+		t.Errorf("other: got %v, want redis.Nil", err)
+	}
+	if got, want := hook.taken(), []string{"get get"}; !slices.Equal(got, want) {
+		t.Errorf("pipelines: got %q, want %q", got, want)
+	}
+}
