@@ -45,10 +45,11 @@ import (
 //     the rest when a slot is free). On an idle Store the yield returns at
 //     once and the command goes alone. A worker woken meanwhile (another
 //     pipeline returned) may take the leader's command with the rest: the
-//     leader then waits for it as a queued caller does. Gathering this way cut the CPU per
-//     unique delivery, gateway and redis-server together, by a few percent
-//     in the loopback benchmark (go run ./bench -dedupgw-alt), where a lone
-//     command otherwise often went out as a pipeline of one.
+//     leader then waits for it as a queued caller does. Gathering this way
+//     cut the CPU per unique delivery, gateway and redis-server together,
+//     by a few percent in the loopback benchmark (go run ./bench
+//     -dedupgw-alt), where a lone command otherwise often went out as a
+//     pipeline of one.
 //   - Commands of different callers are not ordered with respect to each
 //     other; one caller's operations stay in order, since each call waits for
 //     its reply. A command waits for the whole pipeline it travels in: on a
