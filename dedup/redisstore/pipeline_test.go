@@ -727,28 +727,18 @@ func TestPipelineLeaderContextInWorkersPipeline(t *testing.T) {
 // TestPipelineCloseWaitsForLeader: close returns only after a pipeline a
 // caller sends itself finished, though no worker has anything to do.
 func TestPipelineCloseWaitsForLeader(t *testing.T) {
-	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { _ = client.Close() })
-	hook := newGateHook(t)
-	client.AddHook(hook)
-	p := newPipeliner(client, 1, defaultMaxBatch, 0, 0)
-	t.Cleanup(p.close)
-	t.Cleanup(hook.open)
-	lead := make(chan error, 1)
-	go func() { lead <- p.get(context.Background(), "lead").Err() }()
-	await(t, "the leader's pipeline", hook.entered)
+	p, hook, _, lead := heldPipeliner(t, defaultMaxBatch) // the held GET's caller leads
 	closed := make(chan struct{})
 	go func() { p.close(); close(closed) }()
 	waitFor(t, "close to start", p.isClosed)
-	time.Sleep(20 * time.Millisecond) // the workers exit meanwhile
+	awaitWorkers(t, p, 0) // nothing queued: the worker exits
 	select {
 	case <-closed:
 		t.Fatalf("close returned while the leader's pipeline was on the wire")
 	default:
 	}
 	hook.open()
-	if err := await(t, "the leader's reply", lead); !errors.Is(err, redis.Nil) {
+	if err := await(t, "the leader's reply", lead).Err(); !errors.Is(err, redis.Nil) {
 		t.Errorf("leader: got %v, want redis.Nil", err)
 	}
 	await(t, "close", (<-chan struct{})(closed))
