@@ -217,17 +217,11 @@ func (s *Store) runWaited(ctx context.Context, script *redis.Script, key string,
 	return p.runWaited(ctx, script, key, args...)
 }
 
-// get is pipeliner.get on key's pipeliner (see pipeFor); an error finding
-// it is the reply's.
+// get runs GET key on key's pipeliner (see pipeFor); an error finding it
+// is the reply's. A GET writes nothing, so no replicas are waited for.
 func (s *Store) get(ctx context.Context, key string) *redis.StringCmd {
-	p, np, err := s.pipeFor(ctx, key)
-	if err != nil {
-		cmd := redis.NewStringCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
-	}
-	defer s.donePipe(np)
-	return p.get(ctx, key)
+	cmd, _ := s.commandWaited(ctx, key, "get", key)
+	return cmd
 }
 
 // commandWaited is pipeliner.commandWaited on key's pipeliner (see
