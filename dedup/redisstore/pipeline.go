@@ -384,6 +384,20 @@ func (p *pipeliner) send(batch []*op) {
 	if len(live) == 0 {
 		return
 	}
+	// go-redis judges a pipeline by its first reply: a nil one (SET NX GET
+	// claiming an absent key, GET of a missing key) makes Exec return
+	// redis.Nil, which it runs through its retry and bad-connection checks,
+	// some twenty errors.Is and errors.As per batch. A script's reply is
+	// never nil, so one goes first when the batch holds one (callers'
+	// commands are not ordered with respect to each other).
+	if live[0].script == nil {
+		for i, o := range live {
+			if o.script != nil {
+				live[0], live[i] = o, live[0]
+				break
+			}
+		}
+	}
 	// A panic below (in go-redis or a hook) fails this batch's commands
 	// instead of the process: a worker has no net/http recover above it.
 	signalled := false

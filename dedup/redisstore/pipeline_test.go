@@ -260,6 +260,39 @@ func TestPipelineNoScriptOnlyScripts(t *testing.T) {
 	}
 }
 
+// TestPipelineScriptLeads checks that a batch holding a script sends it
+// first: go-redis runs a pipeline whose first reply is nil (a claim's SET NX
+// GET, a GET of a missing key) through its retry and bad-connection checks.
+func TestPipelineScriptLeads(t *testing.T) {
+	p, hook, _, first := heldPipeliner(t, 128)
+	ctx := context.Background()
+	got := make(chan error, 2)
+	go func() {
+		_, err := p.get(ctx, "absent").Result()
+		if errors.Is(err, redis.Nil) {
+			err = nil
+		}
+		got <- err
+	}()
+	waitFor(t, "the GET queued", func() bool { return p.queued() == 1 })
+	go func() {
+		_, err := forgetCode(p.run(ctx, forgetScript, "absent", 0, "", "0"))
+		got <- err
+	}()
+	waitFor(t, "the script queued", func() bool { return p.queued() == 2 })
+	hook.open()
+	await(t, "the held GET", first)
+	for range 2 {
+		if err := await(t, "a reply", (<-chan error)(got)); err != nil {
+			t.Error(err)
+		}
+	}
+	pipelines := hook.taken()
+	if len(pipelines) < 2 || !strings.HasPrefix(pipelines[1], "evalsha") {
+		t.Errorf("pipelines: got %q, want the second to start with evalsha", pipelines)
+	}
+}
+
 func TestPipelineCallerContext(t *testing.T) {
 	p, hook, _, first := heldPipeliner(t, 128)
 	ctx, cancel := context.WithCancel(context.Background())
