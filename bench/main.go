@@ -244,6 +244,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	d := newDriver(o.concurrency, o.timeout, ids)
 	defer d.Close()
 	res := newResults(o.workloads, o.targets, o.baseline)
+	var steal stealLog
 	started := time.Now().UTC()
 	for _, st := range schedule(o.rounds, o.workloads, len(targets)) {
 		r, w, t := st.round, st.workload, targets[st.target]
@@ -265,6 +266,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		cpuBefore, cpuOK := t.cpu()
 		storeBefore, storeOK := t.storeCPU()
+		hostBefore, hostErr := hostCPU()
 		rr, err := d.run(ctx, round{url: t.url, workload: w, warmup: o.warmup, duration: o.duration})
 		if profiled != nil {
 			if perr := <-profiled; perr != nil {
@@ -294,6 +296,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 			res.cell(w, t.name).addStoreCPU(storeAfter-storeBefore, rr.sent)
 			cpuNote += fmt.Sprintf(" (redis-server %3.0f)", float64(storeAfter-storeBefore)/float64(time.Microsecond)/float64(rr.sent))
 		}
+		if hostAfter, err := hostCPU(); err == nil && hostErr == nil {
+			share := hostAfter.stealSince(hostBefore)
+			steal.add(r+1, w, t.label, share)
+			if share > 0 {
+				cpuNote += fmt.Sprintf("  steal %.0f%%", 100*share)
+			}
+		}
 		opsNote := ""
 		if opsBefore != nil {
 			if opsAfter, err := scrapeStoreOps(ctx, d.client, t.metrics); err == nil {
@@ -321,6 +330,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "Skipped: %s.\n\n", strings.Join(skipped, "; "))
 	}
 	res.writeGoals(stdout)
+	steal.write(stdout)
 	return nil
 }
 

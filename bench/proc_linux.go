@@ -72,3 +72,12 @@ func cpuTime(pid int) (time.Duration, error) {
 	}
 	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
+
+// hostCPU reads the machine's CPU time counters from /proc/stat.
+func hostCPU() (hostTimes, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return hostTimes{}, fmt.Errorf("read /proc/stat: %w", err)
+	}
+	return parseHostCPU(string(b))
+}

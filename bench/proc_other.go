@@ -15,3 +15,8 @@ func childAttr() *syscall.SysProcAttr { return nil }
 func cpuTime(int) (time.Duration, error) {
 	return 0, errors.New("cpu time is only measured on linux")
 }
+
+// hostCPU is not implemented outside Linux.
+func hostCPU() (hostTimes, error) {
+	return hostTimes{}, errors.New("host cpu time is only measured on linux")
+}

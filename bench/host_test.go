@@ -1,0 +1,65 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseHostCPU(t *testing.T) {
+	tests := []struct {
+		name, stat string
+		want       hostTimes
+		wantErr    bool
+	}{
+		{"with steal and guest fields", "cpu  100 2 30 800 5 1 2 60 7 0\ncpu0 50 1 15 400 2 0 1 30 3 0\n", hostTimes{total: 1000, steal: 60}, false},
+		{"no steal field", "cpu  100 0 30 870\n", hostTimes{total: 1000}, false},
+		{"not the totals", "cpu0 1 2 3 4 5 6 7 8\n", hostTimes{}, true},
+		{"too short", "cpu 1 2\n", hostTimes{}, true},
+		{"not a number", "cpu 1 2 x 4 5 6 7 8\n", hostTimes{}, true},
+		{"empty", "", hostTimes{}, true},
+	}
+	for _, tt := range tests {
+		got, err := parseHostCPU(tt.stat)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("%s: got (%+v, %v), want (%+v, error %v)", tt.name, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestStealSince(t *testing.T) {
+	before, after := hostTimes{total: 1000, steal: 10}, hostTimes{total: 1400, steal: 90}
+	if got, want := after.stealSince(before), 0.2; got != want {
+		t.Errorf("stealSince: got %v, want %v", got, want)
+	}
+	if got := before.stealSince(before); got != 0 {
+		t.Errorf("stealSince with no time passed: got %v, want 0", got)
+	}
+}
+
+func TestStealLogWrite(t *testing.T) {
+	var empty stealLog
+	var b strings.Builder
+	empty.write(&b)
+	if b.Len() != 0 {
+		t.Errorf("no rounds: got %q, want nothing", b.String())
+	}
+
+	var calm stealLog
+	calm.add(1, "unique", "bare ReverseProxy", 0.01)
+	calm.add(1, "unique", "dedupgw redis", 0.03)
+	b.Reset()
+	calm.write(&b)
+	if want := "\nCPU steal (the hypervisor running other guests) during the rounds: 2.0% on average, above 5% in 0 of 2 rounds.\n"; b.String() != want {
+		t.Errorf("calm run: got %q, want %q", b.String(), want)
+	}
+
+	var noisy stealLog
+	noisy.add(1, "unique", "bare ReverseProxy", 0.02)
+	noisy.add(2, "unique", "dedupgw redis", 0.21)
+	noisy.add(2, "mix", "dedupgw bolt", 0.07)
+	b.Reset()
+	noisy.write(&b)
+	if want := "above 5% in 2 of 3 rounds (at most 21%: round 2, unique, dedupgw redis).\n"; !strings.HasSuffix(b.String(), want) {
+		t.Errorf("noisy run: got %q, want it to end in %q", b.String(), want)
+	}
+}
