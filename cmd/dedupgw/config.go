@@ -1292,14 +1292,21 @@ func nearestKey(k string, known map[string]reflect.Value) string {
 	return best
 }
 
-// editDistance is the Levenshtein distance between a and b, in bytes.
+// editDistance is the edit distance between a and b, in bytes, counting an
+// insertion, a deletion, a substitution and a swap of two adjacent bytes
+// as one edit each (the optimal string alignment distance): "paht" is one
+// edit from "path", as a typist sees it.
 func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
+	// rows[i%3] is row i of the table: a swap looks two rows back.
+	var rows [3][]int
+	for r := range rows {
+		rows[r] = make([]int, len(b)+1)
+	}
+	for j := range rows[0] {
+		rows[0][j] = j
 	}
 	for i := 1; i <= len(a); i++ {
+		cur, prev, prev2 := rows[i%3], rows[(i-1)%3], rows[(i+1)%3]
 		cur[0] = i
 		for j := 1; j <= len(b); j++ {
 			cost := 1
@@ -1307,10 +1314,12 @@ func editDistance(a, b string) int {
 				cost = 0
 			}
 			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
 		}
-		prev, cur = cur, prev
 	}
-	return prev[len(b)]
+	return rows[len(a)%3][len(b)]
 }
 
 // fieldsOf maps the config tag names of struct v's fields, including the
@@ -1344,10 +1353,10 @@ func toDuration(raw any) (time.Duration, error) {
 		if x == 0 {
 			return 0, nil
 		}
-		return 0, fmt.Errorf("invalid duration %d (want a number with a unit, e.g. \"%ds\")", x, x)
+		return 0, fmt.Errorf("invalid duration %d (want a number with a unit, e.g. \"%ds\", \"%dm\" or \"%dh\")", x, x, x, x)
 	case float64:
 		if !math.IsInf(x, 0) && !math.IsNaN(x) {
-			return 0, fmt.Errorf("invalid duration %v (want a number with a unit, e.g. \"%vs\")", x, x)
+			return 0, fmt.Errorf("invalid duration %v (want a number with a unit, e.g. \"%vs\", \"%vm\" or \"%vh\")", x, x, x, x)
 		}
 	}
 	return 0, fmt.Errorf("want a duration such as \"30s\", got %s", describe(raw))

@@ -1088,6 +1088,7 @@ func TestProblems(t *testing.T) {
 			`routes[1].path: "/Hooks/Orders/" and routes[0].path "/hooks/orders" are one path to an upstream that ignores case, a trailing slash, ;parameters or an extension`,
 		}},
 		{"unknown nested key", "store:\n  redis:\n    adrs: [x]\n" + minimal, nil, []string{`store.redis.adrs: unknown key (did you mean "addrs"?)`}},
+		{"swapped letters", "store:\n  bolt:\n    paht: x.db\n" + minimal, nil, []string{`store.bolt.paht: unknown key (did you mean "path"?)`}},
 		{"unknown route key", minimal + `  - name: b
     path: /b
     upstream: http://x
@@ -1098,8 +1099,8 @@ func TestProblems(t *testing.T) {
 		{"top-level keys differing in case", "Listen: ':1'\nlisten: ':2'\n" + minimal, nil, []string{`listen: duplicate key (also "Listen" at line 1; keys are not case-sensitive)`}},
 		{"unknown signature key", route("    signature:\n      algo: sha1\n"), nil, []string{"routes[0].signature.algo: unknown key"}},
 		{"bad duration", "defaults:\n  lease: 5x\n" + minimal, nil, []string{`defaults.lease: invalid duration "5x" (want e.g. "300ms", "30s", "24h")`}},
-		{"duration without unit", route("    window: 60\n"), nil, []string{`routes[0].window: invalid duration 60 (want a number with a unit, e.g. "60s")`}},
-		{"fractional duration without unit", route("    window: 1.5\n"), nil, []string{`routes[0].window: invalid duration 1.5 (want a number with a unit, e.g. "1.5s")`}},
+		{"duration without unit", route("    window: 60\n"), nil, []string{`routes[0].window: invalid duration 60 (want a number with a unit, e.g. "60s", "60m" or "60h")`}},
+		{"fractional duration without unit", route("    window: 1.5\n"), nil, []string{`routes[0].window: invalid duration 1.5 (want a number with a unit, e.g. "1.5s", "1.5m" or "1.5h")`}},
 		{"duration as a list", route("    window: [1, 2]\n"), nil, []string{`routes[0].window: want a duration such as "30s", got a list`}},
 		{"duration as infinity", route("    window: .inf\n"), nil, []string{`routes[0].window: want a duration such as "30s", got +Inf`}},
 		{"duration as a boolean", route("    lease: true\n"), nil, []string{`routes[0].lease: want a duration such as "30s", got true`}},
@@ -1183,11 +1184,11 @@ func TestProblems(t *testing.T) {
 		// The default standing in for a value that did not decode is not
 		// judged: the user never wrote 1m0s.
 		{"undecodable lease is not compared", "defaults:\n  lease: 10\n  upstream_timeout: 1m\n" + minimal, nil,
-			[]string{`defaults.lease: invalid duration 10 (want a number with a unit, e.g. "10s")`}},
+			[]string{`defaults.lease: invalid duration 10 (want a number with a unit, e.g. "10s", "10m" or "10h")`}},
 		{"undecodable route timeout is not compared", minimal + "    lease: 10s\n    upstream_timeout: 2mins\n", nil,
 			[]string{`routes[0].upstream_timeout: invalid duration "2mins" (want e.g. "300ms", "30s", "24h")`}},
 		{"a route setting both is compared beside undecodable defaults", "defaults:\n  lease: 10\n" + minimal + "    lease: 5s\n    upstream_timeout: 10s\n", nil,
-			[]string{`defaults.lease: invalid duration 10 (want a number with a unit, e.g. "10s")`,
+			[]string{`defaults.lease: invalid duration 10 (want a number with a unit, e.g. "10s", "10m" or "10h")`,
 				"routes[0].lease: 5s must be longer than upstream_timeout 10s"}},
 		{"lease not above timeout (route)", route("    upstream_timeout: 2m\n"), nil, []string{"routes[0].lease: 1m0s (the default) must be longer than upstream_timeout 2m0s"}},
 		{"lease above timeout after defaults", "defaults:\n  upstream_timeout: 90s\n  lease: 2m\n" + route("    upstream_timeout: 100s\n"), nil, nil},
@@ -1231,7 +1232,15 @@ func TestProblems(t *testing.T) {
 		{"path with query", "routes:\n  - name: a\n    path: /a?x=1\n    upstream: http://x\n    provider: stripe\n", nil, []string{`routes[0].path: must be a plain path without query, fragment or spaces, got "/a?x=1"`}},
 		{"bad upstream", "routes:\n  - name: a\n    path: /a\n    upstream: ftp://x\n    provider: stripe\n  - name: b\n    path: /b\n    upstream: localhost:3000\n    provider: stripe\n", nil, []string{
 			`routes[0].upstream: invalid upstream URL "ftp://x" (want http://host[:port][/path] or https://…)`,
-			`routes[1].upstream: invalid upstream URL "localhost:3000" (want http://host[:port][/path] or https://…)`,
+			`routes[1].upstream: invalid upstream URL "localhost:3000": no scheme (want "http://localhost:3000", or https://…)`,
+		}},
+		// url.Parse refuses these; they hold no credentials, so the error shows them.
+		{"upstream without scheme", "routes:\n  - name: a\n    path: /a\n    upstream: 127.0.0.1:3000\n    provider: stripe\n  - name: b\n    path: /b\n    upstream: \"[::1]:3000/hooks\"\n    provider: stripe\n", nil, []string{
+			`routes[0].upstream: invalid upstream URL "127.0.0.1:3000": no scheme (want "http://127.0.0.1:3000", or https://…)`,
+			`routes[1].upstream: invalid upstream URL "[::1]:3000/hooks": no scheme (want "http://[::1]:3000/hooks", or https://…)`,
+		}},
+		{"upstream without scheme but with user info", "routes:\n  - name: a\n    path: /a\n    upstream: admin:s3cret@app:3000\n    provider: stripe\n", nil, []string{
+			`routes[0].upstream: invalid upstream URL (not shown: it may hold credentials) (want http://host[:port][/path] or https://…)`,
 		}},
 		{"upstream host from an unset var", "routes:\n  - name: a\n    path: /a\n    upstream: http://${APP_HOST}:3000\n    keys: [body]\n", nil, []string{
 			`routes[0].upstream: invalid upstream URL "http://:3000" (want http://host[:port][/path] or https://…) (environment variable APP_HOST is not set)`,
@@ -1249,7 +1258,7 @@ func TestProblems(t *testing.T) {
 		{"upstream with query", "routes:\n  - name: a\n    path: /a\n    upstream: http://x/?token=s3cret\n    provider: stripe\n", nil, []string{`routes[0].upstream: upstream URL "http://x/?xxxxx" must not have a query or fragment`}},
 		// Listed with the other problems, and the credentials not shown.
 		{"upstream with user info", "routes:\n  - name: a\n    path: /a\n    upstream: http://user:s3cret@x/\n    provider: stripe\n    window: 5\n", nil, []string{
-			`routes[0].window: invalid duration 5 (want a number with a unit, e.g. "5s")`,
+			`routes[0].window: invalid duration 5 (want a number with a unit, e.g. "5s", "5m" or "5h")`,
 			`routes[0].upstream: upstream URL "http://xxxxx@x/" must not carry user info (the gateway sends no credentials of its own)`,
 		}},
 		{"unparsable upstream with user info", "routes:\n  - name: a\n    path: /a\n    upstream: http://user:s3%zzcret@x/\n    provider: stripe\n", nil, []string{
@@ -1861,5 +1870,31 @@ func TestAdminTokenWhiteSpace(t *testing.T) {
 	want := "admin.token: holds a control character"
 	if len(problems) != 1 || !strings.HasPrefix(problems[0], want) || strings.Contains(problems[0], "t\x01ok") {
 		t.Errorf("got problems %q, want one starting %q, without the value", problems, want)
+	}
+}
+
+func TestEditDistance(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want int
+	}{
+		{"", "", 0},
+		{"", "path", 4},
+		{"path", "", 4},
+		{"path", "path", 0},
+		{"paht", "path", 1},  // two letters swapped
+		{"pth", "path", 1},   // one left out
+		{"paath", "path", 1}, // one doubled
+		{"peth", "path", 1},  // one mistyped
+		{"ptah", "path", 1},  // the middle two swapped
+		{"tpah", "path", 2},  // two swaps
+		{"tokn", "token", 1}, // one left out
+		{"lisetn", "listen", 1},
+		{"ca", "abc", 3}, // a swap is not edited again
+	}
+	for _, tt := range tests {
+		if got := editDistance(tt.a, tt.b); got != tt.want {
+			t.Errorf("editDistance(%q, %q): got %d, want %d", tt.a, tt.b, got, tt.want)
+		}
 	}
 }

@@ -134,7 +134,11 @@ func configFlag(name string, args []string, stderr io.Writer) (path string, code
 		return "", usageExit(err), false
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "dedupgw %s: unexpected argument %q\n", name, fs.Arg(0))
+		hint := ""
+		if *file == "" && fs.NArg() == 1 {
+			hint = fmt.Sprintf(" (did you mean --config %s?)", fs.Arg(0))
+		}
+		fmt.Fprintf(stderr, "dedupgw %s: unexpected argument %q%s\n", name, fs.Arg(0), hint)
 		return "", exitUsage, false
 	}
 	if *file == "" {
@@ -258,6 +262,12 @@ func cmdValidate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dedupgw validate: warning: %s\n", w)
 	}
 	if err != nil {
+		if f != nil {
+			// Warnings judge a file that is valid (windows against the
+			// provider's retries, routes without secrets, …): say there
+			// may be a second round rather than let this one look complete.
+			fmt.Fprintln(stderr, "dedupgw validate: the checks for likely mistakes (warnings) run once these problems are fixed")
+		}
 		return exitFail
 	}
 	names := make([]string, len(f.Routes))

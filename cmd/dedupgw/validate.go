@@ -295,6 +295,8 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 	checkPath(ps, key+".path", r.Path, f.empty(key+".path"))
 	if r.Upstream == "" {
 		ps.add(key+".upstream", "%s", f.empty(key+".upstream"))
+	} else if schemeless(r.Upstream) {
+		ps.add(key+".upstream", "invalid upstream URL %q: no scheme (want \"http://%s\", or https://…)%s", r.Upstream, r.Upstream, f.unsetNote(key+".upstream"))
 	} else if u, err := url.Parse(r.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
 		// No host name ("http://:3000", from "http://${APP_HOST}:3000"
 		// with APP_HOST unset) would be dialled as this machine.
@@ -1027,4 +1029,20 @@ func origin(route, defaults *time.Duration) string {
 // a non-loopback address without a token and without admin.insecure.
 func (a Admin) unguarded() bool {
 	return a.Token == "" && !a.Insecure && !isLoopback(a.Listen)
+}
+
+// schemeless reports whether upstream is host:port[/path] without a scheme
+// ("127.0.0.1:3000", "app:8080/hooks"): a value that holds no credentials
+// (no '@', query or fragment), so the error can show it and the fix.
+func schemeless(upstream string) bool {
+	if strings.Contains(upstream, "://") || strings.ContainsAny(upstream, "@?# ") {
+		return false
+	}
+	hostPort, _, _ := strings.Cut(upstream, "/")
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil || host == "" || port == "" {
+		return false
+	}
+	_, err = strconv.ParseUint(port, 10, 16)
+	return err == nil
 }
