@@ -1279,24 +1279,33 @@ func decodeSecret(raw any, v reflect.Value, path string, ps *Problems) {
 }
 
 // nearestKey returns the known key closest to the unknown key k, by edit
-// distance, when it is close enough to be a misspelling (at most 2 edits, and
-// fewer than half of k's length); else "". Ties go to the first in order.
+// distance with swaps, when it is close enough to be a misspelling (at most
+// 2 edits, and fewer than half of k's length); else "". Ties go to the key
+// fewer edits away without swaps ("wrti_timeout" is two edits from both
+// write_timeout and wait_timeout, but two and three without swaps), then
+// to the first in order.
 func nearestKey(k string, known map[string]reflect.Value) string {
-	best, bestDist := "", 3
+	best, bestDist, bestPlain := "", 0, 0
 	names := slices.Sorted(maps.Keys(known))
 	for _, name := range names {
-		if d := editDistance(k, name); d < bestDist && 2*d < len(k) {
-			best, bestDist = name, d
+		d := editDistance(k, name, true)
+		if d > 2 || 2*d >= len(k) {
+			continue
+		}
+		plain := editDistance(k, name, false)
+		if best == "" || d < bestDist || d == bestDist && plain < bestPlain {
+			best, bestDist, bestPlain = name, d, plain
 		}
 	}
 	return best
 }
 
-// editDistance is the edit distance between a and b, in bytes, counting an
-// insertion, a deletion, a substitution and a swap of two adjacent bytes
-// as one edit each (the optimal string alignment distance): "paht" is one
-// edit from "path", as a typist sees it.
-func editDistance(a, b string) int {
+// editDistance is the edit distance between a and b, in bytes: the number
+// of insertions, deletions and substitutions of one byte (Levenshtein's)
+// that turn a into b, and with swaps, also of swaps of two adjacent bytes
+// (the optimal string alignment distance): "paht" is one edit from "path"
+// with swaps, as a typist sees it, and two without.
+func editDistance(a, b string, swaps bool) int {
 	// rows[i%3] is row i of the table: a swap looks two rows back.
 	var rows [3][]int
 	for r := range rows {
@@ -1314,7 +1323,7 @@ func editDistance(a, b string) int {
 				cost = 0
 			}
 			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+			if swaps && i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
 				cur[j] = min(cur[j], prev2[j-2]+1)
 			}
 		}

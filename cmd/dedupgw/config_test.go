@@ -1239,6 +1239,11 @@ func TestProblems(t *testing.T) {
 			`routes[0].upstream: invalid upstream URL "127.0.0.1:3000": no scheme (want "http://127.0.0.1:3000", or https://…)`,
 			`routes[1].upstream: invalid upstream URL "[::1]:3000/hooks": no scheme (want "http://[::1]:3000/hooks", or https://…)`,
 		}},
+		{"not quite without scheme", "routes:\n  - name: a\n    path: /a\n    upstream: http:8080\n    provider: stripe\n  - name: b\n    path: /b\n    upstream: localhost:99999\n    provider: stripe\n  - name: c\n    path: /c\n    upstream: ${E2E_UNSET_HOST}:3000\n    provider: stripe\n", nil, []string{
+			`routes[0].upstream: invalid upstream URL "http:8080" (want http://host[:port][/path] or https://…)`,
+			`routes[1].upstream: invalid upstream URL "localhost:99999" (want http://host[:port][/path] or https://…)`,
+			`routes[2].upstream: invalid upstream URL (not shown: it may hold credentials) (want http://host[:port][/path] or https://…) (environment variable E2E_UNSET_HOST is not set)`,
+		}},
 		{"upstream without scheme but with user info", "routes:\n  - name: a\n    path: /a\n    upstream: admin:s3cret@app:3000\n    provider: stripe\n", nil, []string{
 			`routes[0].upstream: invalid upstream URL (not shown: it may hold credentials) (want http://host[:port][/path] or https://…)`,
 		}},
@@ -1665,7 +1670,7 @@ func TestProblemsNameTheRoute(t *testing.T) {
 
 func TestNearestKey(t *testing.T) {
 	known := map[string]reflect.Value{}
-	for _, k := range []string{"listen", "provider", "path", "window", "keys", "upstream", "upstream_timeout"} {
+	for _, k := range []string{"listen", "provider", "path", "window", "keys", "upstream", "upstream_timeout", "wait_timeout", "write_timeout", "token"} {
 		known[k] = reflect.Value{}
 	}
 	for _, tt := range []struct{ unknown, want string }{
@@ -1676,6 +1681,11 @@ func TestNearestKey(t *testing.T) {
 		{"upstream_timout", "upstream_timeout"},
 		{"key", "keys"},
 		{"pth", "path"},
+		{"paht", "path"}, // a swap is one edit
+		{"tokn", "token"},
+		// Two edits from both with swaps: the one fewer edits away without wins.
+		{"wrti_timeout", "write_timeout"},
+		{"wiat_timeout", "wait_timeout"},
 		{"xy", ""},   // too short to guess from
 		{"algo", ""}, // nothing close
 		{"secrets", ""},
@@ -1875,26 +1885,29 @@ func TestAdminTokenWhiteSpace(t *testing.T) {
 
 func TestEditDistance(t *testing.T) {
 	tests := []struct {
-		a, b string
-		want int
+		a, b        string
+		swaps, want int // want: without swaps
 	}{
-		{"", "", 0},
-		{"", "path", 4},
-		{"path", "", 4},
-		{"path", "path", 0},
-		{"paht", "path", 1},  // two letters swapped
-		{"pth", "path", 1},   // one left out
-		{"paath", "path", 1}, // one doubled
-		{"peth", "path", 1},  // one mistyped
-		{"ptah", "path", 1},  // the middle two swapped
-		{"tpah", "path", 2},  // two swaps
-		{"tokn", "token", 1}, // one left out
-		{"lisetn", "listen", 1},
-		{"ca", "abc", 3}, // a swap is not edited again
+		{"", "", 0, 0},
+		{"", "path", 4, 4},
+		{"path", "", 4, 4},
+		{"path", "path", 0, 0},
+		{"paht", "path", 1, 2},  // two letters swapped
+		{"pth", "path", 1, 1},   // one left out
+		{"paath", "path", 1, 1}, // one doubled
+		{"peth", "path", 1, 1},  // one mistyped
+		{"ptah", "path", 1, 2},  // the middle two swapped
+		{"tpah", "path", 2, 2},  // two swaps, or a letter moved
+		{"tokn", "token", 1, 1}, // one left out
+		{"lisetn", "listen", 1, 2},
+		{"ca", "abc", 3, 3}, // a swap is not edited again
 	}
 	for _, tt := range tests {
-		if got := editDistance(tt.a, tt.b); got != tt.want {
-			t.Errorf("editDistance(%q, %q): got %d, want %d", tt.a, tt.b, got, tt.want)
+		if got := editDistance(tt.a, tt.b, true); got != tt.swaps {
+			t.Errorf("editDistance(%q, %q, swaps): got %d, want %d", tt.a, tt.b, got, tt.swaps)
+		}
+		if got := editDistance(tt.a, tt.b, false); got != tt.want {
+			t.Errorf("editDistance(%q, %q, no swaps): got %d, want %d", tt.a, tt.b, got, tt.want)
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -123,6 +124,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
+// looksLikeConfig reports whether arg, an argument given without --config,
+// names a file that exists or a YAML file.
+func looksLikeConfig(arg string) bool {
+	if ext := strings.ToLower(filepath.Ext(arg)); ext == ".yaml" || ext == ".yml" {
+		return true
+	}
+	st, err := os.Stat(arg)
+	return err == nil && st.Mode().IsRegular()
+}
+
+// shellWord returns s as it can be typed to a shell: as it is when it holds
+// only characters no shell reads specially, else single-quoted.
+func shellWord(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=@%+,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
 // configFlag parses "--config FILE" (and no positional arguments) for serve
 // and validate. When ok is false the command exits with code: 0 after
 // -h/--help (the usage was printed), exitUsage for a wrong command line.
@@ -135,8 +155,8 @@ func configFlag(name string, args []string, stderr io.Writer) (path string, code
 	}
 	if fs.NArg() > 0 {
 		hint := ""
-		if *file == "" && fs.NArg() == 1 {
-			hint = fmt.Sprintf(" (did you mean --config %s?)", fs.Arg(0))
+		if *file == "" && fs.NArg() == 1 && looksLikeConfig(fs.Arg(0)) {
+			hint = fmt.Sprintf(" (did you mean --config %s?)", shellWord(fs.Arg(0)))
 		}
 		fmt.Fprintf(stderr, "dedupgw %s: unexpected argument %q%s\n", name, fs.Arg(0), hint)
 		return "", exitUsage, false
@@ -266,7 +286,7 @@ func cmdValidate(args []string, stdout, stderr io.Writer) int {
 			// Warnings judge a file that is valid (windows against the
 			// provider's retries, routes without secrets, …): say there
 			// may be a second round rather than let this one look complete.
-			fmt.Fprintln(stderr, "dedupgw validate: the checks for likely mistakes (warnings) run once these problems are fixed")
+			fmt.Fprintln(stderr, "dedupgw validate: more checks (warnings about likely mistakes) run once these problems are fixed")
 		}
 		return exitFail
 	}

@@ -1032,15 +1032,17 @@ func (a Admin) unguarded() bool {
 }
 
 // schemeless reports whether upstream is host:port[/path] without a scheme
-// ("127.0.0.1:3000", "app:8080/hooks"): a value that holds no credentials
-// (no '@', query or fragment), so the error can show it and the fix.
+// ("127.0.0.1:3000", "app:8080/hooks"): a value without '@', query or
+// fragment, so without the parts proxy.RedactURL hides, which the error
+// can therefore show with its fix. "http:8080" is a mistyped scheme, not a
+// host named http.
 func schemeless(upstream string) bool {
 	if strings.Contains(upstream, "://") || strings.ContainsAny(upstream, "@?# ") {
 		return false
 	}
 	hostPort, _, _ := strings.Cut(upstream, "/")
 	host, port, err := net.SplitHostPort(hostPort)
-	if err != nil || host == "" || port == "" {
+	if err != nil || host == "" || port == "" || strings.EqualFold(host, "http") || strings.EqualFold(host, "https") {
 		return false
 	}
 	_, err = strconv.ParseUint(port, 10, 16)
