@@ -38,9 +38,10 @@ func parseHostCPU(stat string) (hostTimes, error) {
 
 // stealSince returns the share of the CPU time between b and h that the
 // hypervisor gave to other guests (steal), or 0 when no time passed.
+// A steal counter that went backwards (some hypervisors) reads as 0.
 func (h hostTimes) stealSince(b hostTimes) float64 {
 	if d := h.total - b.total; d > 0 {
-		return float64(h.steal-b.steal) / float64(d)
+		return min(max(float64(h.steal-b.steal)/float64(d), 0), 1)
 	}
 	return 0
 }
@@ -85,10 +86,10 @@ func (l *stealLog) write(w io.Writer) {
 			noisy++
 		}
 	}
-	fmt.Fprintf(w, "\nCPU steal (the hypervisor running other guests) during the rounds: %.1f%% on average, above %.0f%% in %d of %d rounds",
+	fmt.Fprintf(w, "\nCPU steal (the hypervisor running other guests) while the targets were measured: %.1f%% on average, above %.0f%% for %d of %d (a target under a workload in a round)",
 		100*sum/float64(len(l.rounds)), 100*noisyShare, noisy, len(l.rounds))
 	if noisy > 0 {
-		fmt.Fprintf(w, " (at most %.0f%%: round %d, %s, %s)", 100*worst.share, worst.round, worst.workload, worst.target)
+		fmt.Fprintf(w, "; at most %.0f%%: %s, %s, round %d", 100*worst.share, worst.target, worst.workload, worst.round)
 	}
 	fmt.Fprintln(w, ".")
 }

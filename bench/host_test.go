@@ -34,6 +34,9 @@ func TestStealSince(t *testing.T) {
 	if got := before.stealSince(before); got != 0 {
 		t.Errorf("stealSince with no time passed: got %v, want 0", got)
 	}
+	if got := (hostTimes{total: 1400, steal: 5}).stealSince(before); got != 0 {
+		t.Errorf("stealSince with the counter gone backwards: got %v, want 0", got)
+	}
 }
 
 func TestStealLogWrite(t *testing.T) {
@@ -49,7 +52,7 @@ func TestStealLogWrite(t *testing.T) {
 	calm.add(1, "unique", "dedupgw redis", 0.03)
 	b.Reset()
 	calm.write(&b)
-	if want := "\nCPU steal (the hypervisor running other guests) during the rounds: 2.0% on average, above 5% in 0 of 2 rounds.\n"; b.String() != want {
+	if want := "\nCPU steal (the hypervisor running other guests) while the targets were measured: 2.0% on average, above 5% for 0 of 2 (a target under a workload in a round).\n"; b.String() != want {
 		t.Errorf("calm run: got %q, want %q", b.String(), want)
 	}
 
@@ -59,7 +62,7 @@ func TestStealLogWrite(t *testing.T) {
 	noisy.add(2, "mix", "dedupgw bolt", 0.07)
 	b.Reset()
 	noisy.write(&b)
-	if want := "above 5% in 2 of 3 rounds (at most 21%: round 2, unique, dedupgw redis).\n"; !strings.HasSuffix(b.String(), want) {
+	if want := "above 5% for 2 of 3 (a target under a workload in a round); at most 21%: dedupgw redis, unique, round 2.\n"; !strings.HasSuffix(b.String(), want) {
 		t.Errorf("noisy run: got %q, want it to end in %q", b.String(), want)
 	}
 }

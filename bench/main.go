@@ -299,7 +299,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if hostAfter, err := hostCPU(); err == nil && hostErr == nil {
 			share := hostAfter.stealSince(hostBefore)
 			steal.add(r+1, w, t.label, share)
-			if share > 0 {
+			if share >= 0.005 {
 				cpuNote += fmt.Sprintf("  steal %.0f%%", 100*share)
 			}
 		}

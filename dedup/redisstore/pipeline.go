@@ -384,10 +384,10 @@ func (p *pipeliner) send(batch []*op) {
 	if len(live) == 0 {
 		return
 	}
-	// go-redis judges a pipeline by its first reply: a nil one (SET NX GET
-	// claiming an absent key, GET of a missing key) makes Exec return
-	// redis.Nil, which it runs through its retry and bad-connection checks,
-	// some twenty errors.Is and errors.As per batch. A script's reply is
+	// go-redis runs its retry and bad-connection checks on the pipeline's
+	// first reply: a nil one (SET NX GET claiming an absent key, GET of a
+	// missing key) is redis.Nil to them, some twenty errors.Is and
+	// errors.As per batch. A script's reply is
 	// never nil, so one goes first when the batch holds one (callers'
 	// commands are not ordered with respect to each other).
 	if live[0].script == nil {
