@@ -5,12 +5,17 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 )
 
+// clockTicks is USER_HZ, the unit of /proc/stat and /proc/PID/stat times:
+// 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
 // hostTimes are the machine's CPU time counters, all CPUs together, in
-// USER_HZ ticks: the first line of /proc/stat.
+// USER_HZ ticks: the first line of /proc/stat. idle includes iowait.
 type hostTimes struct {
-	total, steal int64
+	total, idle, steal int64
 }
 
 // parseHostCPU reads the aggregate "cpu" line of /proc/stat's content: user,
@@ -29,7 +34,10 @@ func parseHostCPU(stat string) (hostTimes, error) {
 			return hostTimes{}, fmt.Errorf("/proc/stat: cpu field %d: %w", i+1, err)
 		}
 		h.total += n
-		if i == 7 {
+		switch i {
+		case 3, 4: // idle, iowait
+			h.idle += n
+		case 7:
 			h.steal = n
 		}
 	}
@@ -44,6 +52,14 @@ func (h hostTimes) stealSince(b hostTimes) float64 {
 		return min(max(float64(h.steal-b.steal)/float64(d), 0), 1)
 	}
 	return 0
+}
+
+// busySince returns the CPU time, all CPUs together, that the machine spent
+// running anything (every process and the kernel) between b and h: neither
+// idle nor stolen. Counters that went backwards read as 0.
+func (h hostTimes) busySince(b hostTimes) time.Duration {
+	ticks := (h.total - b.total) - (h.idle - b.idle) - max(h.steal-b.steal, 0)
+	return time.Duration(max(ticks, 0)) * time.Second / clockTicks
 }
 
 // stealLog records the steal of each round: on a shared VM a round the

@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseHostCPU(t *testing.T) {
@@ -11,8 +12,8 @@ func TestParseHostCPU(t *testing.T) {
 		want       hostTimes
 		wantErr    bool
 	}{
-		{"with steal and guest fields", "cpu  100 2 30 800 5 1 2 60 7 0\ncpu0 50 1 15 400 2 0 1 30 3 0\n", hostTimes{total: 1000, steal: 60}, false},
-		{"no steal field", "cpu  100 0 30 870\n", hostTimes{total: 1000}, false},
+		{"with steal and guest fields", "cpu  100 2 30 800 5 1 2 60 7 0\ncpu0 50 1 15 400 2 0 1 30 3 0\n", hostTimes{total: 1000, idle: 805, steal: 60}, false},
+		{"no steal field", "cpu  100 0 30 870\n", hostTimes{total: 1000, idle: 870}, false},
 		{"not the totals", "cpu0 1 2 3 4 5 6 7 8\n", hostTimes{}, true},
 		{"too short", "cpu 1 2\n", hostTimes{}, true},
 		{"not a number", "cpu 1 2 x 4 5 6 7 8\n", hostTimes{}, true},
@@ -36,6 +37,26 @@ func TestStealSince(t *testing.T) {
 	}
 	if got := (hostTimes{total: 1400, steal: 5}).stealSince(before); got != 0 {
 		t.Errorf("stealSince with the counter gone backwards: got %v, want 0", got)
+	}
+}
+
+func TestBusySince(t *testing.T) {
+	before := hostTimes{total: 1000, idle: 600, steal: 10}
+	tests := []struct {
+		name  string
+		after hostTimes
+		want  time.Duration
+	}{
+		// 400 ticks passed: 100 idle, 80 stolen, 220 busy.
+		{"busy, idle and stolen", hostTimes{total: 1400, idle: 700, steal: 90}, 2200 * time.Millisecond},
+		{"no time passed", before, 0},
+		{"steal counter gone backwards", hostTimes{total: 1400, idle: 700, steal: 5}, 3 * time.Second},
+		{"counters gone backwards", hostTimes{total: 900, idle: 600, steal: 10}, 0},
+	}
+	for _, tt := range tests {
+		if got := tt.after.busySince(before); got != tt.want {
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }
 

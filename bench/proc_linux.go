@@ -16,10 +16,6 @@ func childAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
-// clockTicks is USER_HZ, the unit of /proc/PID/stat times: 100 on every
-// Linux architecture Go supports.
-const clockTicks = 100
-
 // cpuTime returns the user+system CPU time used so far by pid and all its
 // descendants (nginx's workers), read from /proc.
 func cpuTime(pid int) (time.Duration, error) {

@@ -29,6 +29,11 @@ type cell struct {
 	// storeCPUReqs requests.
 	storeCPU     time.Duration
 	storeCPUReqs int
+	// machineCPU is the CPU time the whole machine was busy during the
+	// rounds (the driver, the upstream, the target, anything else; steal
+	// excluded), over machineCPUReqs requests.
+	machineCPU     time.Duration
+	machineCPUReqs int
 	// storeOps are dedupgw's own store operation timings during the rounds.
 	storeOps map[string]opStat
 }
@@ -79,6 +84,22 @@ func (c *cell) cpuPerRequest() time.Duration {
 		return 0
 	}
 	return c.cpu / time.Duration(c.cpuReqs)
+}
+
+// addMachineCPU folds the CPU time the whole machine was busy during one
+// round into the cell.
+func (c *cell) addMachineCPU(d time.Duration, requests int) {
+	c.machineCPU += d
+	c.machineCPUReqs += requests
+}
+
+// machineCPUPerRequest returns the whole machine's busy CPU time per
+// request, 0 if unmeasured.
+func (c *cell) machineCPUPerRequest() time.Duration {
+	if c.machineCPUReqs == 0 {
+		return 0
+	}
+	return c.machineCPU / time.Duration(c.machineCPUReqs)
 }
 
 // addStoreOps folds the store operations of one round into the cell.
@@ -154,18 +175,18 @@ func (r *results) ratio(c *cell) float64 {
 
 // writeTable writes the results as one Markdown table.
 func (r *results) writeTable(w io.Writer) {
-	fmt.Fprintf(w, "| workload | target | req/s | × %s | p50 | p99 | CPU/req | reached upstream | failed |\n", labelOf(r.baseline))
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|")
+	fmt.Fprintf(w, "| workload | target | req/s | × %s | p50 | p99 | CPU/req | machine CPU/req | reached upstream | failed |\n", labelOf(r.baseline))
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, wl := range r.workloads {
 		for _, t := range r.targets {
 			c := r.cell(wl, t)
 			if c == nil || c.requests == 0 {
 				continue
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %d |\n",
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n",
 				wl, labelOf(t), formatRPS(c.rps(), c.spread()), formatRatio(r.ratio(c)),
 				formatMillis(c.lat.quantile(0.50)), formatMillis(c.lat.quantile(0.99)), formatCPU(c.cpuPerRequest()),
-				formatReached(c.reached, c.sent, c.rounds), c.failures)
+				formatCPU(c.machineCPUPerRequest()), formatReached(c.reached, c.sent, c.rounds), c.failures)
 		}
 	}
 }
@@ -234,9 +255,9 @@ func (r *results) writeGoals(w io.Writer) {
 		}
 		if g.minRatio > 0 {
 			got := r.ratio(c)
-			lines = append(lines, fmt.Sprintf("- %s %s: %s baseline req/s, goal ≥ %.2f× — %s%s",
+			lines = append(lines, fmt.Sprintf("- %s %s: %s baseline req/s, goal ≥ %.2f× — %s%s%s",
 				g.workload, labelOf(g.target), formatRatio(got), g.minRatio, verdict(got >= g.minRatio),
-				formatRoundRatios(roundRatios(c, b), g.minRatio)))
+				formatRoundRatios(roundRatios(c, b), g.minRatio), formatMachineRatio(c, b)))
 		}
 		if g.maxP99Over > 0 {
 			got := c.lat.quantile(0.99) - b.lat.quantile(0.99)
@@ -284,6 +305,19 @@ func formatRoundRatios(ratios []float64, goal float64) string {
 		}
 	}
 	return fmt.Sprintf(" (rounds %.2f–%.2f×, met in %d of %d)", lo, hi, met, len(ratios))
+}
+
+// formatMachineRatio compares the whole machine's CPU per request under c
+// with the baseline b's: the throughput ratio the run would show if the
+// cores were saturated throughout, which neighbours on a VM, and idle
+// moments, do not move. Empty when either is unmeasured.
+func formatMachineRatio(c, b *cell) string {
+	cm, bm := c.machineCPUPerRequest(), b.machineCPUPerRequest()
+	if cm <= 0 || bm <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("; per CPU-second of the whole machine %.2f× (%s per request against %s)",
+		float64(bm)/float64(cm), formatCPU(cm), formatCPU(bm))
 }
 
 func verdict(ok bool) string {

@@ -34,6 +34,8 @@ func fixedResults() *results {
 	add(Duplicate, TargetBolt, 20000, 21001, 1, ms(10, 15, 40))
 	r.cell(Unique, TargetBare).addCPU(1800*time.Millisecond, 18900)
 	r.cell(Unique, TargetBolt).addCPU(900*time.Millisecond, 7350)
+	r.cell(Unique, TargetBare).addMachineCPU(5670*time.Millisecond, 18900)
+	r.cell(Unique, TargetBolt).addMachineCPU(5880*time.Millisecond, 17325)
 	r.cell(Unique, TargetBolt).addStoreOps(map[string]opStat{"claim": {sum: 0.07, count: 7350}, "commit": {sum: 22, count: 7350}})
 	add(Unique, TargetRedis, 6000, 6300, 6300, ms(50, 60, 140))
 	r.cell(Unique, TargetRedis).addCPU(1260*time.Millisecond, 6300)
