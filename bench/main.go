@@ -289,17 +289,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 		res.cell(w, t.name).add(rr, after-before)
 		cpuNote := ""
 		if cpuAfter, ok := t.cpu(); ok && cpuOK && rr.sent > 0 {
-			res.cell(w, t.name).addCPU(cpuAfter-cpuBefore, rr.sent)
+			res.cell(w, t.name).cpu.add(cpuAfter-cpuBefore, rr.sent)
 			cpuNote = fmt.Sprintf("  cpu %4.0f µs/req", float64(cpuAfter-cpuBefore)/float64(time.Microsecond)/float64(rr.sent))
 		}
 		if storeAfter, ok := t.storeCPU(); ok && storeOK && rr.sent > 0 {
-			res.cell(w, t.name).addStoreCPU(storeAfter-storeBefore, rr.sent)
+			res.cell(w, t.name).storeCPU.add(storeAfter-storeBefore, rr.sent)
 			cpuNote += fmt.Sprintf(" (redis-server %3.0f)", float64(storeAfter-storeBefore)/float64(time.Microsecond)/float64(rr.sent))
 		}
 		if hostAfter, err := hostCPU(); err == nil && hostErr == nil {
 			if rr.sent > 0 {
 				busy := hostAfter.busySince(hostBefore)
-				res.cell(w, t.name).addMachineCPU(busy, rr.sent)
+				res.cell(w, t.name).machineCPU.add(busy, rr.sent)
 				cpuNote += fmt.Sprintf("  machine %4.0f µs/req", float64(busy)/float64(time.Microsecond)/float64(rr.sent))
 			}
 			share := hostAfter.stealSince(hostBefore)

@@ -21,19 +21,11 @@ type cell struct {
 	failures int
 	failure  string // the first failure seen
 	rounds   int
-	// cpu is the CPU time the target's processes used during the rounds,
-	// over cpuReqs requests (warm-up included).
-	cpu     time.Duration
-	cpuReqs int
-	// storeCPU is the part of cpu a co-located redis-server used, over
-	// storeCPUReqs requests.
-	storeCPU     time.Duration
-	storeCPUReqs int
-	// machineCPU is the CPU time the whole machine was busy during the
-	// rounds (the driver, the upstream, the target, anything else; steal
-	// excluded), over machineCPUReqs requests.
-	machineCPU     time.Duration
-	machineCPUReqs int
+	// cpu is the CPU time the target's processes used during the rounds
+	// (warm-up included); storeCPU the part of it a co-located redis-server
+	// used; machineCPU the time the whole machine was busy (the driver, the
+	// upstream, the target, anything else; steal excluded).
+	cpu, storeCPU, machineCPU cpuTally
 	// storeOps are dedupgw's own store operation timings during the rounds.
 	storeOps map[string]opStat
 }
@@ -56,50 +48,24 @@ func (c *cell) add(r roundResult, reached int64) {
 	}
 }
 
-// addCPU folds the CPU time one round cost for its requests into the cell.
-func (c *cell) addCPU(d time.Duration, requests int) {
-	c.cpu += d
-	c.cpuReqs += requests
+// cpuTally is CPU time spent on a number of requests.
+type cpuTally struct {
+	d    time.Duration
+	reqs int
 }
 
-// addStoreCPU folds the CPU time the target's redis-server used in one
-// round into the cell.
-func (c *cell) addStoreCPU(d time.Duration, requests int) {
-	c.storeCPU += d
-	c.storeCPUReqs += requests
+// add folds in d spent on requests.
+func (t *cpuTally) add(d time.Duration, requests int) {
+	t.d += d
+	t.reqs += requests
 }
 
-// storeCPUPerRequest returns the redis-server's CPU time per request, 0 if
-// unmeasured.
-func (c *cell) storeCPUPerRequest() time.Duration {
-	if c.storeCPUReqs == 0 {
+// perRequest returns the CPU time per request, 0 if none was measured.
+func (t cpuTally) perRequest() time.Duration {
+	if t.reqs == 0 {
 		return 0
 	}
-	return c.storeCPU / time.Duration(c.storeCPUReqs)
-}
-
-// cpuPerRequest returns the target's CPU time per request, 0 if unmeasured.
-func (c *cell) cpuPerRequest() time.Duration {
-	if c.cpuReqs == 0 {
-		return 0
-	}
-	return c.cpu / time.Duration(c.cpuReqs)
-}
-
-// addMachineCPU folds the CPU time the whole machine was busy during one
-// round into the cell.
-func (c *cell) addMachineCPU(d time.Duration, requests int) {
-	c.machineCPU += d
-	c.machineCPUReqs += requests
-}
-
-// machineCPUPerRequest returns the whole machine's busy CPU time per
-// request, 0 if unmeasured.
-func (c *cell) machineCPUPerRequest() time.Duration {
-	if c.machineCPUReqs == 0 {
-		return 0
-	}
-	return c.machineCPU / time.Duration(c.machineCPUReqs)
+	return t.d / time.Duration(t.reqs)
 }
 
 // addStoreOps folds the store operations of one round into the cell.
@@ -185,8 +151,8 @@ func (r *results) writeTable(w io.Writer) {
 			}
 			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n",
 				wl, labelOf(t), formatRPS(c.rps(), c.spread()), formatRatio(r.ratio(c)),
-				formatMillis(c.lat.quantile(0.50)), formatMillis(c.lat.quantile(0.99)), formatCPU(c.cpuPerRequest()),
-				formatCPU(c.machineCPUPerRequest()), formatReached(c.reached, c.sent, c.rounds), c.failures)
+				formatMillis(c.lat.quantile(0.50)), formatMillis(c.lat.quantile(0.99)), formatCPU(c.cpu.perRequest()),
+				formatCPU(c.machineCPU.perRequest()), formatReached(c.reached, c.sent, c.rounds), c.failures)
 		}
 	}
 }
@@ -207,7 +173,7 @@ func (r *results) writeStoreOps(w io.Writer) {
 					ops = append(ops, fmt.Sprintf("%s %.3f ms", op, st.meanMillis()))
 				}
 			}
-			if cpu := c.storeCPUPerRequest(); cpu > 0 {
+			if cpu := c.storeCPU.perRequest(); cpu > 0 {
 				ops = append(ops, "redis-server CPU "+formatCPU(cpu)+"/req")
 			}
 			if len(ops) > 0 {
@@ -312,7 +278,7 @@ func formatRoundRatios(ratios []float64, goal float64) string {
 // cores were saturated throughout, which neighbours on a VM, and idle
 // moments, do not move. Empty when either is unmeasured.
 func formatMachineRatio(c, b *cell) string {
-	cm, bm := c.machineCPUPerRequest(), b.machineCPUPerRequest()
+	cm, bm := c.machineCPU.perRequest(), b.machineCPU.perRequest()
 	if cm <= 0 || bm <= 0 {
 		return ""
 	}
