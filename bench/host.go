@@ -13,9 +13,10 @@ import (
 const clockTicks = 100
 
 // hostTimes are the machine's CPU time counters, all CPUs together, in
-// USER_HZ ticks: the first line of /proc/stat. idle includes iowait.
+// USER_HZ ticks: the first line of /proc/stat. busy is user, nice, system,
+// irq and softirq: neither idle, iowait nor steal.
 type hostTimes struct {
-	total, idle, steal int64
+	total, busy, steal int64
 }
 
 // parseHostCPU reads the aggregate "cpu" line of /proc/stat's content: user,
@@ -36,9 +37,10 @@ func parseHostCPU(stat string) (hostTimes, error) {
 		h.total += n
 		switch i {
 		case 3, 4: // idle, iowait
-			h.idle += n
 		case 7:
 			h.steal = n
+		default:
+			h.busy += n
 		}
 	}
 	return h, nil
@@ -56,10 +58,13 @@ func (h hostTimes) stealSince(b hostTimes) float64 {
 
 // busySince returns the CPU time, all CPUs together, that the machine spent
 // running anything (every process and the kernel) between b and h: neither
-// idle nor stolen. Counters that went backwards read as 0.
-func (h hostTimes) busySince(b hostTimes) time.Duration {
-	ticks := (h.total - b.total) - (h.idle - b.idle) - max(h.steal-b.steal, 0)
-	return time.Duration(max(ticks, 0)) * time.Second / clockTicks
+// idle nor stolen. It reports false when the counters went backwards.
+func (h hostTimes) busySince(b hostTimes) (time.Duration, bool) {
+	ticks := h.busy - b.busy
+	if ticks < 0 {
+		return 0, false
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, true
 }
 
 // stealLog records the steal of each round: on a shared VM a round the

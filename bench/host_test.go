@@ -12,8 +12,8 @@ func TestParseHostCPU(t *testing.T) {
 		want       hostTimes
 		wantErr    bool
 	}{
-		{"with steal and guest fields", "cpu  100 2 30 800 5 1 2 60 7 0\ncpu0 50 1 15 400 2 0 1 30 3 0\n", hostTimes{total: 1000, idle: 805, steal: 60}, false},
-		{"no steal field", "cpu  100 0 30 870\n", hostTimes{total: 1000, idle: 870}, false},
+		{"with steal and guest fields", "cpu  100 2 30 800 5 1 2 60 7 0\ncpu0 50 1 15 400 2 0 1 30 3 0\n", hostTimes{total: 1000, busy: 135, steal: 60}, false},
+		{"no steal field", "cpu  100 0 30 870\n", hostTimes{total: 1000, busy: 130}, false},
 		{"not the totals", "cpu0 1 2 3 4 5 6 7 8\n", hostTimes{}, true},
 		{"too short", "cpu 1 2\n", hostTimes{}, true},
 		{"not a number", "cpu 1 2 x 4 5 6 7 8\n", hostTimes{}, true},
@@ -41,21 +41,27 @@ func TestStealSince(t *testing.T) {
 }
 
 func TestBusySince(t *testing.T) {
-	before := hostTimes{total: 1000, idle: 600, steal: 10}
+	before, _ := parseHostCPU("cpu  100 0 50 600 0 0 0 10\n")
 	tests := []struct {
-		name  string
-		after hostTimes
-		want  time.Duration
+		name   string
+		after  string
+		want   time.Duration
+		wantOK bool
 	}{
-		// 400 ticks passed: 100 idle, 80 stolen, 220 busy.
-		{"busy, idle and stolen", hostTimes{total: 1400, idle: 700, steal: 90}, 2200 * time.Millisecond},
-		{"no time passed", before, 0},
-		{"steal counter gone backwards", hostTimes{total: 1400, idle: 700, steal: 5}, 3 * time.Second},
-		{"counters gone backwards", hostTimes{total: 900, idle: 600, steal: 10}, 0},
+		// 400 ticks passed: 100 idle or iowait, 80 stolen, 220 busy.
+		{"busy, idle and stolen", "cpu  250 10 100 650 50 5 5 90\n", 2200 * time.Millisecond, true},
+		{"no time passed", "cpu  100 0 50 600 0 0 0 10\n", 0, true},
+		// The steal counter going backwards does not change busy time.
+		{"steal gone backwards", "cpu  250 10 100 650 50 5 5 5\n", 2200 * time.Millisecond, true},
+		{"busy gone backwards", "cpu  90 0 50 700 0 0 0 10\n", 0, false},
 	}
 	for _, tt := range tests {
-		if got := tt.after.busySince(before); got != tt.want {
-			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
+		after, err := parseHostCPU(tt.after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := after.busySince(before); got != tt.want || ok != tt.wantOK {
+			t.Errorf("%s: got (%v, %v), want (%v, %v)", tt.name, got, ok, tt.want, tt.wantOK)
 		}
 	}
 }

@@ -297,8 +297,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			cpuNote += fmt.Sprintf(" (redis-server %3.0f)", float64(storeAfter-storeBefore)/float64(time.Microsecond)/float64(rr.sent))
 		}
 		if hostAfter, err := hostCPU(); err == nil && hostErr == nil {
-			if rr.sent > 0 {
-				busy := hostAfter.busySince(hostBefore)
+			if busy, ok := hostAfter.busySince(hostBefore); ok && rr.sent > 0 {
 				res.cell(w, t.name).machineCPU.add(busy, rr.sent)
 				cpuNote += fmt.Sprintf("  machine %4.0f µs/req", float64(busy)/float64(time.Microsecond)/float64(rr.sent))
 			}

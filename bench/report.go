@@ -275,14 +275,16 @@ func formatRoundRatios(ratios []float64, goal float64) string {
 
 // formatMachineRatio compares the whole machine's CPU per request under c
 // with the baseline b's: the throughput ratio the run would show if the
-// cores were saturated throughout, which neighbours on a VM, and idle
-// moments, do not move. Empty when either is unmeasured.
+// cores were saturated throughout. Idle moments do not move it, and the
+// hypervisor's steal far less than req/s (a busy neighbour still cools the
+// caches). For information: not the goal's measure. Empty when either is
+// unmeasured.
 func formatMachineRatio(c, b *cell) string {
 	cm, bm := c.machineCPU.perRequest(), b.machineCPU.perRequest()
 	if cm <= 0 || bm <= 0 {
 		return ""
 	}
-	return fmt.Sprintf("; per CPU-second of the whole machine %.2f× (%s per request against %s)",
+	return fmt.Sprintf("; by the whole machine's CPU per request (driver and upstream included; not the goal's measure) %.2f×: %s against the baseline's %s",
 		float64(bm)/float64(cm), formatCPU(cm), formatCPU(bm))
 }
 
