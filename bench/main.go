@@ -290,16 +290,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 		cpuNote := ""
 		if cpuAfter, ok := t.cpu(); ok && cpuOK && rr.sent > 0 {
 			res.cell(w, t.name).cpu.add(cpuAfter-cpuBefore, rr.sent)
-			cpuNote = fmt.Sprintf("  cpu %4.0f µs/req", float64(cpuAfter-cpuBefore)/float64(time.Microsecond)/float64(rr.sent))
+			cpuNote = fmt.Sprintf("  cpu %4.0f µs/req", microsPerRequest(cpuAfter-cpuBefore, rr.sent))
 		}
 		if storeAfter, ok := t.storeCPU(); ok && storeOK && rr.sent > 0 {
 			res.cell(w, t.name).storeCPU.add(storeAfter-storeBefore, rr.sent)
-			cpuNote += fmt.Sprintf(" (redis-server %3.0f)", float64(storeAfter-storeBefore)/float64(time.Microsecond)/float64(rr.sent))
+			cpuNote += fmt.Sprintf(" (redis-server %3.0f)", microsPerRequest(storeAfter-storeBefore, rr.sent))
 		}
 		if hostAfter, err := hostCPU(); err == nil && hostErr == nil {
 			if busy, ok := hostAfter.busySince(hostBefore); ok && rr.sent > 0 {
 				res.cell(w, t.name).machineCPU.add(busy, rr.sent)
-				cpuNote += fmt.Sprintf("  machine %4.0f µs/req", float64(busy)/float64(time.Microsecond)/float64(rr.sent))
+				cpuNote += fmt.Sprintf("  machine %4.0f µs/req", microsPerRequest(busy, rr.sent))
 			}
 			share := hostAfter.stealSince(hostBefore)
 			steal.add(r+1, w, t.label, share)
@@ -429,4 +429,10 @@ func validGOGC(v string) bool {
 	}
 	n, err := strconv.Atoi(v)
 	return err == nil && n >= 0
+}
+
+// microsPerRequest returns d spread over requests, in µs, for a round's
+// line on stderr.
+func microsPerRequest(d time.Duration, requests int) float64 {
+	return float64(d) / float64(time.Microsecond) / float64(requests)
 }
