@@ -32,7 +32,8 @@ import (
 // failedRecordMax apart: an outage adds one store error per try, not one
 // per forward. After a failed try it pings the store: when the store
 // answers the ping, the failure is the key's own (a corrupt record, a
-// value Redis holds under another type), and a record whose key fails
+// value Redis holds under another type; a Redis refusing every write fails
+// its ping, see redisstore's write probe), and a record whose key fails
 // maxKeyFailures times so is given up, so one bad key neither holds the
 // queue nor keeps store errors rising for a whole window. The queue holds
 // at most maxFailOpenRecords, and at most maxFailOpenBytes of keys and

@@ -10,3 +10,9 @@ func (s *Store) OpenPipelines() []string {
 	s.nodes.awaitCloses()
 	return s.nodes.open()
 }
+
+// KeySlot and SlotTag export keySlot and slotTag to the tests.
+var (
+	KeySlot = keySlot
+	SlotTag = slotTag
+)

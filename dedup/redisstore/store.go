@@ -273,13 +273,21 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	}
 	if !s.scriptOnly.Load() && !s.held.has(c.key) {
 		res, ok, err := s.claimFast(ctx, c)
-		if err != nil {
+		switch {
+		case err != nil && !writeRefused(err):
 			s.undoIfUnclear(c, err)
 			return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
-		}
-		if ok {
+		case ok:
 			return s.claimed(ctx, c, res)
 		}
+		// Otherwise claim.lua decides, and when Redis refused the SET NX
+		// GET as a write it will not take now (see writeRefused): the
+		// script reads the record before it writes, so it still answers a
+		// processed key as a duplicate, a held lease as in flight and a
+		// fingerprint conflict, and fails with the same refusal only where
+		// the claim needs a write. Without it, every copy of an event
+		// already processed would fail its claim, and a route failing
+		// open would forward it again.
 	}
 	res, err := s.claimScript(ctx, c)
 	if err != nil {
@@ -287,6 +295,18 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	return s.claimed(ctx, c, res)
+}
+
+// writeRefused reports whether err is Redis refusing a write it did not
+// run while it still serves reads: OOM (used memory above maxmemory, under
+// noeviction or with nothing left to evict), READONLY (a replica, or a
+// master being demoted), MISCONF (an RDB save failed, with
+// stop-writes-on-bgsave-error) or NOREPLICAS (fewer replicas than
+// min-replicas-to-write). A claim then still answers from the record a key
+// holds, and Ping fails until Redis takes writes again.
+func writeRefused(err error) bool {
+	return redis.IsOOMError(err) || redis.IsReadOnlyError(err) ||
+		redis.HasErrorPrefix(err, "MISCONF ") || redis.IsNoReplicasError(err)
 }
 
 // undoIfUnclear undoes c in the background when its claim failed in a way
@@ -628,7 +648,9 @@ func (s *Store) forgetOnce(ctx context.Context, rk string, now int64, opts dedup
 // on every Cluster master (a Cluster with one master down cannot serve part of
 // the keys, so it is not ready), and on a Cluster also CLUSTER INFO, which
 // must report cluster_state:ok (see clusterServes; a user not allowed the
-// command skips that check). It does not check replicas (see
+// command skips that check). Then the write probe (see writeProbe): a
+// master that answers but refuses writes (OOM, READONLY, MISCONF,
+// NOREPLICAS) fails the ping too, as claims of new keys fail on it. It does not check replicas (see
 // CheckCommands): they are shared by every gateway, so a readiness that
 // failed with them would take every pod out of service at once, though
 // duplicates are still answered.
@@ -650,6 +672,9 @@ func (s *Store) Ping(ctx context.Context) error {
 		// The sentinels answered, but not with a master: they know none by
 		// that name (see isNil).
 		return fmt.Errorf("redisstore: ping: no sentinel knows a master named %q (check master_name): %w", s.masterName, err)
+	}
+	if err == nil {
+		err = s.writeProbe(ctx)
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
@@ -894,9 +919,9 @@ func (s *Store) worstOfMasters(ctx context.Context, op string, read func(context
 	return worst, nil
 }
 
-// probeNamespace is the namespace of CheckCommands' probe keys: not a
-// route's (route namespaces name no "dedupgw:" part), under the Store's
-// key prefix like every key it writes.
+// probeNamespace is the namespace of CheckCommands' probe keys and of
+// Ping's write probe: not a route's (route namespaces name no "dedupgw:"
+// part), under the Store's key prefix like every key it writes.
 const probeNamespace = "dedupgw-start-up-probe"
 
 // CheckCommands runs every operation the Store sends Redis on a probe key
