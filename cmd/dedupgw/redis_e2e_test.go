@@ -460,6 +460,68 @@ func TestRedisOutageAndRecovery(t *testing.T) {
 	}
 }
 
+// TestRedisRefusesWrites runs a gateway against a Redis that answers but
+// refuses writes (maxmemory reached, under noeviction): /readyz turns 503,
+// a copy of an event Redis holds as processed is still answered as a
+// duplicate, a new event fails open, and its fail-open record is kept
+// (not given up as a bad key) until Redis takes writes again, then lands.
+func TestRedisRefusesWrites(t *testing.T) {
+	srv := startRedis(t)
+	u := newUpstream(t)
+	g := startGateway(t, redisConfig(t, u.URL, redisStore{addrs: []string{srv.Addr()}}))
+	orders := g.url("/hooks/orders")
+	ctx := context.Background()
+	claimErrors := func() float64 {
+		return metricSum(t, g, "dedupgw_store_errors_total", map[string]string{"backend": "redis", "op": "claim"})
+	}
+
+	wantAnswer(t, "before", deliver(t, orders, "evt_before", "{}"), 200, "forwarded")
+	if err := srv.Client().ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var last int
+	eventually(t, 10*time.Second, func() bool { last = readyStatus(g); return last == 503 },
+		func() string { return fmt.Sprintf("/readyz 503 while Redis refuses writes; last %d", last) })
+
+	wantAnswer(t, "a copy of a processed event", deliver(t, orders, "evt_before", "{}"), 200, "duplicate")
+	wantHits(t, u, "evt_before", 1)
+	before := claimErrors()
+	wantAnswer(t, "a new event", deliver(t, orders, "evt_new", "{}"), 200, "store-error")
+	wantHits(t, u, "evt_new", 1)
+	// The fail-open record's tries fail too; more than the three after
+	// which a key failing while the store answered its ping was given up.
+	var errs float64
+	eventually(t, 20*time.Second, func() bool { errs = claimErrors() - before; return errs >= 5 },
+		func() string {
+			return fmt.Sprintf("claim errors: got %v, want the forward's and four record tries", errs)
+		})
+
+	if err := srv.Client().ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() bool { last = readyStatus(g); return last == 200 },
+		func() string { return fmt.Sprintf("/readyz 200 once Redis takes writes; last %d", last) })
+	var state string
+	eventually(t, 20*time.Second, func() bool {
+		resp, err := client.Get(g.adminURL("/v1/keys/orders/evt_new"))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var rec struct {
+			State string `json:"state"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&rec)
+		state = rec.State
+		return state == "processed"
+	}, func() string { return fmt.Sprintf("the fail-open forward recorded as processed; state %q", state) })
+	wantAnswer(t, "the new event once recorded", deliver(t, orders, "evt_new", "{}"), 200, "duplicate")
+	wantHits(t, u, "evt_new", 1)
+	if logs := g.logs(); strings.Contains(logs, "fail-open forward not recorded") {
+		t.Errorf("gateway log: got a fail-open forward given up, want it kept until Redis took writes:\n%s", logs)
+	}
+}
+
 // TestRedisInFlightWaitAcrossReplicas holds the first delivery (at replica
 // A) in the upstream while a duplicate waits at replica B (on_in_flight:
 // wait): B answers only after A's attempt ended, as a duplicate when it
