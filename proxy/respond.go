@@ -38,13 +38,14 @@ const (
 	statusStoreError = "store-error"
 )
 
-// problemTypePrefix prefixes the type URI of every problem the gateway writes.
-const problemTypePrefix = "urn:dedupgw:problem:"
+// ProblemTypePrefix prefixes the type URI of every problem the gateway
+// writes, on its webhook listener and its admin API.
+const ProblemTypePrefix = "urn:dedupgw:problem:"
 
 // ProblemTypeNoRoute is the type of the problem the webhook listener
 // answers a path no route takes with. The admin API never sends it, so a
 // client of the admin API can tell it was pointed at the wrong listener.
-const ProblemTypeNoRoute = problemTypePrefix + "no-route"
+const ProblemTypeNoRoute = ProblemTypePrefix + "no-route"
 
 // problem is an RFC 9457 problem details object.
 type problem struct {
@@ -60,29 +61,29 @@ type problem struct {
 
 // The problems the gateway answers with. Each kind has a fixed status and title.
 var (
-	probBadQuery       = problem{Type: problemTypePrefix + "invalid-query", Title: "Query parameter not understood", Status: http.StatusBadRequest}
-	probBadPath        = problem{Type: problemTypePrefix + "invalid-path", Title: "Request path not in canonical form", Status: http.StatusBadRequest}
+	probBadQuery       = problem{Type: ProblemTypePrefix + "invalid-query", Title: "Query parameter not understood", Status: http.StatusBadRequest}
+	probBadPath        = problem{Type: ProblemTypePrefix + "invalid-path", Title: "Request path not in canonical form", Status: http.StatusBadRequest}
 	probNoRoute        = problem{Type: ProblemTypeNoRoute, Title: "No route for this path", Status: http.StatusNotFound}
-	probMethod         = problem{Type: problemTypePrefix + "method-not-allowed", Title: "Method not allowed", Status: http.StatusMethodNotAllowed}
-	probBodyTooLarge   = problem{Type: problemTypePrefix + "body-too-large", Title: "Request body too large", Status: http.StatusRequestEntityTooLarge}
-	probBodyTimeout    = problem{Type: problemTypePrefix + "body-timeout", Title: "Request body not received in time", Status: http.StatusRequestTimeout}
-	probBodyUnread     = problem{Type: problemTypePrefix + "body-unreadable", Title: "Request body could not be read", Status: http.StatusBadRequest}
-	probSignature      = problem{Type: problemTypePrefix + "invalid-signature", Title: "Signature missing, invalid or stale", Status: http.StatusUnauthorized}
-	probMissingKey     = problem{Type: problemTypePrefix + "missing-key", Title: "Deduplication key missing or invalid", Status: http.StatusBadRequest}
-	probKeyReused      = problem{Type: problemTypePrefix + "key-reused", Title: "Deduplication key reused with a different payload", Status: http.StatusUnprocessableEntity}
-	probInFlight       = problem{Type: problemTypePrefix + "in-flight", Title: "A delivery with this key is being processed", Status: http.StatusConflict}
-	probStateChanged   = problem{Type: problemTypePrefix + "state-changed", Title: "The key is not in the state the request names", Status: http.StatusConflict}
-	probStoreError     = problem{Type: problemTypePrefix + "store-unavailable", Title: "Dedup store unavailable", Status: http.StatusServiceUnavailable}
-	probBadGateway     = problem{Type: problemTypePrefix + "upstream-unreachable", Title: "Upstream unreachable", Status: http.StatusBadGateway}
-	probTimeout        = problem{Type: problemTypePrefix + "upstream-timeout", Title: "Upstream timed out", Status: http.StatusGatewayTimeout}
-	probShuttingDown   = problem{Type: problemTypePrefix + "shutting-down", Title: "Gateway shutting down", Status: http.StatusServiceUnavailable}
-	probKeyNotFound    = problem{Type: problemTypePrefix + "key-not-found", Title: "Key not found", Status: http.StatusNotFound}
-	probNotFound       = problem{Type: problemTypePrefix + "not-found", Title: "Not found", Status: http.StatusNotFound}
-	probUnknownRoute   = problem{Type: problemTypePrefix + "unknown-route", Title: "Unknown route", Status: http.StatusNotFound}
-	probHostNotAllowed = problem{Type: problemTypePrefix + "host-not-allowed", Title: "Host not allowed", Status: http.StatusForbidden}
-	probUnauthorized   = problem{Type: problemTypePrefix + "unauthorized", Title: "Missing or wrong bearer token", Status: http.StatusUnauthorized}
-	probDraining       = problem{Type: problemTypePrefix + "draining", Title: "Gateway draining", Status: http.StatusServiceUnavailable, Detail: "the gateway is shutting down"}
-	probNotReady       = problem{Type: problemTypePrefix + "not-ready", Title: "Dedup store unreachable", Status: http.StatusServiceUnavailable}
+	probMethod         = problem{Type: ProblemTypePrefix + "method-not-allowed", Title: "Method not allowed", Status: http.StatusMethodNotAllowed}
+	probBodyTooLarge   = problem{Type: ProblemTypePrefix + "body-too-large", Title: "Request body too large", Status: http.StatusRequestEntityTooLarge}
+	probBodyTimeout    = problem{Type: ProblemTypePrefix + "body-timeout", Title: "Request body not received in time", Status: http.StatusRequestTimeout}
+	probBodyUnread     = problem{Type: ProblemTypePrefix + "body-unreadable", Title: "Request body could not be read", Status: http.StatusBadRequest}
+	probSignature      = problem{Type: ProblemTypePrefix + "invalid-signature", Title: "Signature missing, invalid or stale", Status: http.StatusUnauthorized}
+	probMissingKey     = problem{Type: ProblemTypePrefix + "missing-key", Title: "Deduplication key missing or invalid", Status: http.StatusBadRequest}
+	probKeyReused      = problem{Type: ProblemTypePrefix + "key-reused", Title: "Deduplication key reused with a different payload", Status: http.StatusUnprocessableEntity}
+	probInFlight       = problem{Type: ProblemTypePrefix + "in-flight", Title: "A delivery with this key is being processed", Status: http.StatusConflict}
+	probStateChanged   = problem{Type: ProblemTypePrefix + "state-changed", Title: "The key is not in the state the request names", Status: http.StatusConflict}
+	probStoreError     = problem{Type: ProblemTypePrefix + "store-unavailable", Title: "Dedup store unavailable", Status: http.StatusServiceUnavailable}
+	probBadGateway     = problem{Type: ProblemTypePrefix + "upstream-unreachable", Title: "Upstream unreachable", Status: http.StatusBadGateway}
+	probTimeout        = problem{Type: ProblemTypePrefix + "upstream-timeout", Title: "Upstream timed out", Status: http.StatusGatewayTimeout}
+	probShuttingDown   = problem{Type: ProblemTypePrefix + "shutting-down", Title: "Gateway shutting down", Status: http.StatusServiceUnavailable}
+	probKeyNotFound    = problem{Type: ProblemTypePrefix + "key-not-found", Title: "Key not found", Status: http.StatusNotFound}
+	probNotFound       = problem{Type: ProblemTypePrefix + "not-found", Title: "Not found", Status: http.StatusNotFound}
+	probUnknownRoute   = problem{Type: ProblemTypePrefix + "unknown-route", Title: "Unknown route", Status: http.StatusNotFound}
+	probHostNotAllowed = problem{Type: ProblemTypePrefix + "host-not-allowed", Title: "Host not allowed", Status: http.StatusForbidden}
+	probUnauthorized   = problem{Type: ProblemTypePrefix + "unauthorized", Title: "Missing or wrong bearer token", Status: http.StatusUnauthorized}
+	probDraining       = problem{Type: ProblemTypePrefix + "draining", Title: "Gateway draining", Status: http.StatusServiceUnavailable, Detail: "the gateway is shutting down"}
+	probNotReady       = problem{Type: ProblemTypePrefix + "not-ready", Title: "Dedup store unreachable", Status: http.StatusServiceUnavailable}
 )
 
 // retryLaterSeconds is the Retry-After of store errors and shutdown answers.

@@ -109,7 +109,21 @@ func adminCall(method, target string, limit int64) (int, []byte, error) {
 	if webhookListener(resp.Header, body) {
 		return 0, nil, fmt.Errorf("%s answered as the gateway's webhook listener, not its admin API: point --admin (or %s) at admin.listen, by default http://127.0.0.1:9090", target, envAdminURL)
 	}
+	if resp.StatusCode >= 400 && !gatewayProblem(body) {
+		return 0, nil, fmt.Errorf("%s answered %d %s, but not as dedupgw's admin API (whose errors are problem documents of type %s…): is --admin (or %s) the gateway's admin.listen, by default http://127.0.0.1:9090?",
+			target, resp.StatusCode, http.StatusText(resp.StatusCode), proxy.ProblemTypePrefix, envAdminURL)
+	}
 	return resp.StatusCode, body, nil
+}
+
+// gatewayProblem reports whether body is a problem document the gateway
+// wrote: every error of its admin API is one, so another server's 404 (an
+// application's, at a wrong --admin) is not taken for "key not found".
+func gatewayProblem(body []byte) bool {
+	var p struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(body, &p) == nil && strings.HasPrefix(p.Type, proxy.ProblemTypePrefix)
 }
 
 // adminToken returns DEDUPGW_ADMIN_TOKEN without the white space around it:

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -307,6 +308,45 @@ func TestWebhookListener(t *testing.T) {
 	}
 }
 
+// TestAdminCallTellsAnotherServer: an error answer that is not one of the
+// gateway's problem documents (an application's 404, at a wrong --admin) is
+// an error naming the likely mistake, not "key not found"; the gateway's own
+// problems are passed on.
+func TestAdminCallTellsAnotherServer(t *testing.T) {
+	tests := []struct {
+		name    string
+		status  int
+		body    string
+		wantErr bool
+	}{
+		{"an application's 404", 404, "Not Found", true},
+		{"an application's JSON 404", 404, `{"error":"not found"}`, true},
+		{"a proxy's 502", 502, "<html>Bad Gateway</html>", true},
+		{"the gateway's key not found", 404, `{"type":"urn:dedupgw:problem:key-not-found","status":404}`, false},
+		{"the gateway's store error", 503, `{"type":"urn:dedupgw:problem:store-unavailable","status":503}`, false},
+		{"an application's 200", 200, "ok", false}, // an answer, read as such by the caller
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.WriteHeader(tt.status)
+				_, _ = io.WriteString(w, tt.body)
+			}))
+			defer srv.Close()
+			code, _, err := adminCall(http.MethodGet, srv.URL+"/v1/keys/r/k", 1<<10)
+			if tt.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "not as dedupgw's admin API") {
+					t.Errorf("got (%d, %v), want an error saying the answer is not the admin API's", code, err)
+				}
+				return
+			}
+			if err != nil || code != tt.status {
+				t.Errorf("got (%d, %v), want (%d, nil)", code, err, tt.status)
+			}
+		})
+	}
+}
+
 // TestAdminCallTrimsTheToken: DEDUPGW_ADMIN_TOKEN read from a file or a
 // Secret often ends in a newline; it is sent without it, rather than
 // failing with "invalid header field value".
@@ -314,7 +354,9 @@ func TestAdminCallTrimsTheToken(t *testing.T) {
 	got := make(chan string, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got <- r.Header.Get("Authorization")
+		w.Header().Set("Content-Type", "application/problem+json")
 		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"type":"urn:dedupgw:problem:key-not-found","status":404}`)
 	}))
 	defer srv.Close()
 	t.Setenv("DEDUPGW_ADMIN_TOKEN", " tok\r\n")
