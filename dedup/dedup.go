@@ -299,7 +299,10 @@ type Store interface {
 	// while Next is not empty. A Cursor the store did not hand out fails
 	// with an error wrapping ErrBadCursor.
 	List(ctx context.Context, namespace string, opts ListOptions) (ListPage, error)
-	// Ping reports whether the backend is reachable (readiness).
+	// Ping reports whether the backend is reachable and would record a
+	// claim (readiness): an error when it cannot be reached, and when it
+	// answers but refuses writes (a full disk, a Redis at maxmemory or
+	// read-only), as claims of new keys then fail.
 	Ping(ctx context.Context) error
 	// Close releases resources and stops background goroutines.
 	Close() error
