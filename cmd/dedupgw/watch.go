@@ -167,20 +167,24 @@ func (w *fileWatch) Follow(files map[string]fileState) {
 }
 
 // Saw records the states a load read (whether the configuration it loaded
-// is in force or not) for the files followed, so a change that a reload
-// already tried (a SIGHUP's) is not reported again.
+// is in force or not), so a change that a reload already tried (a
+// SIGHUP's) is not reported again. A file not followed yet is followed
+// from now on, until the next Follow: a rejected configuration may name a
+// file that is not there yet (a Secret volume that updates after the
+// ConfigMap naming it), and its arrival must try the reload again.
 func (w *fileWatch) Saw(files map[string]fileState) {
 	if w == nil {
 		return
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.seen == nil {
+		w.seen = make(map[string]fileState, len(files))
+	}
 	for p, st := range files {
-		if _, ok := w.seen[p]; ok {
-			w.seen[p] = st
-			delete(w.unsettled, p)
-			w.pending = slices.DeleteFunc(w.pending, func(q string) bool { return q == p })
-		}
+		w.seen[p] = st
+		delete(w.unsettled, p)
+		w.pending = slices.DeleteFunc(w.pending, func(q string) bool { return q == p })
 	}
 	w.gen++
 }

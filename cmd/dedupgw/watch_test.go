@@ -25,7 +25,7 @@ import (
 // TestFileWatchPoll checks what two reads of the followed files report:
 // a change of content, once, at the second read; not a rewrite with the same content; a file
 // gone; nothing a reload already read (Saw); nothing outside the files
-// followed.
+// followed; a file a reload read (Saw), until the next Follow.
 func TestFileWatchPoll(t *testing.T) {
 	dir := t.TempDir()
 	a := writeFile(t, dir, "a", "one")
@@ -89,8 +89,18 @@ func TestFileWatchPoll(t *testing.T) {
 			t.Errorf("%s: changed files: got %q, want %q", st.name, got, st.take)
 		}
 	}
-	if _, ok := w.seen[filepath.Join(dir, "c")]; ok {
-		t.Errorf("Saw: got c followed, want only the files Follow named")
+	// A file a load read is followed until the next Follow, though no
+	// configuration in force names it (a rejected one did).
+	c := filepath.Join(dir, "c")
+	writeFileAtomic(t, c, "y")
+	w.poll()
+	w.poll()
+	if got := w.Take(); !slices.Equal(got, []string{c}) {
+		t.Errorf("a file only a load read, changed: got %q, want %q", got, []string{c})
+	}
+	w.Follow(map[string]fileState{a: fileStateOf(a), b: fileStateOf(b)})
+	if _, ok := w.seen[c]; ok {
+		t.Errorf("Follow: got c still followed, want only the files Follow named")
 	}
 }
 
@@ -565,6 +575,44 @@ func TestReloadFollowsNewlyReferencedFiles(t *testing.T) {
 	if err := p.stop(); err != nil {
 		t.Errorf("run: got %v, want nil", err)
 	}
+}
+
+// TestRejectedReloadFollowsTheFilesItNamed: a config that names a file not
+// there yet (a Secret volume updated after the ConfigMap naming it) is
+// rejected, and tried again, and applied, once the file arrives, without
+// a SIGHUP.
+func TestRejectedReloadFollowsTheFilesItNamed(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	defer up.Close()
+	dir := t.TempDir()
+	writeFile(t, dir, "secret", "first\n")
+	cfg := fileSecretConfig(t, dir, up.URL, "")
+	text, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startInProcessWith(t, cfg, func(s *server) { s.watchInterval = 5 * time.Millisecond })
+
+	writeFileAtomic(t, cfg, strings.Replace(string(text), "${file:secret}", "${file:later}", 1))
+	p.waitLog("config reload rejected: keeping the running config", 1)
+	if got := p.deliverGitHub(1, "first"); got != http.StatusOK {
+		t.Errorf("delivery signed with the running secret after the rejected reload: got %d, want 200", got)
+	}
+	writeFileAtomic(t, filepath.Join(dir, "later"), "second\n")
+	p.waitLog("config reloaded", 1)
+	if got := p.deliverGitHub(2, "second"); got != http.StatusOK {
+		t.Errorf("delivery signed with the arrived file's secret: got %d, want 200", got)
+	}
+	if got := p.logs.FilterMessage("config reload rejected: keeping the running config").Len(); got != 1 {
+		t.Errorf("rejected reloads: got %d, want 1", got)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+	noSecretsLogged(t, p.logs, "first", "second")
 }
 
 // TestFileWatchFollowDropsPending: changes reported but not yet taken when
