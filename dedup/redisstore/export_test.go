@@ -11,8 +11,10 @@ func (s *Store) OpenPipelines() []string {
 	return s.nodes.open()
 }
 
-// KeySlot and SlotTag export keySlot and slotTag to the tests.
+// KeySlot, HashSlot and SlotTag export keySlot, hashSlot and slotTag to
+// the tests.
 var (
-	KeySlot = keySlot
-	SlotTag = slotTag
+	KeySlot  = keySlot
+	HashSlot = hashSlot
+	SlotTag  = slotTag
 )

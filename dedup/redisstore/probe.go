@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -18,46 +20,124 @@ import (
 // (a route failing open forwards them without deduplication, one that
 // rejects answers 503) although the store looks up. So Ping also sends
 //
-//	SET <prefix>dedupgw-start-up-probe:ping{} "" XX
+//	SET <prefix>dedupgw-start-up-probe:ping{…} "" XX
 //
-// to every master: Redis checks it as any write, and, the key being
-// absent, it writes nothing (no memory, no replication, no AOF). No
-// event's key holds a "{" (see redisKey), so the probe's is never one. On
-// a Cluster it sends one per slot range, each key's braces holding a hash
-// tag of that range's first slot (see slotTag), so that every master is
-// asked.
+// to every master that holds keys of the Store: Redis checks it as any
+// write, and, the key being absent, it writes nothing (no memory, no
+// replication, no AOF). No event's key holds a "{" (see redisKey), so the
+// probe's is never one. On a Cluster the braces hold a tag that puts the
+// key in a slot of that master (see probeKeys).
+
+// probeTimeout bounds the write probe. A master whose writes are paused
+// (CLIENT PAUSE WRITE, during a manual failover) holds the probe as it
+// holds claims, for as long as the pause; that is not a refusal, and
+// must not take the ping's whole budget (the readiness probe's is 2s).
+const probeTimeout = 500 * time.Millisecond
 
 // writeProbe sends the write probe (above) and returns a refusal: an
 // error when a master refused it as a write (see writeRefused), nil
 // otherwise. Other failures are left to the PING that goes before it: a
 // user whose ACL does not allow the probe (NOPERM), a single-node store
 // given one node of a Cluster (MOVED, warned about at start-up), a Cluster
-// slot map that could not be read, a connection lost in between.
+// slot map that could not be read, a probe that timed out, a connection
+// lost in between.
 func (s *Store) writeProbe(ctx context.Context) error {
-	base := s.prefix + probeNamespace + ":ping"
-	keys := []string{base + "{}"}
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		slots, err := cc.ClusterSlots(ctx).Result()
-		if err != nil {
-			return nil
-		}
-		keys = keys[:0]
-		for _, r := range slots {
-			keys = append(keys, base+"{"+slotTag(r.Start)+"}")
-		}
-	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	keys := s.probeKeys(ctx)
 	cmds, _ := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, k := range keys {
-			p.SetArgs(ctx, k, "", redis.SetArgs{Mode: "XX"})
+			p.SetArgs(ctx, k, "", redis.SetArgs{Mode: "XX", KeepTTL: true})
 		}
 		return nil
 	})
 	for _, c := range cmds {
 		if err := c.Err(); writeRefused(err) {
-			return fmt.Errorf("Redis answers but refuses writes, so claims of new keys fail (copies of processed keys are still answered): %w", err)
+			return fmt.Errorf("Redis answers but refuses writes, so claims of new keys fail (copies of keys it holds as processed or in flight are still answered): %w", err)
 		}
 	}
 	return nil
+}
+
+// probeKeys returns the write probe's keys: one, unless the Store runs on
+// a Cluster and its key prefix leaves the slot to the rest of the key; then
+// one in a slot of each master, from CLUSTER SLOTS (none when that fails:
+// PING has the say).
+func (s *Store) probeKeys(ctx context.Context) []string {
+	base := s.prefix + probeNamespace + ":ping"
+	cc, ok := s.client.(*redis.ClusterClient)
+	if !ok || hasTag(s.prefix) {
+		// A prefix with a hash tag puts every key of the Store, this one
+		// too, in the one slot it names: its master is the one to ask.
+		return []string{base + "{}"}
+	}
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		return nil
+	}
+	var keys []string
+	asked := make(map[string]bool)
+	for _, r := range slots {
+		if len(r.Nodes) == 0 || asked[r.Nodes[0].Addr] {
+			continue
+		}
+		if k, ok := s.probeKey(base, r.Start); ok {
+			asked[r.Nodes[0].Addr] = true
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// probeKey returns a probe key, base + "{…}", in slot, and true; false when
+// none was found (a prefix whose braces Redis reads otherwise, searched in
+// vain).
+func (s *Store) probeKey(base string, slot int) (string, bool) {
+	if k := base + "{" + slotTag(slot) + "}"; hashSlot(k) == slot {
+		return k, true // the usual case: the braces are the key's tag
+	}
+	// The prefix holds a "{" that is no tag ("x{}:"): Redis hashes more
+	// than the braces. Search for a key in slot, once per slot.
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	if k, ok := s.probeFound[slot]; ok {
+		return k, k != ""
+	}
+	if s.probeFound == nil {
+		s.probeFound = make(map[int]string)
+	}
+	for i := range 1 << 20 {
+		if k := base + "{" + strconv.Itoa(i) + "}"; hashSlot(k) == slot {
+			s.probeFound[slot] = k
+			return k, true
+		}
+	}
+	s.probeFound[slot] = ""
+	return "", false
+}
+
+// hasTag reports whether a key beginning with prefix takes its hash slot
+// from a tag inside prefix: a "{" followed, later in prefix, by a "}" with
+// something between them.
+func hasTag(prefix string) bool {
+	open := strings.IndexByte(prefix, '{')
+	if open < 0 {
+		return false
+	}
+	end := strings.IndexByte(prefix[open+1:], '}')
+	return end > 0
+}
+
+// hashSlot is the Cluster hash slot of key, as Redis computes it: keySlot
+// of the part between the first "{" and the first "}" after it when that
+// part is not empty, else of the whole key.
+func hashSlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
+			return keySlot(key[open+1 : open+1+end])
+		}
+	}
+	return keySlot(key)
 }
 
 // clusterSlots is the number of hash slots of a Redis Cluster.
@@ -75,7 +155,8 @@ var slotTags struct {
 // slotTag returns a hash tag (the decimal form of a number) whose key slot
 // is slot: a key holding "{" + slotTag(n) + "}" (and no "{" before it) is
 // in slot n. Numbers are tried in order, once in the process's life, each
-// found tag kept: all 16384 are known after some 170,000 tries.
+// found tag kept: all 16384 are known after some 110,000 tries (about
+// 20ms).
 func slotTag(slot int) string {
 	slotTags.mu.Lock()
 	defer slotTags.mu.Unlock()

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,9 +64,15 @@ var refusals = []struct {
 func TestRefusedWrites(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client()
-	dead := redistest.Start(t)
-	deadPort := dead.Port()
-	dead.Stop() // a master that is never there: the replica keeps its data
+	// The master a node turned replica is pointed at: a port held open
+	// that never answers, so no redis-server another test starts can take
+	// it and make the replica sync (and drop its data).
+	never, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = never.Close() })
+	deadPort := never.Addr().(*net.TCPAddr).Port
 	ctx := context.Background()
 	for _, tt := range refusals {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,10 +88,7 @@ func TestRefusedWrites(t *testing.T) {
 			if res, err := s.Claim(ctx, held, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.Claimed {
 				t.Fatalf("Claim(held): got (%v, %v), want (claimed, nil)", res.Outcome, err)
 			}
-			before, err := admin.DBSize(ctx).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
+			before := dirty(t, admin)
 
 			if err := tt.set(ctx, admin, deadPort); err != nil {
 				t.Fatal(err)
@@ -123,8 +127,8 @@ func TestRefusedWrites(t *testing.T) {
 			if err := s.Ping(ctx); err != nil {
 				t.Errorf("Ping once Redis takes writes again: got %v, want nil", err)
 			}
-			if after, err := admin.DBSize(ctx).Result(); err != nil || after != before {
-				t.Errorf("keys after the probes: got (%d, %v), want %d: the probe must write nothing", after, err, before)
+			if after := dirty(t, admin); after != before {
+				t.Errorf("rdb_changes_since_last_save after the probes: got %d, want %d: the probe must write nothing", after, before)
 			}
 			if res, err := s.Claim(ctx, dedup.Key{Namespace: ns, ID: "evt_new"}, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.Claimed {
 				t.Errorf("Claim(new key) once Redis takes writes again: got (%v, %v), want (claimed, nil)", res.Outcome, err)
@@ -134,42 +138,88 @@ func TestRefusedWrites(t *testing.T) {
 }
 
 // TestRefusedWritesCluster: on a Cluster, Ping's write probe reaches every
-// master, so one master at maxmemory fails it, whichever it is.
+// master that holds keys of the Store, so one of them at maxmemory fails
+// it, whichever it is, also when the key prefix holds braces; with a hash
+// tag in the prefix only the master of that slot holds keys.
 func TestRefusedWritesCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
-	s := newStore(t, redisstore.Config{Addrs: cl.Addrs()}, nil)
 	ctx := context.Background()
-	if err := s.Ping(ctx); err != nil {
-		t.Fatalf("Ping: got %v, want nil", err)
+	tagSlot := redisstore.HashSlot("{dgw}")
+	tagMaster, err := redistest.MasterOf(ctx, cl.Addrs()[0], tagSlot)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i, node := range cl.Nodes {
-		c := node.Client()
-		if err := c.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
-			t.Fatal(err)
-		}
-		err := s.Ping(ctx)
-		if err == nil || !strings.Contains(err.Error(), "OOM") {
-			t.Errorf("Ping with master %d at maxmemory: got %v, want an OOM refusal", i, err)
-		}
-		if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
-			t.Fatal(err)
-		}
+	for _, prefix := range []string{"dedupgw:", "x{}:", "x{:", "{dgw}:"} {
+		s := newStore(t, redisstore.Config{Addrs: cl.Addrs(), KeyPrefix: prefix}, nil)
 		if err := s.Ping(ctx); err != nil {
-			t.Errorf("Ping with master %d back: got %v, want nil", i, err)
+			t.Fatalf("prefix %q: Ping: got %v, want nil", prefix, err)
+		}
+		for i, node := range cl.Nodes {
+			holds := prefix != "{dgw}:" || node.Addr() == tagMaster
+			c := node.Client()
+			if err := c.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			err := s.Ping(ctx)
+			if refused := err != nil && strings.Contains(err.Error(), "OOM"); refused != holds {
+				t.Errorf("prefix %q, master %d at maxmemory (holds keys: %v): got Ping %v", prefix, i, holds, err)
+			}
+			if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Ping(ctx); err != nil {
+				t.Errorf("prefix %q, master %d back: got Ping %v, want nil", prefix, i, err)
+			}
 		}
 	}
 }
 
+// dirty returns the server's count of writes since its last save.
+func dirty(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "persistence").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "rdb_changes_since_last_save:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO persistence: no rdb_changes_since_last_save in %q", info)
+	return 0
+}
+
 // TestSlotTag: keySlot is Redis's CRC16 (the XMODEM check value of
-// "123456789" is 0x31C3) and the slot CLUSTER KEYSLOT gives; and each
-// slotTag(n) is a hash tag in slot n.
+// "123456789" is 0x31C3), hashSlot follows Redis's hash-tag rule as
+// CLUSTER KEYSLOT does, and each slotTag(n) is a hash tag in slot n.
 func TestSlotTag(t *testing.T) {
 	if got, want := redisstore.KeySlot("123456789"), 0x31C3%16384; got != want {
 		t.Errorf("keySlot(%q): got %d, want %d", "123456789", got, want)
 	}
+	for _, tt := range []struct{ key, hashed string }{
+		{"dedupgw:a:b", "dedupgw:a:b"},
+		{"x{dgw}:a", "dgw"},
+		{"x{}:a{b}", "x{}:a{b}"}, // an empty tag: the whole key
+		{"x{:a}b", ":a"},
+		{"x}a{b", "x}a{b"},
+	} {
+		if got, want := redisstore.HashSlot(tt.key), redisstore.KeySlot(tt.hashed); got != want {
+			t.Errorf("hashSlot(%q): got %d, want keySlot(%q) = %d", tt.key, got, tt.hashed, want)
+		}
+	}
 	cl := redistest.StartCluster(t, 3)
 	c := cl.Nodes[0].Client()
 	ctx := context.Background()
+	for _, key := range []string{"dedupgw:a:b", "x{dgw}:a", "x{}:a{b}", "x{:a}b", "x}a{b"} {
+		if got, err := c.ClusterKeySlot(ctx, key).Result(); err != nil || got != int64(redisstore.HashSlot(key)) {
+			t.Errorf("CLUSTER KEYSLOT %s: got (%d, %v), want hashSlot's %d", key, got, err, redisstore.HashSlot(key))
+		}
+	}
 	for _, n := range []int{0, 1, 5461, 5462, 10922, 10923, 12182, 16383} {
 		tag := redisstore.SlotTag(n)
 		if got := redisstore.KeySlot(tag); got != n {

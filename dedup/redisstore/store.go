@@ -112,6 +112,10 @@ type Store struct {
 	client     redis.UniversalClient
 	ownsClient bool
 	prefix     string
+	// probeFound caches probe keys found by search (see probeKey), by
+	// slot; "" when none was.
+	probeMu    sync.Mutex
+	probeFound map[int]string
 	now        dedup.Clock
 	log        *zap.Logger
 	pipe       *pipeliner
