@@ -191,7 +191,7 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	// otherwise write a line per probe.
 	a.g.storeAnswered(n, err)
 	if err != nil {
-		writeProblem(w, probNotReady.with("", "the dedup store failed its ping (unreachable, or on bolt a disk that cannot record); the gateway's log says why"), 0)
+		writeProblem(w, probNotReady.with("", "the dedup store failed its ping (unreachable, on bolt a disk that cannot record, on Redis a master that refuses writes); the gateway's log says why"), 0)
 		return
 	}
 	writeJSON(w, http.StatusOK, "application/json", map[string]string{"status": "ready"})

@@ -83,7 +83,7 @@ var (
 	probHostNotAllowed = problem{Type: ProblemTypePrefix + "host-not-allowed", Title: "Host not allowed", Status: http.StatusForbidden}
 	probUnauthorized   = problem{Type: ProblemTypePrefix + "unauthorized", Title: "Missing or wrong bearer token", Status: http.StatusUnauthorized}
 	probDraining       = problem{Type: ProblemTypePrefix + "draining", Title: "Gateway draining", Status: http.StatusServiceUnavailable, Detail: "the gateway is shutting down"}
-	probNotReady       = problem{Type: ProblemTypePrefix + "not-ready", Title: "Dedup store unreachable", Status: http.StatusServiceUnavailable}
+	probNotReady       = problem{Type: ProblemTypePrefix + "not-ready", Title: "Dedup store not ready", Status: http.StatusServiceUnavailable}
 )
 
 // retryLaterSeconds is the Retry-After of store errors and shutdown answers.
