@@ -109,7 +109,7 @@ func adminCall(method, target string, limit int64) (int, []byte, error) {
 	if webhookListener(resp.Header, body) {
 		return 0, nil, fmt.Errorf("%s answered as the gateway's webhook listener, not its admin API: point --admin (or %s) at admin.listen, by default http://127.0.0.1:9090", target, envAdminURL)
 	}
-	if resp.StatusCode >= 400 && !gatewayProblem(body) {
+	if resp.StatusCode == http.StatusNotFound && !gatewayProblem(body) {
 		return 0, nil, fmt.Errorf("%s answered %d %s, but not as dedupgw's admin API (whose errors are problem documents of type %s…): is --admin (or %s) the gateway's admin.listen, by default http://127.0.0.1:9090?",
 			target, resp.StatusCode, http.StatusText(resp.StatusCode), proxy.ProblemTypePrefix, envAdminURL)
 	}
@@ -117,8 +117,12 @@ func adminCall(method, target string, limit int64) (int, []byte, error) {
 }
 
 // gatewayProblem reports whether body is a problem document the gateway
-// wrote: every error of its admin API is one, so another server's 404 (an
+// wrote: every 404 of its admin API is one, so another server's (an
 // application's, at a wrong --admin) is not taken for "key not found".
+// Other statuses pass as they are: they are printed with their body, and a
+// server in front of the admin API (an authenticating proxy) or net/http
+// itself (431 for a key too long for a request line) answers them in
+// plain text.
 func gatewayProblem(body []byte) bool {
 	var p struct {
 		Type string `json:"type"`

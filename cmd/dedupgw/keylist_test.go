@@ -308,10 +308,10 @@ func TestWebhookListener(t *testing.T) {
 	}
 }
 
-// TestAdminCallTellsAnotherServer: an error answer that is not one of the
-// gateway's problem documents (an application's 404, at a wrong --admin) is
-// an error naming the likely mistake, not "key not found"; the gateway's own
-// problems are passed on.
+// TestAdminCallTellsAnotherServer: a 404 that is not one of the gateway's
+// problem documents (an application's, at a wrong --admin) is an error
+// naming the likely mistake, not "key not found"; the gateway's own
+// problems, and other statuses, are passed on.
 func TestAdminCallTellsAnotherServer(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -321,7 +321,8 @@ func TestAdminCallTellsAnotherServer(t *testing.T) {
 	}{
 		{"an application's 404", 404, "Not Found", true},
 		{"an application's JSON 404", 404, `{"error":"not found"}`, true},
-		{"a proxy's 502", 502, "<html>Bad Gateway</html>", true},
+		{"a proxy's 502, passed on", 502, "<html>Bad Gateway</html>", false},
+		{"net/http's 431, passed on", 431, "431 Request Header Fields Too Large", false},
 		{"the gateway's key not found", 404, `{"type":"urn:dedupgw:problem:key-not-found","status":404}`, false},
 		{"the gateway's store error", 503, `{"type":"urn:dedupgw:problem:store-unavailable","status":503}`, false},
 		{"an application's 200", 200, "ok", false}, // an answer, read as such by the caller
