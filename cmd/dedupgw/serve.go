@@ -271,6 +271,17 @@ func (s *server) run(sigs <-chan os.Signal) error {
 	case redisstore.CredentialsRefused(err):
 		cancel()
 		return fmt.Errorf("store.redis: Redis refused the gateway's credentials or what they allow (%s): %w", credentialHint(f.Store.Redis, err), err)
+	case isRedis && redisstore.RefusesWrites(err):
+		// Redis answers, so what it says of its memory policy and
+		// persistence is worth saying now (a full Redis under a policy that
+		// evicts is the likely story); the probe of every command waits
+		// until it takes writes.
+		s.log.Warn("Redis answers but refuses writes at start-up: claims of new keys meet their routes' on_store_error policy until it takes writes (copies of keys it holds are answered)",
+			zap.Error(err))
+		warnEviction(pingCtx, rs, s.log)
+		warnPersistence(pingCtx, rs, s.log)
+		warnClusterNode(pingCtx, rs, s.log)
+		checkLater = true
 	case err != nil:
 		s.log.Warn("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers",
 			zap.String("backend", f.Store.Backend), zap.Error(err))

@@ -355,6 +355,32 @@ func TestUnreachableStoreIsReportedAtStartUp(t *testing.T) {
 	}
 }
 
+// TestRedisRefusingWritesIsReportedAtStartUp: a Redis that answers but
+// refuses writes (here at maxmemory) is not taken for an unreachable one:
+// the start-up says so, and still says what Redis's settings mean (here:
+// no persistence), which cannot wait until it takes writes again.
+func TestRedisRefusingWritesIsReportedAtStartUp(t *testing.T) {
+	srv := redistest.Start(t) // its process's waiter ends after the check below
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	if err := srv.Client().ConfigSet(context.Background(), "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := startInProcess(t, redisConfig(t, "http://127.0.0.1:1", redisStore{addrs: []string{srv.Addr()}}))
+	refused := p.logs.FilterMessageSnippet("Redis answers but refuses writes at start-up").All()
+	if len(refused) != 1 || !strings.Contains(fmt.Sprint(refused[0].ContextMap()["error"]), "OOM") {
+		t.Errorf("got start-up warnings %v, want one naming OOM", refused)
+	}
+	if got := p.logs.FilterMessageSnippet("store unreachable at start-up").Len(); got != 0 {
+		t.Errorf("unreachable warnings: got %d, want 0", got)
+	}
+	if got := p.logs.FilterMessageSnippet("Redis keeps the dedup keys in memory only").Len(); got != 1 {
+		t.Errorf("persistence warnings at start-up: got %d, want 1", got)
+	}
+	if err := p.stop(); err != nil {
+		t.Errorf("run: got %v, want nil", err)
+	}
+}
+
 // TestRefusedRedisCredentialsFailStartUp: a wrong or missing password, or
 // an ACL user that may not run what the store needs, is a configuration
 // error: serve stops at start-up naming the keys to check, where it would

@@ -35,7 +35,7 @@ import (
 const probeTimeout = 500 * time.Millisecond
 
 // writeProbe sends the write probe (above) and returns a refusal: an
-// error when a master refused it as a write (see writeRefused), nil
+// error when a master refused it as a write (see RefusesWrites), nil
 // otherwise. Other failures are left to the PING that goes before it: a
 // user whose ACL does not allow the probe (NOPERM), a single-node store
 // given one node of a Cluster (MOVED, warned about at start-up), a Cluster
@@ -52,7 +52,7 @@ func (s *Store) writeProbe(ctx context.Context) error {
 		return nil
 	})
 	for _, c := range cmds {
-		if err := c.Err(); writeRefused(err) {
+		if err := c.Err(); RefusesWrites(err) {
 			return fmt.Errorf("Redis answers but refuses writes, so claims of new keys fail (copies of keys it holds as processed or in flight are still answered): %w", err)
 		}
 	}

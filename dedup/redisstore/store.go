@@ -278,14 +278,14 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	if !s.scriptOnly.Load() && !s.held.has(c.key) {
 		res, ok, err := s.claimFast(ctx, c)
 		switch {
-		case err != nil && !writeRefused(err):
+		case err != nil && !RefusesWrites(err):
 			s.undoIfUnclear(c, err)
 			return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", err)
 		case ok:
 			return s.claimed(ctx, c, res)
 		}
 		// Otherwise claim.lua decides, and when Redis refused the SET NX
-		// GET as a write it will not take now (see writeRefused): the
+		// GET as a write it will not take now (see RefusesWrites): the
 		// script reads the record before it writes, so it still answers a
 		// processed key as a duplicate, a held lease as in flight and a
 		// fingerprint conflict, and fails with the same refusal only where
@@ -301,14 +301,15 @@ func (s *Store) Claim(ctx context.Context, key dedup.Key, opts dedup.ClaimOption
 	return s.claimed(ctx, c, res)
 }
 
-// writeRefused reports whether err is Redis refusing a write it did not
-// run while it still serves reads: OOM (used memory above maxmemory, under
+// RefusesWrites reports whether err, from any Store method (Ping
+// included), is Redis refusing a write it did not run while it still
+// serves reads: OOM (used memory above maxmemory, under
 // noeviction or with nothing left to evict), READONLY (a replica, or a
 // master being demoted), MISCONF (an RDB save failed, with
 // stop-writes-on-bgsave-error) or NOREPLICAS (fewer replicas than
 // min-replicas-to-write). A claim then still answers from the record a key
 // holds, and Ping fails until Redis takes writes again.
-func writeRefused(err error) bool {
+func RefusesWrites(err error) bool {
 	return redis.IsOOMError(err) || redis.IsReadOnlyError(err) ||
 		redis.HasErrorPrefix(err, "MISCONF ") || redis.IsNoReplicasError(err)
 }
