@@ -532,27 +532,39 @@ func TestFileChangeWarnsAsAReloadDoes(t *testing.T) {
 	noSecretsLogged(t, p.logs, oldCIS, newCIS, oldPW, newPW)
 }
 
+// secretFileSetup starts an upstream that reads and drops bodies, and
+// writes in a new directory the file "secret" holding "first" and a GitHub
+// route's config whose secret is ${file:secret}; it returns the upstream,
+// which the caller closes (before a goleak check), the directory, and the
+// config's path and text.
+func secretFileSetup(t *testing.T) (up *httptest.Server, dir, cfg, text string) {
+	t.Helper()
+	up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	dir = t.TempDir()
+	writeFile(t, dir, "secret", "first\n")
+	cfg = fileSecretConfig(t, dir, up.URL, "")
+	b, err := os.ReadFile(cfg)
+	if err != nil {
+		up.Close()
+		t.Fatal(err)
+	}
+	return up, dir, cfg, string(b)
+}
+
 // TestReloadFollowsNewlyReferencedFiles: a file that a reload's config
 // references for the first time is followed from then on; one it no
 // longer references is not.
 func TestReloadFollowsNewlyReferencedFiles(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-	}))
+	up, dir, cfg, text := secretFileSetup(t)
 	defer up.Close()
-	dir := t.TempDir()
-	writeFile(t, dir, "secret", "first\n")
-	cfg := fileSecretConfig(t, dir, up.URL, "")
-	text, err := os.ReadFile(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFileAtomic(t, cfg, strings.Replace(string(text), "${file:secret}", "${file:other}", 1))
+	writeFileAtomic(t, cfg, strings.Replace(text, "${file:secret}", "${file:other}", 1))
 	writeFile(t, dir, "other", "other\n")
 	p := startInProcessWith(t, cfg, func(s *server) { s.watchInterval = 5 * time.Millisecond })
 
-	writeFileAtomic(t, cfg, string(text)) // now ${file:secret}
+	writeFileAtomic(t, cfg, text) // now ${file:secret}
 	// The watch may reload the edit before the SIGHUP does: either way
 	// it is in force once a delivery signed with its secret verifies.
 	p.sigs <- syscall.SIGHUP
@@ -583,20 +595,11 @@ func TestReloadFollowsNewlyReferencedFiles(t *testing.T) {
 // a SIGHUP.
 func TestRejectedReloadFollowsTheFilesItNamed(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-	}))
+	up, dir, cfg, text := secretFileSetup(t)
 	defer up.Close()
-	dir := t.TempDir()
-	writeFile(t, dir, "secret", "first\n")
-	cfg := fileSecretConfig(t, dir, up.URL, "")
-	text, err := os.ReadFile(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := startInProcessWith(t, cfg, func(s *server) { s.watchInterval = 5 * time.Millisecond })
 
-	writeFileAtomic(t, cfg, strings.Replace(string(text), "${file:secret}", "${file:later}", 1))
+	writeFileAtomic(t, cfg, strings.Replace(text, "${file:secret}", "${file:later}", 1))
 	p.waitLog("config reload rejected: keeping the running config", 1)
 	if got := p.deliverGitHub(1, "first"); got != http.StatusOK {
 		t.Errorf("delivery signed with the running secret after the rejected reload: got %d, want 200", got)
