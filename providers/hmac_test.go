@@ -61,6 +61,13 @@ func TestGenericVerify(t *testing.T) {
 			map[string]string{"X-Ts": "1000", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1000."+body))}, body, ErrStale},
 		{"missing timestamp", GenericSignature{TimestampHeader: "X-Ts", Template: "{timestamp}.{body}"}, []string{"s"}, 1000,
 			map[string]string{"X-Signature": sha256Hex}, body, ErrBadSignature},
+		// An ID and a timestamp signed with nothing between them: the ID's
+		// trailing zero moved into the timestamp signs the same bytes,
+		// under another key. A Unix timestamp has no leading zero.
+		{"id and timestamp adjacent", GenericSignature{TimestampHeader: "X-Ts", Template: "{header:X-Id}{timestamp}{body}"}, []string{"s"}, 1000,
+			map[string]string{"X-Id": "msg-880", "X-Ts": "990", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "msg-880990"+body))}, body, nil},
+		{"id's trailing zero moved into the timestamp", GenericSignature{TimestampHeader: "X-Ts", Template: "{header:X-Id}{timestamp}{body}"}, []string{"s"}, 1000,
+			map[string]string{"X-Id": "msg-88", "X-Ts": "0990", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "msg-880990"+body))}, body, ErrBadSignature},
 		// RFC 3339 timestamps: 1000 is 1970-01-01T00:16:40Z.
 		{"rfc3339 timestamp", rfc3339Sig, []string{"s"}, 1001,
 			map[string]string{"X-Ts": "1970-01-01T00:16:40.634234626Z", "X-Signature": hex.EncodeToString(genericMAC(sha256.New, "s", "1970-01-01T00:16:40.634234626Z."+body))}, body, nil},

@@ -39,9 +39,15 @@ func (c clock) check(ts int64) error {
 }
 
 // parseUnix parses a Unix timestamp in seconds: 1 to 12 ASCII digits, nothing
-// else. The bound keeps the arithmetic in check far from overflow.
+// else, and no leading zero. The bound keeps the arithmetic in check far from
+// overflow. Each timestamp has one form, as with RFC 3339 ones (see
+// genericVerifier.parseTimestamp): a template that signs an ID and the
+// timestamp with nothing between them ("{header:ID}{timestamp}") would
+// otherwise let whoever captured a delivery move an ID's trailing zeros
+// into the timestamp ("msg-880", "0…") under the same signature, a new key
+// each time. No provider sends a leading zero.
 func parseUnix(s string) (int64, bool) {
-	if s == "" || len(s) > maxTimestampDigits {
+	if s == "" || len(s) > maxTimestampDigits || len(s) > 1 && s[0] == '0' {
 		return 0, false
 	}
 	var n int64
