@@ -275,12 +275,15 @@ const hashedKeyPrefix = "sha256:"
 // HTAB, or DEL; Go's transport refuses such a request, so the event could
 // never be delivered), when it is longer than maxHeaderKey bytes, or when it
 // already starts with "sha256:" (so a sender cannot forge the hashed form of
-// another key: the mapping stays one-to-one). Bytes 0x80 and above (UTF-8)
-// are sent as they are. The stored key and the keys API are unchanged: they
-// use the key as the sender gave it.
+// another key: the mapping stays one-to-one), or when it ends with a space
+// or HTAB (Go writes a header value without the white space at its ends, so
+// "evt_1 " would reach the application as "evt_1", another key's Dedup-Key).
+// Bytes 0x80 and above (UTF-8) are sent as they are. The stored key and the
+// keys API are unchanged: they use the key as the sender gave it.
 func dedupKeyHeader(key dedup.Key, clientKey string) string {
 	v := key.String()
-	if len(clientKey) <= maxHeaderKey && validHeaderValue(v) && !strings.HasPrefix(clientKey, hashedKeyPrefix) {
+	if len(clientKey) <= maxHeaderKey && validHeaderValue(v) && !strings.HasPrefix(clientKey, hashedKeyPrefix) &&
+		!strings.HasSuffix(v, " ") && !strings.HasSuffix(v, "\t") {
 		return v
 	}
 	sum := sha256.Sum256([]byte(clientKey))

@@ -44,6 +44,9 @@ func TestDedupKeyHeader(t *testing.T) {
 		{"DEL", dedup.Key{Namespace: "ns", ID: "evt\x7f"}, "evt\x7f", "ns:sha256:" + sha256Hex("evt\x7f")},
 		{"longer than the bound", dedup.Key{Namespace: "ns", ID: long}, long, "ns:sha256:" + sha256Hex(long)},
 		{"looks hashed already", dedup.Key{Namespace: "ns", ID: "sha256:abc"}, "sha256:abc", "ns:sha256:" + sha256Hex("sha256:abc")},
+		{"trailing space", dedup.Key{Namespace: "ns", ID: "abc "}, "abc ", "ns:sha256:" + sha256Hex("abc ")},
+		{"trailing tab", dedup.Key{Namespace: "ns", ID: "abc\t"}, "abc\t", "ns:sha256:" + sha256Hex("abc\t")},
+		{"leading space stays", dedup.Key{Namespace: "ns", ID: " abc"}, " abc", "ns: abc"},
 		{"client scope plain", dedup.Key{Namespace: "pay", ID: scope + ":k1"}, "k1", "pay:" + scope + ":k1"},
 		{"client scope kept, key hashed", dedup.Key{Namespace: "pay", ID: scope + ":" + long}, long, "pay:" + scope + ":sha256:" + sha256Hex(long)},
 		{"client scope with a 255-byte key stays", dedup.Key{Namespace: "pay", ID: scope + ":" + long[2:]}, long[2:], "pay:" + scope + ":" + long[2:]},
@@ -61,7 +64,8 @@ func TestDedupKeyHeader(t *testing.T) {
 }
 
 // TestHostileKeysAreDelivered: an event ID that cannot travel in a header
-// (control characters) or is very long is still forwarded once, with a
+// (control characters), is very long, or would lose its trailing space in
+// one (becoming another ID's Dedup-Key) is still forwarded once, with a
 // hashed Dedup-Key, and its copy is a duplicate. Before, Go's transport
 // refused the request and the event could never be delivered.
 func TestHostileKeysAreDelivered(t *testing.T) {
@@ -71,6 +75,7 @@ func TestHostileKeysAreDelivered(t *testing.T) {
 		{"control characters", "evt_ctl\x00\r\n\x07x", "orders:sha256:" + sha256Hex("evt_ctl\x00\r\n\x07x")},
 		{"header injection", "evt_nl\nX-Injected: 1", "orders:sha256:" + sha256Hex("evt_nl\nX-Injected: 1")},
 		{"40 KiB", "evt_" + strings.Repeat("c", 40<<10), "orders:sha256:" + sha256Hex("evt_"+strings.Repeat("c", 40<<10))},
+		{"trailing space", "evt_plain ", "orders:sha256:" + sha256Hex("evt_plain ")},
 		{"plain", "evt_plain", "orders:evt_plain"},
 	}
 	for _, tt := range tests {
