@@ -334,6 +334,7 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		return fmt.Errorf("admin.listen: %w", err)
 	}
 	errLog := zap.NewStdLog(s.log.Named("http"))
+	defer redirectStdLog(s.log.Named("stdlib"))()
 	gwSrv := &http.Server{
 		Handler:           gw,
 		ReadHeaderTimeout: headerTimeout(f),
