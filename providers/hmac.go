@@ -263,7 +263,17 @@ func parseTemplate(t string) ([]templatePart, error) {
 
 // Verify implements Verifier.
 func (v *genericVerifier) Verify(r *http.Request, body []byte) error {
-	h := r.Header.Get(v.header)
+	h, err := signedHeader(r, v.header)
+	if err != nil {
+		return err
+	}
+	for _, p := range v.template {
+		if p.kind == 'h' {
+			if _, err := signedHeader(r, p.literal); err != nil {
+				return err
+			}
+		}
+	}
 	if h == "" {
 		return fmt.Errorf("%w: missing %s header", ErrNoSignature, v.header)
 	}
@@ -291,7 +301,9 @@ func (v *genericVerifier) Verify(r *http.Request, body []byte) error {
 	}
 	switch {
 	case v.tsHeader != "":
-		tsText = r.Header.Get(v.tsHeader)
+		if tsText, err = signedHeader(r, v.tsHeader); err != nil {
+			return err
+		}
 		if ts, ok = v.parseTimestamp(tsText); !ok {
 			return fmt.Errorf("%w: missing or malformed %s header", ErrBadSignature, v.tsHeader)
 		}

@@ -34,10 +34,13 @@ var _ Verifier = (*shopifyVerifier)(nil)
 // Verify implements Verifier.
 func (v *shopifyVerifier) Verify(r *http.Request, body []byte) error {
 	name := shopifyHMACHeader
-	h := r.Header.Get(name)
-	if h == "" {
+	h, err := signedHeader(r, name)
+	if err == nil && h == "" {
 		name = shopifyHMACHeaderNew
-		h = r.Header.Get(name)
+		h, err = signedHeader(r, name)
+	}
+	if err != nil {
+		return err
 	}
 	if h == "" {
 		return fmt.Errorf("%w: missing %s (or %s) header", ErrNoSignature, shopifyHMACHeader, shopifyHMACHeaderNew)

@@ -38,6 +38,20 @@ func (c clock) check(ts int64) error {
 	return nil
 }
 
+// signedHeader returns the value of header name that a signature check
+// reads ("" when absent), and an error wrapping ErrBadSignature when the
+// header is repeated with different values: the check would cover the
+// first, while the application may read another (the last, or all of them
+// joined), which nothing verified. Standard Webhooks' id and timestamp
+// headers had this rule first.
+func signedHeader(r *http.Request, name string) (string, error) {
+	v, ok := HeaderValue(r.Header, name, nil)
+	if !ok {
+		return "", fmt.Errorf("%w: %s repeated with different values", ErrBadSignature, name)
+	}
+	return v, nil
+}
+
 // parseUnix parses a Unix timestamp in seconds: 1 to 12 ASCII digits, nothing
 // else, and no leading zero. The bound keeps the arithmetic in check far from
 // overflow. Each timestamp has one form, as with RFC 3339 ones (see
@@ -83,7 +97,10 @@ func macOf(h func() hash.Hash, key []byte, parts ...[]byte) []byte {
 // "sha256=", Slack's "v0="): ErrNoSignature when it is missing,
 // ErrBadSignature when the prefix, hex or length is wrong.
 func hexSHA256Header(r *http.Request, header, prefix string) ([]byte, error) {
-	h := r.Header.Get(header)
+	h, err := signedHeader(r, header)
+	if err != nil {
+		return nil, err
+	}
 	if h == "" {
 		return nil, fmt.Errorf("%w: missing %s header", ErrNoSignature, header)
 	}

@@ -29,7 +29,10 @@ func (v *slackVerifier) Verify(r *http.Request, body []byte) error {
 	if err != nil {
 		return err
 	}
-	tsText := r.Header.Get(slackTimestampHeader)
+	tsText, err := signedHeader(r, slackTimestampHeader)
+	if err != nil {
+		return err
+	}
 	ts, ok := parseUnix(tsText)
 	if !ok {
 		return fmt.Errorf("%w: missing or malformed %s header", ErrBadSignature, slackTimestampHeader)

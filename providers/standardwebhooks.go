@@ -111,7 +111,10 @@ func (v *standardWebhooksVerifier) Verify(r *http.Request, body []byte) error {
 	if r.Header.Get(sigH) == "" && r.Header.Get(svixSignatureHeader) != "" {
 		idH, tsH, sigH = svixIDHeader, svixTimestampHeader, svixSignatureHeader
 	}
-	h := r.Header.Get(sigH)
+	h, err := signedHeader(r, sigH)
+	if err != nil {
+		return err
+	}
 	if h == "" {
 		return fmt.Errorf("%w: missing %s header", ErrNoSignature, sigH)
 	}

@@ -70,7 +70,10 @@ func parseStripeSignature(h string) (stripeSignature, error) {
 
 // Verify implements Verifier.
 func (v *stripeVerifier) Verify(r *http.Request, body []byte) error {
-	h := r.Header.Get(stripeSignatureHeader)
+	h, err := signedHeader(r, stripeSignatureHeader)
+	if err != nil {
+		return err
+	}
 	if h == "" {
 		return fmt.Errorf("%w: missing %s header", ErrNoSignature, stripeSignatureHeader)
 	}
