@@ -33,12 +33,7 @@ var _ Verifier = (*shopifyVerifier)(nil)
 
 // Verify implements Verifier.
 func (v *shopifyVerifier) Verify(r *http.Request, body []byte) error {
-	name := shopifyHMACHeader
-	h, err := signedHeader(r, name)
-	if err == nil && h == "" {
-		name = shopifyHMACHeaderNew
-		h, err = signedHeader(r, name)
-	}
+	name, h, err := signedPair(r, shopifyHMACHeader, shopifyHMACHeaderNew)
 	if err != nil {
 		return err
 	}

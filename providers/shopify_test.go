@@ -96,10 +96,15 @@ func TestShopifyUnprefixedHeaders(t *testing.T) {
 			"Shopify-Hmac-Sha256": good, "Shopify-Webhook-Id": "sw1",
 		}, nil, "sw1", "sw1"},
 		{"both spellings: the X- ones win", map[string]string{
-			"X-Shopify-Hmac-Sha256": good, "Shopify-Hmac-Sha256": bad,
+			"X-Shopify-Hmac-Sha256": good, "Shopify-Hmac-Sha256": good,
 			"X-Shopify-Event-Id": "xe1", "Shopify-Event-Id": "se1",
 			"X-Shopify-Webhook-Id": "xw1", "Shopify-Webhook-Id": "sw1",
 		}, nil, "xe1", "xw1"},
+		// Shopify sends both with the same value: a second signature that
+		// differs is one nothing checked, which the application may read.
+		{"both spellings, signatures that differ", map[string]string{
+			"X-Shopify-Hmac-Sha256": good, "Shopify-Hmac-Sha256": bad, "X-Shopify-Event-Id": "xe1",
+		}, ErrBadSignature, "xe1", ""},
 		{"a bad X- signature is not rescued by the unprefixed one", map[string]string{
 			"X-Shopify-Hmac-Sha256": bad, "Shopify-Hmac-Sha256": good, "X-Shopify-Event-Id": "xe1",
 		}, ErrBadSignature, "xe1", ""},

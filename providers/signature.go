@@ -52,6 +52,32 @@ func signedHeader(r *http.Request, name string) (string, error) {
 	return v, nil
 }
 
+// signedPair is signedHeader for a header a provider sends under two names
+// (Shopify's X-Shopify-Hmac-Sha256 and Shopify-Hmac-Sha256, Standard
+// Webhooks' webhook-* and svix-*): it returns the name present, a's when
+// both are, and its value; an error wrapping ErrBadSignature when either is
+// repeated with different values, or both are present and differ, since
+// the check covers one and the application may read the other. Present
+// means sent, even empty.
+func signedPair(r *http.Request, a, b string) (name, value string, err error) {
+	va, err := signedHeader(r, a)
+	if err != nil {
+		return "", "", err
+	}
+	vb, err := signedHeader(r, b)
+	if err != nil {
+		return "", "", err
+	}
+	hasA, hasB := len(r.Header.Values(a)) > 0, len(r.Header.Values(b)) > 0
+	switch {
+	case hasA && hasB && va != vb:
+		return "", "", fmt.Errorf("%w: %s and %s differ", ErrBadSignature, a, b)
+	case hasA || !hasB:
+		return a, va, nil
+	}
+	return b, vb, nil
+}
+
 // parseUnix parses a Unix timestamp in seconds: 1 to 12 ASCII digits, nothing
 // else, and no leading zero. The bound keeps the arithmetic in check far from
 // overflow. Each timestamp has one form, as with RFC 3339 ones (see

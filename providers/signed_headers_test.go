@@ -70,3 +70,45 @@ func TestRepeatedSignedHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestAlternateSignedHeaders: Standard Webhooks headers sent under both
+// names (webhook-* and svix-*) must agree, as Svix sends them; an empty or
+// forged header of the set not checked is refused, not ignored.
+func TestAlternateSignedHeaders(t *testing.T) {
+	const body = `{"id":"evt_1"}`
+	const now = 1000
+	sig := swSign(swSecret, "msg_1", now, body)
+	svix := map[string]string{"svix-id": "msg_1", "svix-timestamp": "1000", "svix-signature": sig}
+	both := map[string]string{"webhook-id": "msg_1", "webhook-timestamp": "1000", "webhook-signature": sig,
+		"svix-id": "msg_1", "svix-timestamp": "1000", "svix-signature": sig}
+	with := func(base map[string]string, k, v string) map[string]string {
+		m := map[string]string{k: v}
+		for bk, bv := range base {
+			if bk != k {
+				m[bk] = bv
+			}
+		}
+		return m
+	}
+	tests := []struct {
+		name    string
+		headers map[string]string
+		want    error
+	}{
+		{"svix only", svix, nil},
+		{"both sets, the same values", both, nil},
+		{"svix set and an empty webhook-signature", with(svix, "webhook-signature", ""), ErrBadSignature},
+		{"svix set and a forged webhook-signature", with(svix, "webhook-signature", swSign(swSecret, "msg_2", now, body)), ErrBadSignature},
+		{"both sets, a forged svix-signature", with(both, "svix-signature", swSign("whsec_"+"AAAAAAAAAAAAAAAAAAAAAAAA", "msg_1", now, body)), ErrBadSignature},
+		{"svix set and another webhook-timestamp", with(svix, "webhook-timestamp", "999999"), ErrBadSignature},
+	}
+	p, err := New(Config{Provider: StandardWebhooks, Secrets: []string{swSecret}, Now: fixedClock(now)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		if err := p.Verifier.Verify(newRequest(tt.headers), []byte(body)); !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+			t.Errorf("%s: got %v, want %v", tt.name, err, tt.want)
+		}
+	}
+}

@@ -107,12 +107,18 @@ func parseWebhookSignatures(h string) []webhookSignature {
 
 // Verify implements Verifier.
 func (v *standardWebhooksVerifier) Verify(r *http.Request, body []byte) error {
-	idH, tsH, sigH := webhookIDHeader, webhookTimestampHeader, webhookSignatureHeader
-	if r.Header.Get(sigH) == "" && r.Header.Get(svixSignatureHeader) != "" {
-		idH, tsH, sigH = svixIDHeader, svixTimestampHeader, svixSignatureHeader
-	}
-	h, err := signedHeader(r, sigH)
+	// Svix sends its svix-* headers, perhaps the webhook-* ones as well,
+	// with the same values; the set whose signature header is present is
+	// checked, and the other must not say anything else.
+	sigH, h, err := signedPair(r, webhookSignatureHeader, svixSignatureHeader)
 	if err != nil {
+		return err
+	}
+	idH, tsH := webhookIDHeader, webhookTimestampHeader
+	if sigH == svixSignatureHeader {
+		idH, tsH = svixIDHeader, svixTimestampHeader
+	}
+	if _, _, err := signedPair(r, webhookTimestampHeader, svixTimestampHeader); err != nil {
 		return err
 	}
 	if h == "" {
