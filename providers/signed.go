@@ -75,3 +75,58 @@ func UnsignedKeySources(cfg Config) []string {
 	}
 	return out
 }
+
+// ShiftableKeySources returns the key sources of cfg, a signed generic
+// route, that its template signs next to another value with nothing
+// between them: a {header:NAME} key beside another {header:…} or {body},
+// or the body key beside a {header:…}. Whoever captured one delivery can
+// move characters from one value to the other ("msg-1" + "abc" as "msg-1a"
+// + "bc"): the signed bytes do not change, the key does, so the delivery
+// is forwarded again. A {timestamp} neighbour (or the timestamp header's
+// own {header:…}) is safe, since a timestamp parses only in its one form. It returns nil when cfg has no secrets, is
+// not generic, or does not build.
+func ShiftableKeySources(cfg Config) []string {
+	if len(cfg.Secrets) == 0 || (cfg.Provider != Generic && cfg.Provider != "") {
+		return nil
+	}
+	if _, err := New(cfg); err != nil {
+		return nil
+	}
+	tmpl := cfg.Signature.Template
+	if tmpl == "" {
+		tmpl = defaultGenericTemplate
+	}
+	parts, err := parseTemplate(tmpl)
+	if err != nil {
+		return nil
+	}
+	// shiftable holds the headers (canonical names), and "" for the body,
+	// signed beside another header or the body.
+	shiftable := map[string]bool{}
+	name := func(p templatePart) string {
+		if p.kind == 'b' {
+			return ""
+		}
+		return p.literal
+	}
+	ts := http.CanonicalHeaderKey(cfg.Signature.TimestampHeader)
+	free := func(p templatePart) bool { // a value that may take any form
+		return p.kind == 'b' || p.kind == 'h' && (ts == "" || p.literal != ts)
+	}
+	for i := 1; i < len(parts); i++ {
+		if a, b := parts[i-1], parts[i]; free(a) && free(b) {
+			shiftable[name(a)], shiftable[name(b)] = true, true
+		}
+	}
+	var out []string
+	for _, k := range cfg.Keys {
+		kind, arg, _ := strings.Cut(k, ":")
+		switch {
+		case k == "body" && shiftable[""]:
+			out = append(out, k)
+		case kind == "header" && shiftable[http.CanonicalHeaderKey(arg)]:
+			out = append(out, k)
+		}
+	}
+	return out
+}

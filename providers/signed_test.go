@@ -2,6 +2,7 @@ package providers
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -30,6 +31,41 @@ func TestUnsignedKeySources(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := UnsignedKeySources(tt.cfg); !slices.Equal(got, tt.want) {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestShiftableKeySources: a key source signed next to another value of
+// any form, with nothing between them, is named; a literal or a timestamp
+// between them makes it safe.
+func TestShiftableKeySources(t *testing.T) {
+	gen := func(tmpl string, keys ...string) Config {
+		sig := GenericSignature{Template: tmpl}
+		if strings.Contains(tmpl, "{timestamp}") || strings.Contains(tmpl, "X-Ts") {
+			sig.TimestampHeader = "X-Ts"
+		}
+		return Config{Provider: Generic, Secrets: []string{"s"}, Keys: keys, Signature: sig}
+	}
+	tests := []struct {
+		name string
+		cfg  Config
+		want []string
+	}{
+		{"two headers adjacent", gen("{header:X-Id}{header:X-Ev}{body}", "header:x-id"), []string{"header:x-id"}},
+		{"a header then the body", gen("{header:X-Id}{body}", "header:X-Id", "json:id"), []string{"header:X-Id"}},
+		{"the body key after a header", gen("{timestamp}.{header:X-Ev}{body}", "body"), []string{"body"}},
+		{"a literal between them", gen("{header:X-Id}.{header:X-Ev}.{body}", "header:X-Id", "body"), nil},
+		{"a timestamp between them", gen("{header:X-Id}{timestamp}{body}", "header:X-Id", "body"), nil},
+		{"the timestamp header as a header", gen("{header:X-Id}{header:X-Ts}{body}", "header:X-Id"), nil},
+		{"not a key source", gen("{header:X-Id}{header:X-Ev}.{body}", "json:id"), nil},
+		{"no secrets", Config{Provider: Generic, Keys: []string{"header:X-Id"}, Signature: GenericSignature{Template: "{header:X-Id}{body}"}}, nil},
+		{"a preset", Config{Provider: Stripe, Secrets: []string{"s"}, Keys: []string{"json:id"}}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ShiftableKeySources(tt.cfg); !slices.Equal(got, tt.want) {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
 		})

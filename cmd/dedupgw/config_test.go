@@ -1719,6 +1719,25 @@ func TestUnsignedKeySourceIsWarned(t *testing.T) {
 	}
 }
 
+// TestShiftableKeySourceIsWarned: a key header the template signs next to
+// another header or the body, with nothing between them, lets a captured
+// delivery be resent under a new key; validate says so.
+func TestShiftableKeySourceIsWarned(t *testing.T) {
+	route := "routes:\n  - name: orders\n    path: /o\n    upstream: http://x\n    provider: generic\n    keys: [\"header:X-Id\"]\n    secrets: [s]\n    signature:\n      template: %q\n"
+	tests := []struct {
+		name, template, want string
+	}{
+		{"adjacent headers", "{header:X-Id}{header:X-Ev}{body}",
+			`routes[0].signature.template: route "orders" keys by header:X-Id, which its signature template signs next to another header or the body with nothing between them`},
+		{"separated", "{header:X-Id}.{header:X-Ev}.{body}", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wantWarning(t, fmt.Sprintf(route, tt.template), "routes[0].signature.template", tt.want)
+		})
+	}
+}
+
 // TestSharedNamespaceIsWarned: a namespace shared by routes that verify
 // their deliveries differently lets a sender one accepts claim the other's
 // keys first.
