@@ -1270,6 +1270,8 @@ func TestProblems(t *testing.T) {
 			`routes[0].upstream: invalid upstream URL (not shown: it may hold credentials) (want http://host[:port][/path] or https://…)`,
 		}},
 		{"namespace with colon", route("    namespace: a:b\n"), nil, []string{`routes[0].namespace: must not contain ':' (it separates namespace and key), got "a:b"`}},
+		{"namespace with a leading space", route("    namespace: \" ns\"\n"), nil, []string{`routes[0].namespace: must not contain white space or control characters (it begins the application's Dedup-Key header), got " ns"`}},
+		{"namespace with a control character", route("    namespace: \"n\\x01s\"\n"), nil, []string{`routes[0].namespace: must not contain white space or control characters (it begins the application's Dedup-Key header), got "n\x01s"`}},
 		{"unknown provider", "routes:\n  - name: a\n    path: /a\n    upstream: http://x\n    provider: paypal\n", nil, []string{
 			`routes[0].provider: unknown provider "paypal" (want stripe, shopify, github, standard-webhooks, slack or generic)`,
 		}},

@@ -310,6 +310,11 @@ func (f *File) checkRoute(ps *Problems, key string, r Route) {
 	}
 	if strings.Contains(r.Namespace, ":") {
 		ps.add(key+".namespace", "must not contain ':' (it separates namespace and key), got %q", r.Namespace)
+	} else if strings.ContainsFunc(r.Namespace, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
+		// The application gets it at the start of Dedup-Key, where HTTP
+		// drops leading white space (" ns" would read as route ns's
+		// namespace) and a control character fails every forward.
+		ps.add(key+".namespace", "must not contain white space or control characters (it begins the application's Dedup-Key header), got %q", r.Namespace)
 	}
 
 	provider := providerOf(r)
