@@ -1740,6 +1740,27 @@ func TestShiftableKeySourceIsWarned(t *testing.T) {
 	}
 }
 
+// TestReplayWithoutClientIdentityIsWarned: an unsigned route that replays
+// stored answers without client_identity gives any client another's
+// answer, and says so; with Set-Cookie in replay_headers, another's
+// cookies too.
+func TestReplayWithoutClientIdentityIsWarned(t *testing.T) {
+	route := "routes:\n  - name: api\n    path: /api\n    upstream: http://x\n    provider: generic\n    keys: [\"header:Idempotency-Key\"]\n    duplicate_response: replay\n%s"
+	const base = `routes[0].client_identity: route "api" replays stored answers without client_identity: any client that sends another's key gets the answer stored for it`
+	tests := []struct {
+		name, extra, want string
+	}{
+		{"plain", "    replay_headers: [Content-Type]\n", base + "; set client_identity"},
+		{"Set-Cookie replayed", "    replay_headers: [Content-Type, set-cookie]\n", base + ", and replay_headers lists Set-Cookie, so the cookies set for another client too"},
+		{"scoped per client", "    replay_headers: [Content-Type, Set-Cookie]\n    client_identity: Authorization\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wantWarning(t, fmt.Sprintf(route, tt.extra), "routes[0].client_identity", tt.want)
+		})
+	}
+}
+
 // TestSharedNamespaceIsWarned: a namespace shared by routes that verify
 // their deliveries differently lets a sender one accepts claim the other's
 // keys first.

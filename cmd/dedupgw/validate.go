@@ -715,9 +715,13 @@ func (f *File) Warnings() []Problem {
 			}
 		}
 		if generic && len(r.Secrets) == 0 && r.ClientIdentity == "" && p.DuplicateResponse != nil && *p.DuplicateResponse == proxy.Replay {
+			cookies := ""
+			if slices.ContainsFunc(p.ReplayHeaders, func(h string) bool { return strings.EqualFold(h, "Set-Cookie") }) {
+				cookies = ", and replay_headers lists Set-Cookie, so the cookies set for another client too (a session of theirs)"
+			}
 			ws = append(ws, Problem{
 				Key: fmt.Sprintf("routes[%d].client_identity", i),
-				Msg: fmt.Sprintf("route %q replays stored answers without client_identity: any client that sends another's key gets the answer stored for it; set client_identity (e.g. Authorization)", r.Name),
+				Msg: fmt.Sprintf("route %q replays stored answers without client_identity: any client that sends another's key gets the answer stored for it%s; set client_identity (e.g. Authorization)", r.Name, cookies),
 			})
 		}
 	}
