@@ -677,19 +677,19 @@ func (f *File) Warnings() []Problem {
 				Msg: fmt.Sprintf("route %q describes a signature but has no secrets:, so it verifies nothing: anyone who can reach the gateway can send events on it; set secrets (the scheme is used only with them)", r.Name),
 			})
 		}
-		if srcs := providers.UnsignedKeySources(providers.Config{
+		// The route's keys and signature as the providers package reads
+		// them, for the checks of what the signature covers.
+		signing := providers.Config{
 			Provider: r.Provider, Keys: r.Keys, Secrets: r.Secrets,
 			Signature: providers.GenericSignature(r.Signature),
-		}); len(srcs) > 0 {
+		}
+		if srcs := providers.UnsignedKeySources(signing); len(srcs) > 0 {
 			ws = append(ws, Problem{
 				Key: fmt.Sprintf("routes[%d].keys", i),
 				Msg: fmt.Sprintf("route %q verifies signatures, but its key source(s) %s are not covered by them: whoever captured one signed delivery can resend it under any key, so the application processes it again, and a real event's key claimed that way before the event arrives makes its genuine delivery a duplicate that is never forwarded; key on what the signature covers (json:, body) or, on a generic route, sign the header ({header:NAME} in signature.template)", r.Name, strings.Join(srcs, ", ")),
 			})
 		}
-		if srcs := providers.ShiftableKeySources(providers.Config{
-			Provider: r.Provider, Keys: r.Keys, Secrets: r.Secrets,
-			Signature: providers.GenericSignature(r.Signature),
-		}); len(srcs) > 0 {
+		if srcs := providers.ShiftableKeySources(signing); len(srcs) > 0 {
 			ws = append(ws, Problem{
 				Key: fmt.Sprintf("routes[%d].signature.template", i),
 				Msg: fmt.Sprintf("route %q keys by %s, which its signature template signs next to another header or the body with nothing between them: whoever captured one delivery can move characters from one to the other (\"msg-1\" + \"abc\" as \"msg-1a\" + \"bc\") and resend it under a new key, which the signature still verifies, so the application processes it again; key on a value the template separates from its neighbours (a literal or {timestamp} between them)", r.Name, strings.Join(srcs, ", ")),
