@@ -278,9 +278,7 @@ func (s *server) run(sigs <-chan os.Signal) error {
 		// until it takes writes.
 		s.log.Warn("Redis answers but refuses writes at start-up: claims of new keys meet their routes' on_store_error policy until it takes writes (copies of keys it holds are answered)",
 			zap.Error(err))
-		warnEviction(pingCtx, rs, s.log)
-		warnPersistence(pingCtx, rs, s.log)
-		warnClusterNode(pingCtx, rs, s.log)
+		warnRedisSettings(pingCtx, rs, s.log)
 		checkLater = true
 	case err != nil:
 		s.log.Warn("store unreachable at start-up: deliveries meet their routes' on_store_error policy until it answers",
@@ -842,10 +840,17 @@ func (s *server) checkRedis(ctx context.Context, rs *redisstore.Store, cfg Redis
 	case err != nil:
 		s.log.Info("could not run the start-up probe of the store's Redis commands", zap.Error(err))
 	}
-	warnEviction(ctx, rs, s.log)
-	warnPersistence(ctx, rs, s.log)
-	warnClusterNode(ctx, rs, s.log)
+	warnRedisSettings(ctx, rs, s.log)
 	return nil
+}
+
+// warnRedisSettings warns about what Redis's own settings mean for the
+// dedup keys, reading them only: eviction, persistence, and a Cluster node
+// given alone.
+func warnRedisSettings(ctx context.Context, rs *redisstore.Store, log *zap.Logger) {
+	warnEviction(ctx, rs, log)
+	warnPersistence(ctx, rs, log)
+	warnClusterNode(ctx, rs, log)
 }
 
 // defaultStoreCheckInterval is how often serve pings a Redis that did not
