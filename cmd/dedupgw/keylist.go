@@ -124,10 +124,19 @@ func adminCall(method, target string, limit int64) (int, []byte, error) {
 // itself (431 for a key too long for a request line) answers them in
 // plain text.
 func gatewayProblem(body []byte) bool {
+	return strings.HasPrefix(problemType(body), proxy.ProblemTypePrefix)
+}
+
+// problemType returns the type of the problem document body, or "" when
+// body is not one.
+func problemType(body []byte) string {
 	var p struct {
 		Type string `json:"type"`
 	}
-	return json.Unmarshal(body, &p) == nil && strings.HasPrefix(p.Type, proxy.ProblemTypePrefix)
+	if json.Unmarshal(body, &p) != nil {
+		return ""
+	}
+	return p.Type
 }
 
 // adminToken returns DEDUPGW_ADMIN_TOKEN without the white space around it:
@@ -144,10 +153,7 @@ func webhookListener(h http.Header, body []byte) bool {
 	if h.Get(proxy.HeaderDedupStatus) != "" {
 		return true
 	}
-	var p struct {
-		Type string `json:"type"`
-	}
-	return json.Unmarshal(body, &p) == nil && p.Type == proxy.ProblemTypeNoRoute
+	return problemType(body) == proxy.ProblemTypeNoRoute
 }
 
 // listKeys follows the listing of route page by page, calling fn with each
