@@ -83,23 +83,22 @@ func UnsignedKeySources(cfg Config) []string {
 // move characters from one value to the other ("msg-1" + "abc" as "msg-1a"
 // + "bc"): the signed bytes do not change, the key does, so the delivery
 // is forwarded again. A {timestamp} neighbour (or the timestamp header's
-// own {header:…}) is safe, since a timestamp parses only in its one form. It returns nil when cfg has no secrets, is
-// not generic, or does not build.
+// own {header:…}) is safe, since a timestamp parses only in its one form.
+// It returns nil when cfg has no secrets, is not generic, or does not
+// build.
 func ShiftableKeySources(cfg Config) []string {
 	if len(cfg.Secrets) == 0 || (cfg.Provider != Generic && cfg.Provider != "") {
 		return nil
 	}
-	if _, err := New(cfg); err != nil {
-		return nil
-	}
-	tmpl := cfg.Signature.Template
-	if tmpl == "" {
-		tmpl = defaultGenericTemplate
-	}
-	parts, err := parseTemplate(tmpl)
+	p, err := New(cfg)
 	if err != nil {
 		return nil
 	}
+	v, ok := p.Verifier.(*genericVerifier)
+	if !ok {
+		return nil
+	}
+	parts := v.template // as parsed by New, the default template filled in
 	// shiftable holds the headers (canonical names), and "" for the body,
 	// signed beside another header or the body.
 	shiftable := map[string]bool{}
