@@ -11,10 +11,11 @@ func (s *Store) OpenPipelines() []string {
 	return s.nodes.open()
 }
 
-// KeySlot, HashSlot and SlotTag export keySlot, hashSlot and slotTag to
-// the tests.
+// KeySlot, HashSlot, SlotTag and InfoField export keySlot, hashSlot,
+// slotTag and infoField to the tests.
 var (
-	KeySlot  = keySlot
-	HashSlot = hashSlot
-	SlotTag  = slotTag
+	KeySlot   = keySlot
+	HashSlot  = hashSlot
+	SlotTag   = slotTag
+	InfoField = infoField
 )

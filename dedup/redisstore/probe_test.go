@@ -181,17 +181,15 @@ func dirty(t *testing.T, c *redis.Client) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "rdb_changes_since_last_save:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
+	v, ok := redisstore.InfoField(info, "rdb_changes_since_last_save")
+	if !ok {
+		t.Fatalf("INFO persistence: no rdb_changes_since_last_save in %q", info)
 	}
-	t.Fatalf("INFO persistence: no rdb_changes_since_last_save in %q", info)
-	return 0
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestSlotTag: keySlot is Redis's CRC16 (the XMODEM check value of
