@@ -20,7 +20,7 @@ import (
 // (a route failing open forwards them without deduplication, one that
 // rejects answers 503) although the store looks up. So Ping also sends
 //
-//	SET <prefix>dedupgw-start-up-probe:ping{…} "" XX
+//	SET <prefix>dedupgw-start-up-probe:ping{…} "" XX KEEPTTL
 //
 // to every master that holds keys of the Store: Redis checks it as any
 // write, and, the key being absent, it writes nothing (no memory, no
@@ -66,7 +66,7 @@ func (s *Store) writeProbe(ctx context.Context) error {
 func (s *Store) probeKeys(ctx context.Context) []string {
 	base := s.prefix + probeNamespace + ":ping"
 	cc, ok := s.client.(*redis.ClusterClient)
-	if !ok || hasTag(s.prefix) {
+	if _, tagged := hashTag(s.prefix); !ok || tagged {
 		// A prefix with a hash tag puts every key of the Store, this one
 		// too, in the one slot it names: its master is the one to ask.
 		return []string{base + "{}"}
@@ -116,26 +116,27 @@ func (s *Store) probeKey(base string, slot int) (string, bool) {
 	return "", false
 }
 
-// hasTag reports whether a key beginning with prefix takes its hash slot
-// from a tag inside prefix: a "{" followed, later in prefix, by a "}" with
-// something between them.
-func hasTag(prefix string) bool {
-	open := strings.IndexByte(prefix, '{')
+// hashTag returns key's Cluster hash tag, as Redis finds it: the part
+// between the first "{" and the first "}" after it, and true, when that
+// part is not empty. A key beginning with a prefix that has a tag has the
+// same one, whatever follows.
+func hashTag(key string) (string, bool) {
+	open := strings.IndexByte(key, '{')
 	if open < 0 {
-		return false
+		return "", false
 	}
-	end := strings.IndexByte(prefix[open+1:], '}')
-	return end > 0
+	end := strings.IndexByte(key[open+1:], '}')
+	if end <= 0 {
+		return "", false
+	}
+	return key[open+1 : open+1+end], true
 }
 
 // hashSlot is the Cluster hash slot of key, as Redis computes it: keySlot
-// of the part between the first "{" and the first "}" after it when that
-// part is not empty, else of the whole key.
+// of its hash tag, or of the whole key when it has none.
 func hashSlot(key string) int {
-	if open := strings.IndexByte(key, '{'); open >= 0 {
-		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
-			return keySlot(key[open+1 : open+1+end])
-		}
+	if tag, ok := hashTag(key); ok {
+		return keySlot(tag)
 	}
 	return keySlot(key)
 }

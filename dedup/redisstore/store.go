@@ -655,10 +655,10 @@ func (s *Store) forgetOnce(ctx context.Context, rk string, now int64, opts dedup
 // must report cluster_state:ok (see clusterServes; a user not allowed the
 // command skips that check). Then the write probe (see writeProbe): a
 // master that answers but refuses writes (OOM, READONLY, MISCONF,
-// NOREPLICAS) fails the ping too, as claims of new keys fail on it. It does not check replicas (see
-// CheckCommands): they are shared by every gateway, so a readiness that
-// failed with them would take every pod out of service at once, though
-// duplicates are still answered.
+// NOREPLICAS) fails the ping too, as claims of new keys fail on it. It
+// does not check replicas (see CheckCommands): they are shared by every
+// gateway, so a readiness that failed with them would take every pod out
+// of service at once, though duplicates are still answered.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.closed.Load() {
 		return dedup.ErrClosed
