@@ -37,7 +37,7 @@ import (
 //
 // A server that refuses the combination (Redis < 7.0 answers "ERR syntax
 // error") turns the fast path off for the Store's lifetime: that claim and
-// every later one run claim.lua alone.
+// every later one run claim.lua alone, and every commit commit.lua.
 
 // heldKeys are the Redis keys this Store claimed and has not yet committed
 // or released, with the claim's token. A claim of such a key (a copy of an
@@ -68,6 +68,9 @@ type heldClaim struct {
 	token    string
 	since    int64 // ms
 	settleAt int64 // ms; 0 before the first settle
+	// record is the value the claim wrote, exactly, for the commit fast
+	// path (see commit.go); "" when not known.
+	record string
 }
 
 // staleHeld is how long a claim not finished stays held: longer than any
@@ -79,8 +82,9 @@ const staleHeld = leaseGrace
 // heldID names a settle in heldKeys.others: its Redis key and token.
 type heldID struct{ key, token string }
 
-// claimed records res's claim of key at now (ms), if res claimed it.
-func (h *heldKeys) claimed(key string, res dedup.ClaimResult, now int64) {
+// claimed records res's claim of key at now (ms), if res claimed it by
+// writing record.
+func (h *heldKeys) claimed(key string, res dedup.ClaimResult, now int64, record string) {
 	if res.Outcome != dedup.Claimed {
 		return
 	}
@@ -88,7 +92,7 @@ func (h *heldKeys) claimed(key string, res dedup.ClaimResult, now int64) {
 	if h.m == nil {
 		h.m = make(map[string]heldClaim)
 	}
-	h.m[key] = heldClaim{token: res.Token, since: now}
+	h.m[key] = heldClaim{token: res.Token, since: now, record: record}
 	h.mu.Unlock()
 }
 
@@ -160,6 +164,17 @@ func (h *heldKeys) finished(key, token string) {
 	h.mu.Unlock()
 }
 
+// record returns the record token's claim of key wrote, if this Store
+// holds that claim and knows it; else "".
+func (h *heldKeys) record(key, token string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c, ok := h.m[key]; ok && c.token == token {
+		return c.record
+	}
+	return ""
+}
+
 func (h *heldKeys) has(key string) bool {
 	h.mu.Lock()
 	_, ok := h.m[key]
@@ -176,6 +191,8 @@ type claimCall struct {
 	claim   string // the claim part (body SHA-256, fingerprint)
 	bind    string // the fingerprint field to bind the key to, or ""
 	opts    dedup.ClaimOptions
+	// record is the value the claim wrote, once it claimed the key.
+	record string
 	// waitErr is the replicas' verdict on the last command sent for the
 	// claim (see pipeliner.runWaited): nil when enough acknowledged it.
 	waitErr error
@@ -195,6 +212,7 @@ func (s *Store) claimFast(ctx context.Context, c *claimCall) (dedup.ClaimResult,
 	c.waitErr = waitErr
 	old, err := cmd.Result()
 	if isNil(err) {
+		c.record = value
 		// The key was absent: it now holds value. This is the record
 		// decodeRecord(value) returns, built without parsing.
 		first, until := time.UnixMilli(c.now).UTC(), time.UnixMilli(leaseUntil).UTC()
@@ -213,6 +231,9 @@ func (s *Store) claimFast(ctx context.Context, c *claimCall) (dedup.ClaimResult,
 	code, ok := claimDecision(old, c.now, c.token, c.bind)
 	if !ok {
 		return dedup.ClaimResult{}, false, nil
+	}
+	if code == claimClaimed {
+		c.record = old // our own, written by this SET's first sending
 	}
 	res, err := claimResult(code, old, c.token)
 	return res, true, err
@@ -406,12 +427,13 @@ func refusesFastPath(err error) bool {
 	return strings.HasPrefix(rerr.Error(), "ERR")
 }
 
-// fastPathOff makes every later claim run claim.lua alone, and logs why once.
+// fastPathOff makes every later claim run claim.lua alone, and every later
+// commit commit.lua (see commit.go), and logs why once.
 func (s *Store) fastPathOff(err error) {
 	if s.scriptOnly.Swap(true) {
 		return
 	}
-	s.log.Warn("claim fast path off: the server refused SET NX GET (it needs Redis 7.0 or later); every claim now runs claim.lua",
+	s.log.Warn("fast path off: the server refused SET … GET (the claim's SET NX GET needs Redis 7.0 or later); every claim and commit now runs its Lua script",
 		zap.Error(err))
 }
 
@@ -429,6 +451,9 @@ func (s *Store) claimScript(ctx context.Context, c *claimCall) (dedup.ClaimResul
 	code, value, err := claimReply(reply)
 	if err != nil {
 		return dedup.ClaimResult{}, err
+	}
+	if code == claimClaimed || code == claimTookOver {
+		c.record = value
 	}
 	return claimResult(code, value, c.token)
 }

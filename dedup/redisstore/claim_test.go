@@ -322,8 +322,8 @@ func (errorReply) RedisError()     {}
 func TestHeldKeysSettleTime(t *testing.T) {
 	var h heldKeys
 	const t0 = int64(1_700_000_000_000)
-	h.claimed("k", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "a"}, t0)
-	h.claimed("dup", dedup.ClaimResult{Outcome: dedup.Duplicate}, t0)
+	h.claimed("k", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "a"}, t0, "")
+	h.claimed("dup", dedup.ClaimResult{Outcome: dedup.Duplicate}, t0, "")
 	steps := []struct {
 		name       string
 		key, token string
@@ -354,7 +354,7 @@ func TestHeldKeysSettleTime(t *testing.T) {
 	if got := h.settleTime("k", "b", t0+9000); got != t0+9000 {
 		t.Errorf("a settle after finished: got %d, want a time of its own %d", got-t0, 9000)
 	}
-	h.claimed("fresh", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "d"}, t0+staleHeld.Milliseconds())
+	h.claimed("fresh", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "d"}, t0+staleHeld.Milliseconds(), "")
 	h.settleTime("fresh", "d", t0+staleHeld.Milliseconds()+9001)
 	for _, k := range []string{"k", "other"} {
 		if h.has(k) {
@@ -373,7 +373,7 @@ func TestHeldKeysSettleTime(t *testing.T) {
 func TestHeldKeysSettleTimeOfAnotherToken(t *testing.T) {
 	var h heldKeys
 	const t0 = int64(1_700_000_000_000)
-	h.claimed("k", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "new"}, t0)
+	h.claimed("k", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "new"}, t0, "")
 	if got := h.settleTime("k", "new", t0+10); got != t0+10 {
 		t.Fatalf("the new claim's first settle: got %d, want 10", got-t0)
 	}
@@ -399,7 +399,7 @@ func TestHeldKeysPrunesByLastUse(t *testing.T) {
 	var h heldKeys
 	const t0 = int64(1_700_000_000_000)
 	stale := staleHeld.Milliseconds()
-	h.claimed("k", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "a"}, t0)
+	h.claimed("k", dedup.ClaimResult{Outcome: dedup.Claimed, Token: "a"}, t0, "")
 	h.settleTime("k", "a", t0+stale-1)
 	h.settleTime("x", "y", t0+stale+2*time.Minute.Milliseconds()) // prunes
 	if got := h.settleTime("k", "a", t0+stale+3*time.Minute.Milliseconds()); got != t0+stale-1 {

@@ -11,6 +11,9 @@ func (s *Store) OpenPipelines() []string {
 	return s.nodes.open()
 }
 
+// CommitMargin is commitMargin, for the tests.
+const CommitMargin = commitMargin
+
 // KeySlot, HashSlot, SlotTag and InfoField export keySlot, hashSlot,
 // slotTag and infoField to the tests.
 var (

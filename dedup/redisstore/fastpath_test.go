@@ -359,6 +359,7 @@ func wantRecord(t *testing.T, got, want dedup.Record) {
 type refuseSetGetHook struct {
 	refusal error
 	refused atomic.Int64
+	xxOnly  bool // refuse only SET … XX GET (the commit's), as no Redis does
 }
 
 func (h *refuseSetGetHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
@@ -367,7 +368,10 @@ func (h *refuseSetGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) r
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		rest := cmds[:0:0]
 		for _, c := range cmds {
-			if c.Name() == "set" && slices.ContainsFunc(c.Args()[3:], func(a any) bool { s, _ := a.(string); return strings.EqualFold(s, "get") }) {
+			has := func(word string) bool {
+				return slices.ContainsFunc(c.Args()[3:], func(a any) bool { s, _ := a.(string); return strings.EqualFold(s, word) })
+			}
+			if c.Name() == "set" && has("get") && (!h.xxOnly || has("xx")) {
 				c.SetErr(h.refusal)
 				h.refused.Add(1)
 				continue
@@ -516,5 +520,197 @@ func TestConformanceScriptOnly(t *testing.T) {
 	})
 	if refuse.refused.Load() == 0 {
 		t.Errorf("refused SETs: got none, want the suite's first claims refused")
+	}
+}
+
+// TestCommitFastPathPutsBack: a commit whose SET XX GET (see commit.go)
+// finds a value other than its claim's own record puts that value back,
+// byte for byte and with a TTL, and answers as commit.lua would: not the
+// owner, or an error for a value that is not a record. Another claim's
+// record gets there while the commit's lease still has the margin left
+// only when a replica's clock runs ahead (it took the lease over by its
+// clock) or an operator forgot the key in flight; both are made here. The
+// fast path must have been taken: the commit's first round trip is a SET.
+func TestCommitFastPathPutsBack(t *testing.T) {
+	srv := redistest.Start(t)
+	direct := srv.Client()
+	ctx := context.Background()
+	const lease = time.Minute
+	leaseGrace := dedup.LeaseGrace
+	clk := storetest.NewFakeClock(storetest.Epoch)
+	// ahead is a replica whose clock runs a lease and a second ahead.
+	ahead := func() time.Time { return clk.Now().Add(lease + time.Second) }
+	prefix := uniquePrefix()
+	open := func(now dedup.Clock, hook redis.Hook) *redisstore.Store {
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		if hook != nil {
+			client.AddHook(hook)
+		}
+		s := redisstore.NewFromClient(client, prefix, redisstore.Options{Now: now})
+		t.Cleanup(func() { _ = s.Close(); _ = client.Close() })
+		return s
+	}
+	hook := &countingHook{}
+	s := open(clk.Now, hook)
+	skewed := open(ahead, nil)
+	other := open(clk.Now, nil) // another replica, its clock right
+	claimOn := func(t *testing.T, st *redisstore.Store, k dedup.Key) dedup.ClaimResult {
+		t.Helper()
+		res, err := st.Claim(ctx, k, dedup.ClaimOptions{Lease: lease})
+		if err != nil || res.Outcome != dedup.Claimed {
+			t.Fatalf("Claim(%s): got (%v, %v), want (claimed, nil)", k, res.Outcome, err)
+		}
+		return res
+	}
+	commitOn := func(st *redisstore.Store, k dedup.Key, token string) error {
+		return st.Commit(ctx, k, token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+	}
+	tests := []struct {
+		name string
+		// setup puts another claim's record (or another value) in k, which
+		// s claimed; it returns what finishes that claim, if anything.
+		setup func(t *testing.T, k dedup.Key) (finish func() error)
+		// wantTTL bounds the put-back value's TTL; zero: only that it has one.
+		wantTTL time.Duration
+		// notRecord: the commit fails with an error, not ErrNotOwner.
+		notRecord bool
+	}{
+		{
+			name: "a replica whose clock runs ahead took the lease over",
+			setup: func(t *testing.T, k dedup.Key) func() error {
+				b := claimOn(t, skewed, k)
+				if !b.TookOver {
+					t.Fatalf("Claim by the replica ahead: got TookOver false, want true")
+				}
+				return func() error { return commitOn(skewed, k, b.Token) }
+			},
+		},
+		{
+			name: "that replica committed",
+			setup: func(t *testing.T, k dedup.Key) func() error {
+				b := claimOn(t, skewed, k)
+				if err := commitOn(skewed, k, b.Token); err != nil {
+					t.Fatalf("Commit by the replica ahead: %v", err)
+				}
+				return nil
+			},
+		},
+		{
+			name: "that replica released",
+			setup: func(t *testing.T, k dedup.Key) func() error {
+				b := claimOn(t, skewed, k)
+				if err := skewed.Release(ctx, k, b.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 502}); err != nil {
+					t.Fatalf("Release by the replica ahead: %v", err)
+				}
+				return nil
+			},
+		},
+		{
+			name: "forgotten in flight and claimed again",
+			setup: func(t *testing.T, k dedup.Key) func() error {
+				if _, err := other.Forget(ctx, k, dedup.ForgetOptions{}); err != nil {
+					t.Fatalf("Forget: %v", err)
+				}
+				c := claimOn(t, other, k)
+				return func() error { return commitOn(other, k, c.Token) }
+			},
+			wantTTL: lease + leaseGrace,
+		},
+		{
+			name: "not a record",
+			setup: func(t *testing.T, k dedup.Key) func() error {
+				if err := direct.Set(ctx, s.Key(k), "not a record", 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			},
+			notRecord: true,
+		},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := dedup.Key{Namespace: "back", ID: "evt_" + strconv.Itoa(i)}
+			a := claimOn(t, s, k)
+			finish := tt.setup(t, k)
+			before, err := direct.Get(ctx, s.Key(k)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			hook.take()
+			err = commitOn(s, k, a.Token)
+			if notOwner := errors.Is(err, dedup.ErrNotOwner); err == nil || notOwner == tt.notRecord {
+				t.Errorf("Commit by the claim's owner: got %v, want ErrNotOwner (or, for a value that is no record, another error)", err)
+			}
+			if trips := hook.take(); len(trips) < 2 || trips[0] != tripSet {
+				t.Errorf("round trips of the commit: got %v, want a SET (the fast path), then the put-back", trips)
+			}
+			if got, err := direct.Get(ctx, s.Key(k)).Result(); err != nil || got != before {
+				t.Errorf("value after the commit: got %q (%v), want %q put back", got, err, before)
+			}
+			ttl, err := direct.PTTL(ctx, s.Key(k)).Result()
+			if err != nil || ttl <= 0 || tt.wantTTL > 0 && (ttl > tt.wantTTL || ttl < tt.wantTTL-5*time.Second) {
+				t.Errorf("TTL after the put-back: got %s (%v), want one (just under %s when not zero)", ttl, err, tt.wantTTL)
+			}
+			if finish != nil {
+				if err := finish(); err != nil {
+					t.Errorf("Commit by the claim that holds the key: got %v, want nil", err)
+				}
+				if got, err := direct.Get(ctx, s.Key(k)).Result(); err != nil || !strings.HasPrefix(got, "d,") {
+					t.Errorf("value after that commit: got %q (%v), want a processed record", got, err)
+				}
+			}
+		})
+	}
+
+	// Forgotten and not claimed again: XX writes nothing, one round trip.
+	k := dedup.Key{Namespace: "back", ID: "evt_forgotten"}
+	a := claimOn(t, s, k)
+	if _, err := other.Forget(ctx, k, dedup.ForgetOptions{}); err != nil {
+		t.Fatalf("Forget: %v", err)
+	}
+	hook.take()
+	if err := commitOn(s, k, a.Token); !errors.Is(err, dedup.ErrNotOwner) {
+		t.Errorf("Commit of a forgotten key: got %v, want ErrNotOwner", err)
+	}
+	if got := hook.take(); !slices.Equal(got, []string{tripSet}) {
+		t.Errorf("round trips of that commit: got %v, want [%s]", got, tripSet)
+	}
+	if n, err := direct.Exists(ctx, s.Key(k)).Result(); err != nil || n != 0 {
+		t.Errorf("EXISTS after that commit: got (%d, %v), want (0, nil)", n, err)
+	}
+}
+
+// TestCommitFastPathRefused: a server that takes the claim's SET NX GET but
+// refuses the commit's SET XX GET (no Redis does; a Redis-compatible
+// server might) gets the commit from commit.lua, and the fast paths are
+// turned off, as for a claim's refusal.
+func TestCommitFastPathRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	refuse := newRefuseSetGetHook(t, srv)
+	refuse.xxOnly = true
+	client.AddHook(refuse)
+	hook := &countingHook{}
+	client.AddHook(hook)
+	core, logs := observer.New(zapcore.InfoLevel)
+	s := redisstore.NewFromClient(client, uniquePrefix(), redisstore.Options{Logger: zap.New(core)})
+	t.Cleanup(func() { _ = s.Close() })
+	k := dedup.Key{Namespace: "compat", ID: "evt_1"}
+	claimCommit(t, s, k)
+	wantDuplicate(t, s, k)
+	if got := refuse.refused.Load(); got != 1 {
+		t.Errorf("refused SET XX GETs: got %d, want 1", got)
+	}
+	if got := logs.FilterMessageSnippet("fast path off").Len(); got != 1 {
+		t.Errorf("fast-path-off log lines: got %d, want 1", got)
+	}
+	// The hook answers the refused SET itself, unseen by hook; a fresh
+	// server answers each script's first EVALSHA with NOSCRIPT.
+	trips := slices.DeleteFunc(hook.take(), func(rt string) bool {
+		return !strings.HasPrefix(rt, "pipeline[") || strings.HasPrefix(rt, "pipeline[client")
+	})
+	if want := []string{tripSet, tripEvalSHA, "pipeline[eval]", tripEvalSHA, "pipeline[eval]"}; !slices.Equal(trips, want) {
+		t.Errorf("round trips: got %v, want %v: the claim's SET, commit.lua, and claim.lua for the duplicate", trips, want)
 	}
 }

@@ -9,9 +9,14 @@
 // or returns the record it found, which decides a duplicate, a held lease or
 // a conflict in Go by claim.lua's rule without changing anything; only a
 // claim that takes a key over (a lapsed lease, a failed record) runs
-// claim.lua as well. So a delivery costs one command for a duplicate and two
-// (claim, commit) for a first delivery. A server that refuses SET NX GET
-// (Redis < 7.0) turns the fast path off, and every claim runs claim.lua.
+// claim.lua as well. Commit has one too (see commit.go): a SET XX GET of
+// the processed record, which the Store builds from the record its claim
+// wrote, and which is the commit when it replaced exactly that record;
+// when it replaced another (a rare race, which the fast path's margin on
+// the lease keeps rare), the Store puts that back at once. So a delivery
+// costs one command for a duplicate and two (claim, commit) for a first
+// delivery, none of them Lua. A server that refuses SET … GET (Redis < 7.0)
+// turns the fast paths off, and every claim and commit runs its script.
 //
 // Concurrent operations share round trips: the Store auto-pipelines them
 // (see pipeliner in pipeline.go), so under load many deliveries' commands
@@ -60,6 +65,8 @@ var (
 	releaseSrc string
 	//go:embed forget.lua
 	forgetLua string
+	//go:embed restore.lua
+	restoreSrc string
 
 	// The scripts that read a record's result part start with result.lua's
 	// helpers: a script cannot call another.
@@ -73,6 +80,7 @@ var (
 	commitScript  = redis.NewScript(commitSrc)
 	releaseScript = redis.NewScript(releaseSrc)
 	forgetScript  = redis.NewScript(forgetSrc)
+	restoreScript = redis.NewScript(restoreSrc)
 )
 
 // leaseGrace is how long Redis keeps a processing record after its lease
@@ -121,7 +129,7 @@ type Store struct {
 	pipe       *pipeliner
 	nodes      *nodePipes // on a Cluster: a pipeliner per master; else nil
 	closed     atomic.Bool
-	scriptOnly atomic.Bool // the server refused SET NX GET: claims run claim.lua alone
+	scriptOnly atomic.Bool // the server refused SET … GET: claims and commits run their scripts
 	held       heldKeys    // keys this Store claimed and has not finished
 	masterName string      // Config.MasterName, for Ping's hint
 
@@ -360,7 +368,7 @@ func (s *Store) claimed(ctx context.Context, c *claimCall, res dedup.ClaimResult
 		}
 		return dedup.ClaimResult{}, fmt.Errorf("redisstore: claim: %w", c.waitErr)
 	}
-	s.held.claimed(c.key, res, c.now)
+	s.held.claimed(c.key, res, c.now, c.record)
 	return res, nil
 }
 
@@ -393,7 +401,7 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 		return fmt.Errorf("redisstore: commit: window %s must be positive", opts.Window)
 	}
 	n, waitErr, err := s.settle(ctx, "commit", commitScript, rk, token, opts.Window,
-		encodeResult(opts.Status, "", false, opts.Response))
+		encodeResult(opts.Status, "", false, opts.Response), s.newFastCommit)
 	if err != nil {
 		return fmt.Errorf("redisstore: commit: %w", err)
 	}
@@ -437,22 +445,38 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 // settle runs script (commit.lua or release.lua, for op) on rk for token,
 // writing result, expiring span from now, sending it again under the rules
 // above. Its completed_at is settleTime's: a caller's own later try repeats
-// the first one's. It returns the script's reply, the replicas' verdict on
-// the last try (see pipeliner.runWaited) and the last try's error; an
-// answer (any reply) finishes the claim in s.held.
-func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk, token string, span time.Duration, result string) (n int64, waitErr, err error) {
+// the first one's. A non-nil fast (Store.newFastCommit, for a commit)
+// builds the fast path from the same arguments, which each try takes
+// while it is usable (see commit.go). It returns the script's reply, the
+// replicas' verdict on the last try (see pipeliner.runWaited) and the last
+// try's error; an answer (any reply) finishes the claim in s.held.
+func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk, token string, span time.Duration, result string,
+	fast func(key, token, at string, now, expiresAt, spanMS int64, result string) *fastCommit,
+) (n int64, waitErr, err error) {
 	now := s.nowMS()
 	spanMS := durationMS(span)
-	args := []any{now, token, base36(s.held.settleTime(rk, token, now)), base36(now + spanMS), spanMS, result}
+	at := base36(s.held.settleTime(rk, token, now))
+	args := []any{now, token, at, base36(now + spanMS), spanMS, result}
+	var fc *fastCommit
+	if fast != nil {
+		fc = fast(rk, token, at, now, now+spanMS, spanMS, result)
+	}
 	defer func() {
 		if err == nil {
 			s.held.finished(rk, token)
 		}
 	}()
 	for attempt := 0; ; attempt++ {
-		var cmd *redis.Cmd
-		cmd, waitErr = s.runWaited(ctx, script, rk, args...)
-		if n, err = cmd.Int64(); err == nil || !s.again(ctx, op, err, attempt) {
+		done := false
+		if fc.usable(s.nowMS()) {
+			n, waitErr, err, done = s.commitFast(ctx, fc)
+		}
+		if !done {
+			var cmd *redis.Cmd
+			cmd, waitErr = s.runWaited(ctx, script, rk, args...)
+			n, err = cmd.Int64()
+		}
+		if err == nil || !s.again(ctx, op, err, attempt) {
 			return n, waitErr, err
 		}
 	}
@@ -508,7 +532,7 @@ func retryable(err error, waiting bool) bool {
 // the connection to carry the command.
 func notTransport(err error) bool {
 	var rerr redis.Error
-	return errors.As(err, &rerr) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+	return errors.As(err, &rerr) || errors.Is(err, errNotRecord) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, dedup.ErrClosed) || errors.Is(err, redis.ErrClosed)
 }
 
@@ -525,7 +549,7 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 		return fmt.Errorf("redisstore: release: retain %s must not be negative", opts.Retain)
 	}
 	n, _, err := s.settle(ctx, "release", releaseScript, rk, token, opts.Retain,
-		encodeResult(opts.Status, opts.Error, opts.MaybeProcessed, nil))
+		encodeResult(opts.Status, opts.Error, opts.MaybeProcessed, nil), nil)
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
@@ -932,8 +956,8 @@ const probeNamespace = "dedupgw-start-up-probe"
 // CheckCommands runs every operation the Store sends Redis on a probe key
 // of its own (random, under the key prefix, gone within seconds): a claim
 // (SET NX GET), a release (release.lua), a takeover (claim.lua), a commit
-// (commit.lua), a Get and a Forget (forget.lua), as EVALSHA and, the first
-// time, EVAL. It returns the first error, which CredentialsRefused
+// (SET XX GET, see commit.go), a Get and a Forget (forget.lua), as EVALSHA
+// and, the first time, EVAL. It returns the first error, which CredentialsRefused
 // recognises when an ACL user may PING but not run what the store needs
 // (or not on the prefix's keys). Its writes wait for replicas as a claim's
 // do (Config.WaitReplicas), on the connection that wrote them (a WAIT

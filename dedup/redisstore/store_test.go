@@ -82,6 +82,20 @@ func claimCommit(t testing.TB, s dedup.Store, k dedup.Key) {
 	}
 }
 
+// commitLate claims k with a lease shorter than the commit fast path's
+// margin, so that its commit runs commit.lua, and commits it.
+func commitLate(t testing.TB, s dedup.Store, k dedup.Key) {
+	t.Helper()
+	ctx := context.Background()
+	res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: redisstore.CommitMargin / 2})
+	if err != nil || res.Outcome != dedup.Claimed {
+		t.Fatalf("Claim(%s): got (%v, %v), want (claimed, nil)", k, res.Outcome, err)
+	}
+	if err := s.Commit(ctx, k, res.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); err != nil {
+		t.Fatalf("Commit(%s): got %v, want nil", k, err)
+	}
+}
+
 // wantDuplicate claims k and fails t unless it is a duplicate.
 func wantDuplicate(t testing.TB, s dedup.Store, k dedup.Key) {
 	t.Helper()
@@ -492,8 +506,9 @@ func TestSettleRetriedAfterALostReplyIsNoLostLease(t *testing.T) {
 			if err := settle(context.Background(), k, res.Token); err != nil {
 				t.Fatalf("the %s tried again: got %v, want nil (it is the one Redis applied)", op, err)
 			}
-			if got, err := s.Get(context.Background(), k); err != nil || !got.CompletedAt.Equal(first.CompletedAt) {
-				t.Errorf("record after the retry: got completed_at %v (%v), want the first try's %v", got.CompletedAt, err, first.CompletedAt)
+			if got, err := s.Get(context.Background(), k); err != nil || !got.CompletedAt.Equal(first.CompletedAt) || !got.ExpiresAt.Equal(first.ExpiresAt) {
+				t.Errorf("record after the retry: got completed_at %v, expires_at %v (%v), want the first try's %v, %v",
+					got.CompletedAt, got.ExpiresAt, err, first.CompletedAt, first.ExpiresAt)
 			}
 		})
 	}

@@ -322,13 +322,16 @@ func TestRoundTrips(t *testing.T) {
 
 	// Warm up: the first run of each script on a fresh server costs a
 	// NOSCRIPT answer and an EVAL (claim.lua runs only for a takeover, here
-	// of warm/2 after its release). Then a delivery by one caller at a time
-	// costs one pipeline of one command per round trip: what concurrent
-	// callers share is the pipeline, never a command. A claim is one SET
-	// (the fast path), plus the claim script when it takes a key over.
+	// of warm/2 after its release; commit.lua only for a commit near the
+	// end of its lease, here warm/3's). Then a delivery by one caller at a
+	// time costs one pipeline of one command per round trip: what
+	// concurrent callers share is the pipeline, never a command. A claim is
+	// one SET (the fast path), plus the claim script when it takes a key
+	// over; a commit is one SET (its fast path, see commit.go).
 	warm := dedup.Key{Namespace: "warm", ID: "1"}
 	claimCommit(t, s, warm)
 	wantDuplicate(t, s, warm)
+	commitLate(t, s, dedup.Key{Namespace: "warm", ID: "3"})
 	warm2 := dedup.Key{Namespace: "warm", ID: "2"}
 	res, _ := s.Claim(ctx, warm2, dedup.ClaimOptions{Lease: time.Minute})
 	_ = s.Release(ctx, warm2, res.Token, dedup.ReleaseOptions{Retain: time.Minute})
@@ -348,14 +351,16 @@ func TestRoundTrips(t *testing.T) {
 		run  func(k dedup.Key)
 		want []string
 	}{
-		{"first delivery (claim, commit)", func(k dedup.Key) { claimCommit(t, s, k) }, []string{set, evalsha}},
+		{"first delivery (claim, commit)", func(k dedup.Key) { claimCommit(t, s, k) }, []string{set, set}},
 		{"duplicate (claim)", func(k dedup.Key) { wantDuplicate(t, s, k) }, []string{set}},
 		{"failed delivery (claim, release)", func(k dedup.Key) {
 			res, _ := s.Claim(ctx, k, lease)
 			_ = s.Release(ctx, k, res.Token, dedup.ReleaseOptions{Retain: time.Hour, Status: 500})
 		}, []string{set, evalsha}},
 		// The SET finds the failed record: claim.lua takes it over.
-		{"retry of failed (claim, commit)", func(k dedup.Key) { claimCommit(t, s, k) }, []string{set, evalsha, evalsha}},
+		{"retry of failed (claim, commit)", func(k dedup.Key) { claimCommit(t, s, k) }, []string{set, evalsha, set}},
+		// Less than the margin left of the lease: commit.lua decides.
+		{"commit near the lease's end (claim, commit)", func(k dedup.Key) { commitLate(t, s, k) }, []string{set, evalsha}},
 		{"in flight (claim)", func(k dedup.Key) {
 			if _, err := s.Claim(ctx, dedup.Key{Namespace: k.Namespace, ID: "held"}, lease); err != nil {
 				t.Fatalf("Claim: got %v, want nil", err)
@@ -627,7 +632,9 @@ func concurrentFlush(t *testing.T, s *redisstore.Store, admins []*redis.Client) 
 		wg.Go(func() {
 			for i := range each {
 				k := dedup.Key{Namespace: "flush", ID: "evt_" + strconv.Itoa(w) + "_" + strconv.Itoa(i)}
-				res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+				// A lease shorter than the commit fast path's margin: the
+				// commit runs commit.lua, which the flushes must unload.
+				res, err := s.Claim(ctx, k, dedup.ClaimOptions{Lease: redisstore.CommitMargin / 2})
 				if err == nil && res.Outcome != dedup.Claimed {
 					t.Errorf("Claim(%s): got %v, want claimed", k, res.Outcome)
 				}
