@@ -39,7 +39,11 @@ import (
 // the other claim's owner commits inside that round trip, its commit finds
 // this one's record and is refused, and the put-back leaves its lease in
 // place, so the key stays in flight until that lease ends and its next copy
-// is forwarded again.
+// is forwarded again. And a SET that replaced another claim's record and
+// lost its reply is sent again (by go-redis, or the retry below), finds its
+// own record and answers committed: the other record stays replaced, by a
+// processed one, which is true, and that claim's owner is refused its
+// commit or release.
 //
 // That needs another claim in the key, which needs this claim's lease
 // lapsed or the key forgotten. So the fast path runs only while the lease
