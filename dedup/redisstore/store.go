@@ -456,7 +456,6 @@ func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk,
 	now := s.nowMS()
 	spanMS := durationMS(span)
 	at := base36(s.held.settleTime(rk, token, now))
-	args := []any{now, token, at, base36(now + spanMS), spanMS, result}
 	var fc *fastCommit
 	if fast != nil {
 		fc = fast(rk, token, at, now, now+spanMS, spanMS, result)
@@ -466,12 +465,16 @@ func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk,
 			s.held.finished(rk, token)
 		}
 	}()
+	var args []any // the script's, built when first needed
 	for attempt := 0; ; attempt++ {
 		done := false
 		if fc.usable(s.nowMS()) {
 			n, waitErr, err, done = s.commitFast(ctx, fc)
 		}
 		if !done {
+			if args == nil {
+				args = []any{now, token, at, base36(now + spanMS), spanMS, result}
+			}
 			var cmd *redis.Cmd
 			cmd, waitErr = s.runWaited(ctx, script, rk, args...)
 			n, err = cmd.Int64()
