@@ -33,28 +33,37 @@ import (
 // lease or record, or a value that is not a record. The SET wrote over it
 // all the same, so the Store puts it back at once (restore.lua, only while
 // the key still holds what the SET wrote, and with the life that record had
-// left) and answers ErrNotOwner, as commit.lua does. Until then, for one
-// round trip, the key reads as processed, which it is: this commit's upstream
-// answered 2xx. One interleaving comes out worse than with the script: when
-// the other claim's owner commits inside that round trip, its commit finds
-// this one's record and is refused, and the put-back leaves its lease in
-// place, so the key stays in flight until that lease ends and its next copy
-// is forwarded again. And a SET that replaced another claim's record and
-// lost its reply is sent again (by go-redis, or the retry below), finds its
-// own record and answers committed: the other record stays replaced, by a
-// processed one, which is true, and that claim's owner is refused its
-// commit or release.
+// left by this Store's clock). A value that is not a record gets commit.lua's
+// error. For a record, commit.lua then decides, after putBackPause: usually
+// it finds the other claim's record and refuses the commit, changing
+// nothing, as it would have. Until the put-back, for one round trip, the key
+// reads as processed, which it is: this commit's upstream answered 2xx.
 //
-// That needs another claim in the key, which needs this claim's lease
-// lapsed or the key forgotten. So the fast path runs only while the lease
-// has at least commitMargin left by the Store's clock: another replica takes
-// the lease over only once it lapsed by that replica's clock, so a record
-// other than the claim's own is found only when the clocks differ by more
-// than the margin, the command was held up as long on its way to Redis (a
-// frozen process), or an operator forgot the key while it was in flight
-// (forget with in_flight). A later commit, or one retried that long, runs
-// commit.lua. So does every commit of a Store that turned the claim fast
-// path off (the server refused SET … GET, see fastPathOff).
+// When the other claim's owner commits inside that round trip, its own fast
+// commit finds this one's record, puts it back and waits as well. Once both
+// put-backs landed, whichever landed first, the key holds one of the two
+// commits' records or the other claim's lease, and commit.lua commits
+// exactly one of them (TestFastCommitsRace): the key ends processed. Only a
+// put-back held up for longer than the pause (a process frozen between its
+// SET and its put-back) can still leave both commits refused, with the other
+// claim's lease in the key until it lapses, when the event's next copy is
+// forwarded again. And a SET that replaced another claim's record and lost
+// its reply is sent again (by go-redis, or the retry below), finds its own
+// record and answers committed: the other record stays replaced, by a
+// processed one, which is true, and that claim's owner is refused its commit
+// or release.
+//
+// All of that needs another claim in the key while this one's lease is
+// live, which needs this claim lost (a failover to a replica its write had
+// not reached, an eviction), the key forgotten while in flight (forget with
+// in_flight), or a replica whose clock runs ahead taking the lease over as
+// lapsed. For that last one, the fast path runs only while the lease has at
+// least commitMargin left by the Store's clock: a replica takes the lease
+// over only once it lapsed by its own clock, so it must run ahead by more
+// than the margin (or the command be held up as long on its way to Redis).
+// A commit later than that, or one retried that long, runs commit.lua. So
+// does every commit of a Store that turned the claim fast path off (the
+// server refused SET … GET, see fastPathOff).
 const commitMargin = 5 * time.Second
 
 // fastCommit is one Commit's fast path: the SET it sends, and what the
@@ -126,37 +135,66 @@ func (fc *fastCommit) usable(now int64) bool {
 	return fc != nil && now+commitMargin.Milliseconds() <= fc.leaseUntil
 }
 
-// commitFast sends fc's SET and returns what commit.lua would: 1 when
-// committed (also when repeated), 0 when the caller is not the owner, with
-// the replicas' verdict (see pipeliner.runWaited). It reports done false,
-// with no error, when the server refused the command: the caller runs
-// commit.lua instead.
-func (s *Store) commitFast(ctx context.Context, fc *fastCommit) (n int64, waitErr, err error, done bool) {
+// fastOutcome is what became of a commit's fast path.
+type fastOutcome int
+
+const (
+	// fastAnswered: the reply (or error) is the commit's answer.
+	fastAnswered fastOutcome = iota
+	// fastRefused: the server refused the command, and wrote nothing:
+	// commit.lua decides, now.
+	fastRefused
+	// fastPutBack: the SET replaced another claim's record, now put back:
+	// commit.lua decides, after putBackPause.
+	fastPutBack
+)
+
+// putBackPause is how long a commit whose SET replaced another claim's
+// record waits, once it put that back, before commit.lua decides it. The
+// other record may be there only for a moment: another fast commit of the
+// same key that replaced this claim's own record an instant before, which
+// is putting it back too. Deciding from what the SET found would then
+// refuse both commits, or leave the other claim's lease where this one's
+// processed record belongs; commit.lua, once both put-backs landed, reads
+// the key as it stands and decides atomically.
+const putBackPause = 100 * time.Millisecond
+
+// commitFast sends fc's SET. For fastAnswered it returns what commit.lua
+// would: 1 when committed (also when repeated), 0 when the caller is not
+// the owner, or an error, with the replicas' verdict (see
+// pipeliner.runWaited).
+func (s *Store) commitFast(ctx context.Context, fc *fastCommit) (n int64, waitErr, err error, next fastOutcome) {
 	cmd, waitErr := s.commandWaited(ctx, fc.key, "set", fc.key, fc.record, "xx", "get", "px", fc.windowMS)
 	old, err := cmd.Result()
 	switch {
 	case isNil(err):
-		return 0, waitErr, nil, true // absent: XX wrote nothing
+		return 0, waitErr, nil, fastAnswered // absent: XX wrote nothing
 	case err != nil:
 		if refusesFastPath(err) {
 			s.fastPathOff(err)
-			return 0, nil, nil, false
+			return 0, nil, nil, fastRefused
 		}
-		return 0, waitErr, err, true
+		return 0, waitErr, err, fastAnswered
 	case old == fc.claimed || old == fc.record:
-		return 1, waitErr, nil, true
+		return 1, waitErr, nil, fastAnswered
 	}
 	// The SET replaced a value the commit must not change.
 	s.restore(ctx, fc, old)
-	if _, ok := parseClaimHeader(old); !ok {
-		return 0, waitErr, errNotRecord, true
-	}
-	if sameCommit(old, fc.record) {
+	switch {
+	case !isRecord(old):
+		return 0, waitErr, errNotRecord, fastAnswered
+	case sameCommit(old, fc.record):
 		// This commit, applied by an earlier try whose reply was lost
 		// (put back above with its own expiry, as commit.lua keeps it).
-		return 1, waitErr, nil, true
+		return 1, waitErr, nil, fastAnswered
 	}
-	return 0, waitErr, nil, true
+	return 0, waitErr, nil, fastPutBack
+}
+
+// isRecord reports whether v reads as a record to the scripts.
+func isRecord(v string) bool {
+	_, ok := parseClaimHeader(v)
+	return ok
 }
 
 // errNotRecord is the fast path's answer where commit.lua answers "ERR

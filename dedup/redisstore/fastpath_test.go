@@ -714,3 +714,123 @@ func TestCommitFastPathRefused(t *testing.T) {
 		t.Errorf("round trips: got %v, want %v: the claim's SET, commit.lua, and claim.lua for the duplicate", trips, want)
 	}
 }
+
+// afterHook calls after, when set, once each pipeline it sees has run in
+// Redis and before its caller reads the replies.
+type afterHook struct {
+	after atomic.Pointer[func(cmds []redis.Cmder)]
+}
+
+func (h *afterHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *afterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *afterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if fn := h.after.Load(); fn != nil {
+			(*fn)(cmds)
+		}
+		return err
+	}
+}
+
+// isFastCommit reports whether cmds carry a commit's SET … XX GET; isEval
+// whether they carry a script call (the put-back).
+func isFastCommit(cmds []redis.Cmder) bool {
+	return slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
+		return c.Name() == "set" && slices.ContainsFunc(c.Args()[3:], func(a any) bool { s, _ := a.(string); return strings.EqualFold(s, "xx") })
+	})
+}
+
+func isEval(cmds []redis.Cmder) bool {
+	return slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return strings.HasPrefix(c.Name(), "eval") })
+}
+
+// TestFastCommitsRace: A's claim is lost (a failover to a replica it had
+// not reached, an eviction: here a DEL), a copy is claimed afresh by B,
+// and both commit by the fast path at once: B's SET lands between A's SET
+// and A's put-back, and each replaces the other's record. commit.lua,
+// run after each put-back, must leave the key processed, one commit
+// answered done and the other refused, whichever put-back lands first: not
+// B's lease put back with both refused, which would keep the key in
+// flight until that lease lapses and forward its next copy again. (Found
+// by a review.)
+func TestFastCommitsRace(t *testing.T) {
+	srv := redistest.Start(t)
+	direct := srv.Client()
+	ctx := context.Background()
+	for _, aFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "B's put-back first", true: "A's put-back first"}[aFirst], func(t *testing.T) {
+			clk := storetest.NewFakeClock(storetest.Epoch)
+			prefix := uniquePrefix()
+			open := func(h redis.Hook) *redisstore.Store {
+				client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+				client.AddHook(h)
+				s := redisstore.NewFromClient(client, prefix, redisstore.Options{Now: clk.Now})
+				t.Cleanup(func() { _ = s.Close(); _ = client.Close() })
+				return s
+			}
+			aHook, bHook := &afterHook{}, &afterHook{}
+			a, b := open(aHook), open(bHook)
+			k := dedup.Key{Namespace: "race", ID: "evt_1"}
+			ra, err := a.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+			if err != nil || ra.Outcome != dedup.Claimed {
+				t.Fatalf("A's Claim: got (%v, %v), want claimed", ra.Outcome, err)
+			}
+			if err := direct.Del(ctx, a.Key(k)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			clk.Advance(time.Second)
+			rb, err := b.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+			if err != nil || rb.Outcome != dedup.Claimed {
+				t.Fatalf("B's Claim: got (%v, %v), want claimed", rb.Outcome, err)
+			}
+
+			bSet, bPutBack, aPutBack := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			bAfter := func(cmds []redis.Cmder) {
+				switch {
+				case isFastCommit(cmds):
+					close(bSet)
+					if aFirst {
+						<-aPutBack
+					}
+				case isEval(cmds):
+					once.Do(func() { close(bPutBack) })
+				}
+			}
+			bHook.after.Store(&bAfter)
+			errB := make(chan error, 1)
+			var aOnce sync.Once
+			aAfter := func(cmds []redis.Cmder) {
+				switch {
+				case isFastCommit(cmds):
+					go func() { errB <- b.Commit(ctx, k, rb.Token, dedup.CommitOptions{Window: time.Hour, Status: 201}) }()
+					<-bSet // B's SET ran after A's, before A's put-back
+					if !aFirst {
+						<-bPutBack
+					}
+				case isEval(cmds):
+					aOnce.Do(func() { close(aPutBack) })
+				}
+			}
+			aHook.after.Store(&aAfter)
+			errA := a.Commit(ctx, k, ra.Token, dedup.CommitOptions{Window: time.Hour, Status: 200})
+			eb := <-errB
+
+			if (errA == nil) == (eb == nil) || errA != nil && !errors.Is(errA, dedup.ErrNotOwner) || eb != nil && !errors.Is(eb, dedup.ErrNotOwner) {
+				t.Errorf("commits: got A %v, B %v; want one done and the other ErrNotOwner", errA, eb)
+			}
+			rec, err := b.Get(ctx, k)
+			if err != nil || rec.State != dedup.StateProcessed {
+				t.Fatalf("record after both commits: got %q (%v), want processed", rec.State, err)
+			}
+			if want := map[bool]int{true: 200, false: 201}[errA == nil]; rec.LastStatus != want {
+				t.Errorf("record's status: got %d, want %d, the one of the commit answered done", rec.LastStatus, want)
+			}
+			clk.Advance(2 * time.Minute) // past both leases
+			if res, err := b.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.Duplicate {
+				t.Errorf("a copy after both leases: got (%v, %v), want duplicate", res.Outcome, err)
+			}
+		})
+	}
+}

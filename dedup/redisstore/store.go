@@ -467,11 +467,17 @@ func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk,
 	}()
 	var args []any // the script's, built when first needed
 	for attempt := 0; ; attempt++ {
-		done := false
+		next := fastRefused // without the fast path: the script, now
 		if fc.usable(s.nowMS()) {
-			n, waitErr, err, done = s.commitFast(ctx, fc)
+			n, waitErr, err, next = s.commitFast(ctx, fc)
 		}
-		if !done {
+		if next == fastPutBack {
+			fc = nil // the script decides this try and every later one
+			if !sleep(ctx, putBackPause) {
+				return 0, waitErr, fmt.Errorf("put back another claim's record, then: %w", ctx.Err())
+			}
+		}
+		if next != fastAnswered {
 			if args == nil {
 				args = []any{now, token, at, base36(now + spanMS), spanMS, result}
 			}
@@ -505,7 +511,13 @@ func (s *Store) again(ctx context.Context, op string, err error, attempt int) bo
 		return false
 	}
 	s.log.Debug(op+" not done; trying again", zap.Int("attempt", attempt+1), zap.Duration("after", pause), zap.Error(err))
-	t := time.NewTimer(pause)
+	return sleep(ctx, pause)
+}
+
+// sleep pauses for d, or until ctx ends; it reports whether ctx is still
+// live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
