@@ -175,6 +175,17 @@ func (h *heldKeys) record(key, token string) string {
 	return ""
 }
 
+// dropRecord forgets the record token's claim of key wrote, so that later
+// commits of that claim run commit.lua.
+func (h *heldKeys) dropRecord(key, token string) {
+	h.mu.Lock()
+	if c, ok := h.m[key]; ok && c.token == token {
+		c.record = ""
+		h.m[key] = c
+	}
+	h.mu.Unlock()
+}
+
 func (h *heldKeys) has(key string) bool {
 	h.mu.Lock()
 	_, ok := h.m[key]

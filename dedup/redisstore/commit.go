@@ -56,25 +56,35 @@ import (
 // All of that needs another claim in the key while this one's lease is
 // live, which needs this claim lost (a failover to a replica its write had
 // not reached, an eviction), the key forgotten while in flight (forget with
-// in_flight), or a replica whose clock runs ahead taking the lease over as
-// lapsed. For that last one, the fast path runs only while the lease has at
-// least commitMargin left by the Store's clock: a replica takes the lease
-// over only once it lapsed by its own clock, so it must run ahead by more
-// than the margin (or the command be held up as long on its way to Redis).
-// A commit later than that, or one retried that long, runs commit.lua. So
-// does every commit of a Store that turned the claim fast path off (the
-// server refused SET … GET, see fastPathOff).
-const commitMargin = 5 * time.Second
+// in_flight), or a replica taking the lease over as lapsed. Against that
+// last one, the fast path runs only while the lease has at least
+// commitMargin left by the Store's clock when the SET is queued. A replica
+// takes the lease over only once it lapsed by its own clock, so it must run
+// ahead by more than the margin less the time the SET then takes to reach
+// Redis: it is sent before its caller's deadline (the gateway gives a store
+// operation 5 s) or dropped (see pipeliner.send), and the pipeline it
+// shares runs under the latest deadline in it (5 s more at most), so with
+// a 15 s margin a replica must run more than 5 s ahead, which NTP keeps far
+// off. A commit later than that, or one retried that long, runs commit.lua,
+// which is atomic however late it lands. So does every later commit of a
+// claim whose fast commit met another value, and every commit of a Store
+// that turned the claim fast path off (the server refused SET … GET, see
+// fastPathOff). While a SET's replacement stands (one round trip), a
+// reader sees this commit's processed record: a claim that binds a
+// fingerprint may be told of a conflict where it would be in flight, and a
+// forget of processed keys may delete it, which the put-back then leaves
+// deleted. A put-back that fails (Redis gone, a closed Store) leaves it in
+// place for good, processed by this commit; it is logged.
+const commitMargin = 15 * time.Second
 
 // fastCommit is one Commit's fast path: the SET it sends, and what the
 // reply is compared with.
 type fastCommit struct {
-	key        string
+	key, token string
 	claimed    string // the record the claim wrote
 	record     string // the processed record the SET writes
 	leaseUntil int64  // the claim's lease end, ms
 	windowMS   int64
-	now        int64 // the commit's clock, ms: the restore's TTLs count from it
 }
 
 // newFastCommit returns the fast path of a Commit of key by token writing
@@ -93,7 +103,7 @@ func (s *Store) newFastCommit(key, token, at string, now, expiresAt, windowMS in
 	if !ok {
 		return nil
 	}
-	return &fastCommit{key: key, claimed: claimed, record: record, leaseUntil: leaseUntil, windowMS: windowMS, now: now}
+	return &fastCommit{key: key, token: token, claimed: claimed, record: record, leaseUntil: leaseUntil, windowMS: windowMS}
 }
 
 // processedRecord returns the record commit.lua writes over the processing
@@ -178,7 +188,10 @@ func (s *Store) commitFast(ctx context.Context, fc *fastCommit) (n int64, waitEr
 	case old == fc.claimed || old == fc.record:
 		return 1, waitErr, nil, fastAnswered
 	}
-	// The SET replaced a value the commit must not change.
+	// The SET replaced a value the commit must not change. This claim's
+	// later commits (the gateway's retries in the background) run
+	// commit.lua: the key is not as the claim left it.
+	s.held.dropRecord(fc.key, fc.token)
 	s.restore(ctx, fc, old)
 	switch {
 	case !isRecord(old):
@@ -214,7 +227,7 @@ func (s *Store) restore(ctx context.Context, fc *fastCommit, old string) {
 		if h.state == 'p' {
 			end += leaseGrace.Milliseconds()
 		}
-		ttl = max(end-fc.now, 1)
+		ttl = max(end-s.nowMS(), 1)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
 	defer cancel()

@@ -647,6 +647,18 @@ func TestCommitFastPathPutsBack(t *testing.T) {
 			if got, err := direct.Get(ctx, s.Key(k)).Result(); err != nil || got != before {
 				t.Errorf("value after the commit: got %q (%v), want %q put back", got, err, before)
 			}
+			// The gateway tries a failed commit again later: that try, and
+			// every later one, is commit.lua's alone.
+			err = commitOn(s, k, a.Token)
+			if notOwner := errors.Is(err, dedup.ErrNotOwner); err == nil || notOwner == tt.notRecord {
+				t.Errorf("the commit tried again: got %v, want the same answer", err)
+			}
+			if trips := hook.take(); len(trips) == 0 || slices.Contains(trips, tripSet) || !slices.Contains(trips, tripEvalSHA) {
+				t.Errorf("round trips of the commit tried again: got %v, want commit.lua's alone", trips)
+			}
+			if got, err := direct.Get(ctx, s.Key(k)).Result(); err != nil || got != before {
+				t.Errorf("value after the commit tried again: got %q (%v), want %q", got, err, before)
+			}
 			ttl, err := direct.PTTL(ctx, s.Key(k)).Result()
 			if err != nil || ttl <= 0 || tt.wantTTL > 0 && (ttl > tt.wantTTL || ttl < tt.wantTTL-5*time.Second) {
 				t.Errorf("TTL after the put-back: got %s (%v), want one (just under %s when not zero)", ttl, err, tt.wantTTL)
