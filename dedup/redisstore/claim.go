@@ -71,6 +71,8 @@ type heldClaim struct {
 	// record is the value the claim wrote, exactly, for the commit fast
 	// path (see commit.go); "" when not known.
 	record string
+	// leaseUntil is the claim's lease end (ms); 0 when not known.
+	leaseUntil int64
 }
 
 // staleHeld is how long a claim not finished stays held: longer than any
@@ -92,7 +94,7 @@ func (h *heldKeys) claimed(key string, res dedup.ClaimResult, now int64, record 
 	if h.m == nil {
 		h.m = make(map[string]heldClaim)
 	}
-	h.m[key] = heldClaim{token: res.Token, since: now, record: record}
+	h.m[key] = heldClaim{token: res.Token, since: now, record: record, leaseUntil: res.Record.LeaseUntil.UnixMilli()}
 	h.mu.Unlock()
 }
 
@@ -184,6 +186,15 @@ func (h *heldKeys) dropRecord(key, token string) {
 		h.m[key] = c
 	}
 	h.mu.Unlock()
+}
+
+// live reports whether this Store holds token's claim of key and its lease
+// is live at now (ms).
+func (h *heldKeys) live(key, token string, now int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c, ok := h.m[key]
+	return ok && c.token == token && now < c.leaseUntil
 }
 
 func (h *heldKeys) has(key string) bool {

@@ -43,11 +43,18 @@ import (
 // commit finds this one's record, puts it back and waits as well. Once both
 // put-backs landed, whichever landed first, the key holds one of the two
 // commits' records or the other claim's lease, and commit.lua commits
-// exactly one of them (TestFastCommitsRace): the key ends processed. Only a
-// put-back held up for longer than the pause (a process frozen between its
-// SET and its put-back) can still leave both commits refused, with the other
-// claim's lease in the key until it lapses, when the event's next copy is
-// forwarded again. And a SET that replaced another claim's record and lost
+// exactly one of them (TestFastCommitsRace): the key ends processed. When
+// it settles by script instead (a release, or a commit near its lease's
+// end), the script finds this commit's record and refuses it; a Store that
+// holds a live claim and is refused asks once more after the same pause
+// (see settle), by when the put-back landed
+// (TestScriptSettleInsideFastCommitWindow). Only a put-back held up for
+// longer than the pause (a process frozen between its SET and its
+// put-back) can still leave both refused, with the other claim's lease in
+// the key until it lapses, when the event's next copy is forwarded again.
+// The same follows when the other claim's own SET NX GET, re-sent after a
+// lost reply, lands inside the round trip: it reads this commit's record
+// and answers duplicate. And a SET that replaced another claim's record and lost
 // its reply is sent again (by go-redis, or the retry below), finds its own
 // record and answers committed: the other record stays replaced, by a
 // processed one, which is true, and that claim's owner is refused its commit

@@ -674,7 +674,9 @@ func TestCommitFastPathPutsBack(t *testing.T) {
 		})
 	}
 
-	// Forgotten and not claimed again: XX writes nothing, one round trip.
+	// Forgotten and not claimed again: XX writes nothing, and commit.lua,
+	// asked again after the pause (the claim is held, its lease live),
+	// refuses the commit too.
 	k := dedup.Key{Namespace: "back", ID: "evt_forgotten"}
 	a := claimOn(t, s, k)
 	if _, err := other.Forget(ctx, k, dedup.ForgetOptions{}); err != nil {
@@ -684,8 +686,8 @@ func TestCommitFastPathPutsBack(t *testing.T) {
 	if err := commitOn(s, k, a.Token); !errors.Is(err, dedup.ErrNotOwner) {
 		t.Errorf("Commit of a forgotten key: got %v, want ErrNotOwner", err)
 	}
-	if got := hook.take(); !slices.Equal(got, []string{tripSet}) {
-		t.Errorf("round trips of that commit: got %v, want [%s]", got, tripSet)
+	if got, want := hook.take(), []string{tripSet, tripEvalSHA}; !slices.Equal(got, want) {
+		t.Errorf("round trips of that commit: got %v, want %v", got, want)
 	}
 	if n, err := direct.Exists(ctx, s.Key(k)).Result(); err != nil || n != 0 {
 		t.Errorf("EXISTS after that commit: got (%d, %v), want (0, nil)", n, err)
@@ -842,6 +844,88 @@ func TestFastCommitsRace(t *testing.T) {
 			clk.Advance(2 * time.Minute) // past both leases
 			if res, err := b.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || res.Outcome != dedup.Duplicate {
 				t.Errorf("a copy after both leases: got (%v, %v), want duplicate", res.Outcome, err)
+			}
+		})
+	}
+}
+
+// TestScriptSettleInsideFastCommitWindow: as in TestFastCommitsRace, A's
+// claim is lost and B claimed the copy afresh, and A's fast commit
+// replaces B's lease; inside that round trip, B settles by script: a
+// release, or a commit by commit.lua (B's lease is under the margin).
+// The script finds A's record and refuses B; B, holding a live claim, asks
+// again after the pause, when A's put-back has landed, and settles. (Found
+// by a review: B's settle was refused, A's put-back then left B's lease in
+// the key until it lapsed.)
+func TestScriptSettleInsideFastCommitWindow(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	tests := []struct {
+		name   string
+		bLease time.Duration
+		settle func(b *redisstore.Store, k dedup.Key, token string) error
+		want   dedup.State
+	}{
+		{"release", time.Minute, func(b *redisstore.Store, k dedup.Key, token string) error {
+			return b.Release(ctx, k, token, dedup.ReleaseOptions{Retain: time.Hour, Status: 502})
+		}, dedup.StateFailed},
+		{"commit by commit.lua", redisstore.CommitMargin / 2, func(b *redisstore.Store, k dedup.Key, token string) error {
+			return b.Commit(ctx, k, token, dedup.CommitOptions{Window: time.Hour, Status: 201})
+		}, dedup.StateProcessed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := storetest.NewFakeClock(storetest.Epoch)
+			prefix := uniquePrefix()
+			open := func(h redis.Hook) *redisstore.Store {
+				client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+				client.AddHook(h)
+				s := redisstore.NewFromClient(client, prefix, redisstore.Options{Now: clk.Now})
+				t.Cleanup(func() { _ = s.Close(); _ = client.Close() })
+				return s
+			}
+			aHook, bHook := &afterHook{}, &afterHook{}
+			a, b := open(aHook), open(bHook)
+			k := dedup.Key{Namespace: "window", ID: "evt_1"}
+			ra, err := a.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
+			if err != nil || ra.Outcome != dedup.Claimed {
+				t.Fatalf("A's Claim: got (%v, %v), want claimed", ra.Outcome, err)
+			}
+			if err := srv.Client().Del(ctx, a.Key(k)).Err(); err != nil { // A's claim lost
+				t.Fatal(err)
+			}
+			clk.Advance(time.Second)
+			rb, err := b.Claim(ctx, k, dedup.ClaimOptions{Lease: tt.bLease})
+			if err != nil || rb.Outcome != dedup.Claimed {
+				t.Fatalf("B's Claim: got (%v, %v), want claimed", rb.Outcome, err)
+			}
+			bScript := make(chan struct{})
+			var bOnce sync.Once
+			bAfter := func(cmds []redis.Cmder) {
+				if isEval(cmds) {
+					bOnce.Do(func() { close(bScript) })
+				}
+			}
+			bHook.after.Store(&bAfter)
+			errB := make(chan error, 1)
+			var aOnce sync.Once
+			aAfter := func(cmds []redis.Cmder) {
+				if isFastCommit(cmds) {
+					aOnce.Do(func() {
+						go func() { errB <- tt.settle(b, k, rb.Token) }()
+						<-bScript // B's script ran after A's SET, before A's put-back
+					})
+				}
+			}
+			aHook.after.Store(&aAfter)
+			if err := a.Commit(ctx, k, ra.Token, dedup.CommitOptions{Window: time.Hour, Status: 200}); !errors.Is(err, dedup.ErrNotOwner) {
+				t.Errorf("A's commit: got %v, want ErrNotOwner", err)
+			}
+			if err := <-errB; err != nil {
+				t.Errorf("B's %s inside A's round trip: got %v, want nil", tt.name, err)
+			}
+			if rec, err := b.Get(ctx, k); err != nil || rec.State != tt.want {
+				t.Errorf("record at the end: got %q (%v), want %q", rec.State, err, tt.want)
 			}
 		})
 	}

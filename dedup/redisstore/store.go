@@ -465,14 +465,15 @@ func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk,
 			s.held.finished(rk, token)
 		}
 	}()
-	var args []any // the script's, built when first needed
+	var args []any  // the script's, built when first needed
+	paused := false // for putBackPause, once
 	for attempt := 0; ; attempt++ {
 		next := fastRefused // without the fast path: the script, now
 		if fc.usable(s.nowMS()) {
 			n, waitErr, err, next = s.commitFast(ctx, fc)
 		}
 		if next == fastPutBack {
-			fc = nil // the script decides this try and every later one
+			fc, paused = nil, true // the script decides this try and every later one
 			if !sleep(ctx, putBackPause) {
 				return 0, waitErr, fmt.Errorf("put back another claim's record, then: %w", ctx.Err())
 			}
@@ -484,6 +485,18 @@ func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk,
 			var cmd *redis.Cmd
 			cmd, waitErr = s.runWaited(ctx, script, rk, args...)
 			n, err = cmd.Int64()
+		}
+		if err == nil && n == 0 && !paused && s.held.live(rk, token, s.nowMS()) {
+			// Refused while this Store holds the claim and its lease is
+			// live: the key may hold, for one round trip, the record of
+			// another gateway's fast commit that replaced this claim's and
+			// is putting it back (its own claim lost in a failover, see
+			// commit.go). Asked again once that is done, the script gives
+			// the answer it gives without the race.
+			fc, paused = nil, true
+			if sleep(ctx, putBackPause) {
+				continue
+			}
 		}
 		if err == nil || !s.again(ctx, op, err, attempt) {
 			return n, waitErr, err
