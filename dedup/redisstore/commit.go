@@ -79,8 +79,13 @@ import (
 // fastPathOff). While a SET's replacement stands (one round trip), a
 // reader sees this commit's processed record: a claim that binds a
 // fingerprint may be told of a conflict where it would be in flight, and a
-// forget of processed keys may delete it, which the put-back then leaves
-// deleted. A put-back that fails (Redis gone, a closed Store) leaves it in
+// forget may delete it (even one that keeps keys in flight): the put-back
+// then puts a lease back all the same, which is what a forget that keeps
+// keys in flight (the admin API's default) does with it; after a forced one
+// the lease's delivery goes on as if that forget had come before its claim.
+// A processed or failed record it leaves deleted, as the forget would have
+// deleted it. A put-back
+// that fails (Redis gone, a closed Store) leaves this commit's record in
 // place for good, processed by this commit; it is logged.
 const commitMargin = 15 * time.Second
 
@@ -222,23 +227,26 @@ func isRecord(v string) bool {
 var errNotRecord = errors.New("dedupgw: undecodable record")
 
 // restore puts old back in fc's key, which fc's SET replaced, if the key
-// still holds what the SET wrote, with the life old had left: a processing
-// record keeps its lease plus leaseGrace, others live to their expires_at
-// (see claim.lua, commit.lua and release.lua). It runs under its own
+// still holds what the SET wrote (or, for a lease, nothing: see
+// restore.lua), with the life old had left: a processing record keeps its
+// lease plus leaseGrace, others live to their expires_at (see claim.lua,
+// commit.lua and release.lua). It runs under its own
 // timeout, as the caller's context may be spent. A failure is logged: the
 // key then keeps this commit's processed record.
 func (s *Store) restore(ctx context.Context, fc *fastCommit, old string) {
 	var ttl int64 // unknown: keep the SET's
+	lease := "0"
 	if h, ok := parseClaimHeader(old); ok {
 		end := h.expires
 		if h.state == 'p' {
 			end += leaseGrace.Milliseconds()
+			lease = "1"
 		}
 		ttl = max(end-s.nowMS(), 1)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
 	defer cancel()
-	cmd, _ := s.runWaited(ctx, restoreScript, fc.key, fc.record, old, ttl)
+	cmd, _ := s.runWaited(ctx, restoreScript, fc.key, fc.record, old, ttl, lease)
 	if err := cmd.Err(); err != nil {
 		s.log.Warn("commit wrote over another claim's record and could not put it back: the key stays processed by this commit",
 			zap.Error(err))

@@ -729,14 +729,22 @@ func TestCommitFastPathRefused(t *testing.T) {
 	}
 }
 
-// afterHook calls after, when set, once each pipeline it sees has run in
-// Redis and before its caller reads the replies.
+// afterHook calls after, when set, once each pipeline (or command sent
+// alone) it sees has run in Redis and before its caller reads the replies.
 type afterHook struct {
 	after atomic.Pointer[func(cmds []redis.Cmder)]
 }
 
-func (h *afterHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *afterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *afterHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *afterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if fn := h.after.Load(); fn != nil {
+			(*fn)([]redis.Cmder{cmd})
+		}
+		return err
+	}
+}
 func (h *afterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
@@ -854,9 +862,13 @@ func TestFastCommitsRace(t *testing.T) {
 // replaces B's lease; inside that round trip, B settles by script: a
 // release, or a commit by commit.lua (B's lease is under the margin).
 // The script finds A's record and refuses B; B, holding a live claim, asks
-// again after the pause, when A's put-back has landed, and settles. (Found
-// by a review: B's settle was refused, A's put-back then left B's lease in
-// the key until it lapsed.)
+// again after the pause, when A's put-back has landed, and settles. Or an
+// operator forgets the key, keeping keys in flight: the forget reads A's
+// record as processed and deletes it; A's put-back puts B's lease back,
+// as the forget would have kept it, and B commits. (Found by a review:
+// B's settle was refused, A's put-back then left B's lease in the key
+// until it lapsed; the forget left the key absent, and B's commit was
+// refused.)
 func TestScriptSettleInsideFastCommitWindow(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
@@ -864,12 +876,21 @@ func TestScriptSettleInsideFastCommitWindow(t *testing.T) {
 		name   string
 		bLease time.Duration
 		settle func(b *redisstore.Store, k dedup.Key, token string) error
+		then   func(b *redisstore.Store, k dedup.Key, token string) error
 		want   dedup.State
 	}{
 		{"release", time.Minute, func(b *redisstore.Store, k dedup.Key, token string) error {
 			return b.Release(ctx, k, token, dedup.ReleaseOptions{Retain: time.Hour, Status: 502})
-		}, dedup.StateFailed},
+		}, nil, dedup.StateFailed},
 		{"commit by commit.lua", redisstore.CommitMargin / 2, func(b *redisstore.Store, k dedup.Key, token string) error {
+			return b.Commit(ctx, k, token, dedup.CommitOptions{Window: time.Hour, Status: 201})
+		}, nil, dedup.StateProcessed},
+		{"forget keeping keys in flight", time.Minute, func(b *redisstore.Store, k dedup.Key, token string) error {
+			if _, err := b.Forget(ctx, k, dedup.ForgetOptions{KeepInFlight: true}); err != nil && !errors.Is(err, dedup.ErrKept) {
+				return err
+			}
+			return nil
+		}, func(b *redisstore.Store, k dedup.Key, token string) error {
 			return b.Commit(ctx, k, token, dedup.CommitOptions{Window: time.Hour, Status: 201})
 		}, dedup.StateProcessed},
 	}
@@ -923,6 +944,11 @@ func TestScriptSettleInsideFastCommitWindow(t *testing.T) {
 			}
 			if err := <-errB; err != nil {
 				t.Errorf("B's %s inside A's round trip: got %v, want nil", tt.name, err)
+			}
+			if tt.then != nil {
+				if err := tt.then(b, k, rb.Token); err != nil {
+					t.Errorf("B's commit after that: got %v, want nil", err)
+				}
 			}
 			if rec, err := b.Get(ctx, k); err != nil || rec.State != tt.want {
 				t.Errorf("record at the end: got %q (%v), want %q", rec.State, err, tt.want)
