@@ -327,12 +327,14 @@ func claimDecision(value string, now int64, token, bind string) (int64, bool) {
 	return 0, false
 }
 
-// claimHeader is what claim.lua reads of a record.
+// claimHeader is what claim.lua (and commit.lua) reads of a record.
 type claimHeader struct {
-	state   byte
-	expires int64
-	aux     string
-	claim   string // the claim part, cut as string.sub cuts it
+	state    byte
+	first    string // first_seen, base 36, as written
+	expires  int64
+	attempts string // as written
+	aux      string
+	claim    string // the claim part, cut as string.sub cuts it
 }
 
 // parseClaimHeader reads value as claim.lua's pattern
@@ -362,7 +364,7 @@ func parseClaimHeader(value string) (claimHeader, bool) {
 	if err1 != nil || err2 != nil {
 		return h, false
 	}
-	h.state, h.expires, h.aux = f[0][0], expires, f[4]
+	h.state, h.first, h.expires, h.attempts, h.aux = f[0][0], f[1], expires, f[3], f[4]
 	h.claim = rest[:min(claimLen, int64(len(rest)))]
 	return h, true
 }

@@ -103,7 +103,7 @@ type fastCommit struct {
 // result, completed at at (base 36) and expiring at expiresAt (ms) after
 // windowMS, the arguments the Commit gives commit.lua; nil when this Store
 // does not know the record the claim wrote, or cannot take the fast path.
-func (s *Store) newFastCommit(key, token, at string, now, expiresAt, windowMS int64, result string) *fastCommit {
+func (s *Store) newFastCommit(key, token, at string, expiresAt, windowMS int64, result string) *fastCommit {
 	if s.scriptOnly.Load() {
 		return nil
 	}
@@ -127,20 +127,14 @@ func processedRecord(claimed, at string, expiresAt int64, result string) (record
 	if !ok || h.state != 'p' {
 		return "", 0, false
 	}
-	// state,first_seen,expires_at,attempts,aux,claim_len, (see record.go)
-	var f [6]string
-	rest := claimed
-	for i := range f {
-		f[i], rest, _ = strings.Cut(rest, ",")
-	}
 	var b strings.Builder
-	b.Grow(len(f[1]) + len(f[3]) + len(at) + len(f[5]) + len(h.claim) + len(result) + 24)
+	b.Grow(len(h.first) + len(h.attempts) + len(at) + len(h.claim) + len(result) + 32)
 	b.WriteString("d,")
-	b.WriteString(f[1])
+	b.WriteString(h.first)
 	b.WriteByte(',')
 	b.WriteString(base36(expiresAt))
 	b.WriteByte(',')
-	b.WriteString(f[3])
+	b.WriteString(h.attempts)
 	b.WriteByte(',')
 	b.WriteString(at)
 	b.WriteByte(',')
@@ -204,9 +198,10 @@ func (s *Store) commitFast(ctx context.Context, fc *fastCommit) (n int64, waitEr
 	// later commits (the gateway's retries in the background) run
 	// commit.lua: the key is not as the claim left it.
 	s.held.dropRecord(fc.key, fc.token)
-	s.restore(ctx, fc, old)
+	h, isRecord := parseClaimHeader(old)
+	s.restore(ctx, fc, old, h, isRecord)
 	switch {
-	case !isRecord(old):
+	case !isRecord:
 		return 0, waitErr, errNotRecord, fastAnswered
 	case sameCommit(old, fc.record):
 		// This commit, applied by an earlier try whose reply was lost
@@ -216,27 +211,22 @@ func (s *Store) commitFast(ctx context.Context, fc *fastCommit) (n int64, waitEr
 	return 0, waitErr, nil, fastPutBack
 }
 
-// isRecord reports whether v reads as a record to the scripts.
-func isRecord(v string) bool {
-	_, ok := parseClaimHeader(v)
-	return ok
-}
-
 // errNotRecord is the fast path's answer where commit.lua answers "ERR
 // dedupgw: undecodable record": the key holds a value that is not a record.
 var errNotRecord = errors.New("dedupgw: undecodable record")
 
 // restore puts old back in fc's key, which fc's SET replaced, if the key
 // still holds what the SET wrote (or, for a lease, nothing: see
-// restore.lua), with the life old had left: a processing record keeps its
+// restore.lua); h is old's header, when isRecord. It gives old the life it
+// had left: a processing record keeps its
 // lease plus leaseGrace, others live to their expires_at (see claim.lua,
 // commit.lua and release.lua). It runs under its own
 // timeout, as the caller's context may be spent. A failure is logged: the
 // key then keeps this commit's processed record.
-func (s *Store) restore(ctx context.Context, fc *fastCommit, old string) {
+func (s *Store) restore(ctx context.Context, fc *fastCommit, old string, h claimHeader, isRecord bool) {
 	var ttl int64 // unknown: keep the SET's
 	lease := "0"
-	if h, ok := parseClaimHeader(old); ok {
+	if isRecord {
 		end := h.expires
 		if h.state == 'p' {
 			end += leaseGrace.Milliseconds()

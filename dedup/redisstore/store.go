@@ -401,7 +401,7 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 		return fmt.Errorf("redisstore: commit: window %s must be positive", opts.Window)
 	}
 	n, waitErr, err := s.settle(ctx, "commit", commitScript, rk, token, opts.Window,
-		encodeResult(opts.Status, "", false, opts.Response), s.newFastCommit)
+		encodeResult(opts.Status, "", false, opts.Response), true)
 	if err != nil {
 		return fmt.Errorf("redisstore: commit: %w", err)
 	}
@@ -445,20 +445,18 @@ func (s *Store) Commit(ctx context.Context, key dedup.Key, token string, opts de
 // settle runs script (commit.lua or release.lua, for op) on rk for token,
 // writing result, expiring span from now, sending it again under the rules
 // above. Its completed_at is settleTime's: a caller's own later try repeats
-// the first one's. A non-nil fast (Store.newFastCommit, for a commit)
-// builds the fast path from the same arguments, which each try takes
-// while it is usable (see commit.go). It returns the script's reply, the
-// replicas' verdict on the last try (see pipeliner.runWaited) and the last
-// try's error; an answer (any reply) finishes the claim in s.held.
-func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk, token string, span time.Duration, result string,
-	fast func(key, token, at string, now, expiresAt, spanMS int64, result string) *fastCommit,
-) (n int64, waitErr, err error) {
+// the first one's. With fast (a commit), each try takes the fast path
+// built from the same arguments while it is usable (see commit.go). It
+// returns the script's reply, the replicas' verdict on the last try (see
+// pipeliner.runWaited) and the last try's error; an answer (any reply)
+// finishes the claim in s.held.
+func (s *Store) settle(ctx context.Context, op string, script *redis.Script, rk, token string, span time.Duration, result string, fast bool) (n int64, waitErr, err error) {
 	now := s.nowMS()
 	spanMS := durationMS(span)
 	at := base36(s.held.settleTime(rk, token, now))
 	var fc *fastCommit
-	if fast != nil {
-		fc = fast(rk, token, at, now, now+spanMS, spanMS, result)
+	if fast {
+		fc = s.newFastCommit(rk, token, at, now+spanMS, spanMS, result)
 	}
 	defer func() {
 		if err == nil {
@@ -577,7 +575,7 @@ func (s *Store) Release(ctx context.Context, key dedup.Key, token string, opts d
 		return fmt.Errorf("redisstore: release: retain %s must not be negative", opts.Retain)
 	}
 	n, _, err := s.settle(ctx, "release", releaseScript, rk, token, opts.Retain,
-		encodeResult(opts.Status, opts.Error, opts.MaybeProcessed, nil), nil)
+		encodeResult(opts.Status, opts.Error, opts.MaybeProcessed, nil), false)
 	if err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
