@@ -541,19 +541,10 @@ func TestCommitFastPathPutsBack(t *testing.T) {
 	// ahead is a replica whose clock runs a lease and a second ahead.
 	ahead := func() time.Time { return clk.Now().Add(lease + time.Second) }
 	prefix := uniquePrefix()
-	open := func(now dedup.Clock, hook redis.Hook) *redisstore.Store {
-		client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-		if hook != nil {
-			client.AddHook(hook)
-		}
-		s := redisstore.NewFromClient(client, prefix, redisstore.Options{Now: now})
-		t.Cleanup(func() { _ = s.Close(); _ = client.Close() })
-		return s
-	}
 	hook := &countingHook{}
-	s := open(clk.Now, hook)
-	skewed := open(ahead, nil)
-	other := open(clk.Now, nil) // another replica, its clock right
+	s := openReplica(t, srv, prefix, clk.Now, hook)
+	skewed := openReplica(t, srv, prefix, ahead, nil)
+	other := openReplica(t, srv, prefix, clk.Now, nil) // another replica, its clock right
 	claimOn := func(t *testing.T, st *redisstore.Store, k dedup.Key) dedup.ClaimResult {
 		t.Helper()
 		res, err := st.Claim(ctx, k, dedup.ClaimOptions{Lease: lease})
@@ -729,6 +720,51 @@ func TestCommitFastPathRefused(t *testing.T) {
 	}
 }
 
+// openReplica opens a Store on srv under prefix with clock now, as one
+// gateway replica, its client carrying hook (if not nil).
+func openReplica(t *testing.T, srv *redistest.Server, prefix string, now dedup.Clock, hook redis.Hook) *redisstore.Store {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	if hook != nil {
+		client.AddHook(hook)
+	}
+	s := redisstore.NewFromClient(client, prefix, redisstore.Options{Now: now})
+	t.Cleanup(func() { _ = s.Close(); _ = client.Close() })
+	return s
+}
+
+// lostClaim is the set-up of the races of the commit fast path: replicas
+// A and B (each with an afterHook, one fake clock); A claimed the key for
+// a minute and its claim was lost (a DEL, as a failover to a replica its
+// write had not reached loses it); a second later B claimed it afresh.
+type lostClaim struct {
+	a, b         *redisstore.Store
+	aHook, bHook *afterHook
+	clk          *storetest.FakeClock
+	ra, rb       dedup.ClaimResult
+}
+
+func newLostClaim(t *testing.T, srv *redistest.Server, k dedup.Key, bLease time.Duration) *lostClaim {
+	t.Helper()
+	ctx := context.Background()
+	lc := &lostClaim{aHook: &afterHook{}, bHook: &afterHook{}, clk: storetest.NewFakeClock(storetest.Epoch)}
+	prefix := uniquePrefix()
+	lc.a = openReplica(t, srv, prefix, lc.clk.Now, lc.aHook)
+	lc.b = openReplica(t, srv, prefix, lc.clk.Now, lc.bHook)
+	var err error
+	if lc.ra, err = lc.a.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute}); err != nil || lc.ra.Outcome != dedup.Claimed {
+		t.Fatalf("A's Claim: got (%v, %v), want claimed", lc.ra.Outcome, err)
+	}
+	if err := srv.Client().Del(ctx, lc.a.Key(k)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	lc.clk.Advance(time.Second)
+	if lc.rb, err = lc.b.Claim(ctx, k, dedup.ClaimOptions{Lease: bLease}); err != nil || lc.rb.Outcome != dedup.Claimed {
+		t.Fatalf("B's Claim: got (%v, %v), want claimed", lc.rb.Outcome, err)
+	}
+	return lc
+}
+
 // afterHook calls after, when set, once each pipeline (or command sent
 // alone) it sees has run in Redis and before its caller reads the replies.
 type afterHook struct {
@@ -778,34 +814,12 @@ func isEval(cmds []redis.Cmder) bool {
 // by a review.)
 func TestFastCommitsRace(t *testing.T) {
 	srv := redistest.Start(t)
-	direct := srv.Client()
 	ctx := context.Background()
 	for _, aFirst := range []bool{false, true} {
 		t.Run(map[bool]string{false: "B's put-back first", true: "A's put-back first"}[aFirst], func(t *testing.T) {
-			clk := storetest.NewFakeClock(storetest.Epoch)
-			prefix := uniquePrefix()
-			open := func(h redis.Hook) *redisstore.Store {
-				client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-				client.AddHook(h)
-				s := redisstore.NewFromClient(client, prefix, redisstore.Options{Now: clk.Now})
-				t.Cleanup(func() { _ = s.Close(); _ = client.Close() })
-				return s
-			}
-			aHook, bHook := &afterHook{}, &afterHook{}
-			a, b := open(aHook), open(bHook)
 			k := dedup.Key{Namespace: "race", ID: "evt_1"}
-			ra, err := a.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
-			if err != nil || ra.Outcome != dedup.Claimed {
-				t.Fatalf("A's Claim: got (%v, %v), want claimed", ra.Outcome, err)
-			}
-			if err := direct.Del(ctx, a.Key(k)).Err(); err != nil {
-				t.Fatal(err)
-			}
-			clk.Advance(time.Second)
-			rb, err := b.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
-			if err != nil || rb.Outcome != dedup.Claimed {
-				t.Fatalf("B's Claim: got (%v, %v), want claimed", rb.Outcome, err)
-			}
+			lc := newLostClaim(t, srv, k, time.Minute)
+			a, b, aHook, bHook, clk, ra, rb := lc.a, lc.b, lc.aHook, lc.bHook, lc.clk, lc.ra, lc.rb
 
 			bSet, bPutBack, aPutBack := make(chan struct{}), make(chan struct{}), make(chan struct{})
 			var once sync.Once
@@ -896,30 +910,9 @@ func TestScriptSettleInsideFastCommitWindow(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := storetest.NewFakeClock(storetest.Epoch)
-			prefix := uniquePrefix()
-			open := func(h redis.Hook) *redisstore.Store {
-				client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-				client.AddHook(h)
-				s := redisstore.NewFromClient(client, prefix, redisstore.Options{Now: clk.Now})
-				t.Cleanup(func() { _ = s.Close(); _ = client.Close() })
-				return s
-			}
-			aHook, bHook := &afterHook{}, &afterHook{}
-			a, b := open(aHook), open(bHook)
 			k := dedup.Key{Namespace: "window", ID: "evt_1"}
-			ra, err := a.Claim(ctx, k, dedup.ClaimOptions{Lease: time.Minute})
-			if err != nil || ra.Outcome != dedup.Claimed {
-				t.Fatalf("A's Claim: got (%v, %v), want claimed", ra.Outcome, err)
-			}
-			if err := srv.Client().Del(ctx, a.Key(k)).Err(); err != nil { // A's claim lost
-				t.Fatal(err)
-			}
-			clk.Advance(time.Second)
-			rb, err := b.Claim(ctx, k, dedup.ClaimOptions{Lease: tt.bLease})
-			if err != nil || rb.Outcome != dedup.Claimed {
-				t.Fatalf("B's Claim: got (%v, %v), want claimed", rb.Outcome, err)
-			}
+			lc := newLostClaim(t, srv, k, tt.bLease)
+			a, b, aHook, bHook, ra, rb := lc.a, lc.b, lc.aHook, lc.bHook, lc.ra, lc.rb
 			bScript := make(chan struct{})
 			var bOnce sync.Once
 			bAfter := func(cmds []redis.Cmder) {
